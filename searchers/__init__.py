@@ -1,0 +1,5 @@
+"""Ray Tune searchers of tula-ray."""
+
+from searchers.tula_searcher import TulaSearcher
+
+__all__ = ["TulaSearcher"]

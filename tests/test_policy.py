@@ -1,0 +1,90 @@
+import numpy as np
+import pandas as pd
+import pytest
+from kneed import KneeLocator
+
+from tula_ray.policy import choose, envelope, find_knee
+
+
+def table(rows):
+    frame = pd.DataFrame(rows, columns=["num_workers", "global_batch", "total_time_s", "cost_usd"])
+    frame["feasible"] = True
+    frame["infeasible_reason"] = ""
+    return frame
+
+
+HAND = table([
+    (1, 32, 100.0, 10.0),
+    (1, 64, 80.0, 8.0),
+    (2, 64, 50.0, 9.0),
+    (2, 128, 40.0, 12.0),
+    (4, 128, 30.0, 20.0),
+])
+
+
+def test_min_time_and_min_cost():
+    assert (choose(HAND, "time").num_workers, choose(HAND, "time").global_batch) == (4, 128)
+    assert (choose(HAND, "cost").num_workers, choose(HAND, "cost").global_batch) == (1, 64)
+
+
+def test_weighted_balances_and_reaches_the_extremes():
+    only_time = choose(HAND, "weighted", weight_time=1.0)
+    only_cost = choose(HAND, "weighted", weight_time=0.0)
+    assert (only_time.num_workers, only_time.global_batch) == (4, 128)
+    assert (only_cost.num_workers, only_cost.global_batch) == (1, 64)
+    # 0.5 * T/30 + 0.5 * C/8: (2, 64) scores 1.396, the lowest.
+    balanced = choose(HAND, "weighted", weight_time=0.5)
+    assert (balanced.num_workers, balanced.global_batch) == (2, 64)
+
+
+def test_infeasible_rows_are_never_chosen():
+    constrained = HAND.copy()
+    constrained.loc[constrained["num_workers"] == 4, ["feasible", "infeasible_reason"]] = [
+        False, "more than max_workers=2"]
+    choice = choose(constrained, "time")
+    assert (choice.num_workers, choice.global_batch) == (2, 128)
+
+
+def dense_curve():
+    batches = np.geomspace(32, 8192, 200)
+    time = 1000.0 / batches + 2.0  # convex, decreasing, flattening: a clear knee
+    return pd.DataFrame({"num_workers": 1, "global_batch": batches, "total_time_s": time,
+                         "cost_usd": time, "feasible": True})
+
+
+def test_knee_is_kneedles_answer_on_the_dense_curve():
+    dense = dense_curve()
+    expected = KneeLocator(np.log2(dense["global_batch"]), dense["total_time_s"],
+                           curve="convex", direction="decreasing").knee
+    assert find_knee(dense["global_batch"], dense["total_time_s"]) == pytest.approx(2**expected)
+    candidates = table([(1, b, 1000.0 / b + 2.0, 1.0) for b in (32, 64, 128, 256, 512, 1024,
+                                                              2048, 4096, 8192)])
+    choice = choose(candidates, "knee", dense=dense)
+    assert choice.knee_global_batch == pytest.approx(2**expected)
+    # The choice is the candidate nearest the knee in log2(B).
+    distance = np.abs(np.log2(candidates["global_batch"]) - expected)
+    assert choice.global_batch == candidates["global_batch"][distance.idxmin()]
+    assert "Kneedle" in choice.reason
+
+
+def test_knee_fallback_is_reported():
+    rising = table([(1, b, float(b), 1.0) for b in (32, 64, 128, 256)])  # no knee at all
+    choice = choose(rising, "knee")
+    assert choice.knee_global_batch is None
+    assert "no knee found" in choice.reason
+    assert choice.global_batch == 32
+
+
+def test_envelope_takes_the_best_cluster_size_per_batch():
+    best = envelope(HAND, "total_time_s")
+    assert best[["num_workers", "global_batch"]].values.tolist() == [[1, 32], [2, 64], [4, 128]]
+
+
+def test_bad_objective_and_empty_feasible_set():
+    with pytest.raises(ValueError, match="objective 'fastest' is unknown"):
+        choose(HAND, "fastest")
+    with pytest.raises(ValueError, match="weight_time=1.5"):
+        choose(HAND, "weighted", weight_time=1.5)
+    nothing = HAND.assign(feasible=False, infeasible_reason="out of memory when profiled")
+    with pytest.raises(ValueError, match="no feasible candidate among 5.*out of memory"):
+        choose(nothing, "time")

@@ -1,0 +1,57 @@
+from dataclasses import dataclass
+
+import numpy as np
+import pytest
+
+from tula_ray.pricing import (FixedRate, MemoryRate, PerSecondBilling, Pricing, parse_pricing,
+                              pricing_from_dict, pricing_to_dict, register_pricing)
+
+
+def test_fixed_rate_eq_4b():
+    assert FixedRate(2.48).cost_usd(3600.0, 2, None) == pytest.approx(4.96)
+    costs = FixedRate().cost_usd(np.array([1800.0, 3600.0]), np.array([[1], [4]]), None)
+    np.testing.assert_allclose(costs, [[1.24, 2.48], [4.96, 9.92]])
+
+
+def test_memory_rate_charges_memory_used():
+    # 2 nodes x 1 h x 4 GB x 0.15 $/GB-h
+    assert MemoryRate(0.15).cost_usd(3600.0, 2, 4e9) == pytest.approx(1.2)
+
+
+def test_per_second_billing_rounds_up_with_a_minimum():
+    billing = PerSecondBilling(3600.0, minimum_s=60)  # 1 $ per node-second
+    np.testing.assert_allclose(billing.cost_usd(np.array([0.2, 90.1]), 2), [120.0, 182.0])
+
+
+@dataclass(frozen=True)
+class Spot:
+    usd_per_node_hour: float
+    discount: float
+
+    def cost_usd(self, time_s, num_workers, peak_mem_bytes=None):
+        return FixedRate(self.usd_per_node_hour).cost_usd(time_s, num_workers) * (1 - self.discount)
+
+    def to_dict(self):
+        return {"kind": "spot-test", "usd_per_node_hour": self.usd_per_node_hour,
+                "discount": self.discount}
+
+
+@pytest.mark.parametrize("pricing", [FixedRate(1.0), MemoryRate(0.2), PerSecondBilling(3.0, 10.0),
+                                     Spot(2.48, 0.7)])
+def test_round_trip_through_dicts(pricing):
+    register_pricing("spot-test", Spot)
+    assert isinstance(pricing, Pricing)
+    assert pricing_from_dict(pricing_to_dict(pricing)) == pricing
+
+
+def test_parse_pricing_forms_and_errors():
+    assert parse_pricing("fixed") == FixedRate()
+    assert parse_pricing("fixed:3.5") == FixedRate(3.5)
+    assert parse_pricing("memory:0.2") == MemoryRate(0.2)
+    assert parse_pricing({"kind": "memory", "usd_per_gb_hour": 0.1}) == MemoryRate(0.1)
+    with pytest.raises(ValueError, match="pricing 'hourly' is not understood"):
+        parse_pricing("hourly")
+    with pytest.raises(ValueError, match="usd_per_node_hour=-1.0"):
+        parse_pricing("fixed:-1")
+    with pytest.raises(ValueError, match="pricing kind 'moon' is not registered"):
+        pricing_from_dict({"kind": "moon"})

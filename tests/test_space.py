@@ -1,0 +1,56 @@
+import pytest
+from hypothesis import given, strategies as st
+
+from tula_ray.space import Candidate, SearchSpace, geometric, powers_of_two
+
+
+def test_defaults_are_powers_of_two_and_geometric_batches():
+    space = SearchSpace.build(max_workers=16, min_batch=32, max_batch=1024)
+    assert space.cluster_sizes == (1, 2, 4, 8, 16)
+    assert space.batch_sizes == (32, 64, 128, 256, 512, 1024)
+    assert len(space.candidates()) == 30
+    assert Candidate(4, 256).local_batch == 64
+
+
+def test_extremes_are_the_corners():
+    space = SearchSpace.build((2, 4, 8), batch_sizes=(32, 64, 128))
+    assert space.extremes() == [Candidate(2, 32), Candidate(2, 128), Candidate(8, 32),
+                                Candidate(8, 128)]
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(cluster_sizes=(), batch_sizes=(32,)), "cluster_sizes is empty"),
+    (dict(cluster_sizes=(0, 2), batch_sizes=(32,)), "contains 0"),
+    (dict(cluster_sizes=(2,), batch_sizes=(-32,)), "contains -32"),
+    (dict(cluster_sizes=(3,), batch_sizes=(32,)), "32 is not divisible by cluster size 3"),
+])
+def test_bad_spaces_name_the_value(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        SearchSpace(**kwargs)
+
+
+def test_min_above_max_is_refused():
+    with pytest.raises(ValueError, match="min_batch=64 is larger than max_batch=32"):
+        SearchSpace.build((1,), min_batch=64, max_batch=32)
+    with pytest.raises(ValueError, match="min_workers=4 is larger than max_workers=2"):
+        SearchSpace.build(min_workers=4, max_workers=2, max_batch=64)
+
+
+def test_bound_keeps_batches_some_cluster_can_run():
+    space = SearchSpace.build((1, 2), min_batch=32, max_batch=1024)
+    assert space.bounded(max_local_batch=200).batch_sizes == (32, 64, 128, 256)
+    with pytest.raises(ValueError, match="no batch size fits"):
+        space.bounded(max_local_batch=8)
+
+
+@given(st.integers(1, 64), st.integers(1, 5000), st.integers(2, 4))
+def test_geometric_ladder(low, span, growth):
+    values = geometric(low, low + span, growth)
+    assert values[0] == low and values[-1] <= low + span < values[-1] * growth
+    assert all(b == a * growth for a, b in zip(values, values[1:]))
+
+
+@given(st.integers(1, 40), st.integers(0, 40))
+def test_powers_of_two_include_bounds(low, span):
+    values = powers_of_two(low, low + span)
+    assert values[0] == low and values[-1] == low + span

@@ -1,0 +1,98 @@
+"""The `tula-ray` command.
+
+    tula-ray demo                 a real search on local Ray with the built-in workload
+    tula-ray search CONFIG.yaml   a search described in a file (keys = tula_ray.search arguments)
+    tula-ray replay PROFILES      re-fit and re-plan offline from recorded profiles (CSV or plan.json)
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from pathlib import Path
+
+import pandas as pd
+
+from tula_ray.perf import MODES
+from tula_ray.plan import Plan, build_plan
+from tula_ray.policy import OBJECTIVES
+from tula_ray.space import SearchSpace
+
+
+def _add_plan_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--mode", choices=MODES, default="partial",
+                        help="fit from all profiles (full) or only the extremes (partial)")
+    parser.add_argument("--objective", choices=OBJECTIVES, default="knee")
+    parser.add_argument("--pricing", default="fixed",
+                        help="fixed[:USD_PER_NODE_HOUR] or memory[:USD_PER_GB_HOUR]")
+    parser.add_argument("--out", type=Path, default=Path("plan"),
+                        help="directory for plan.json and the PNG figures")
+
+
+def _write(plan: Plan, out: Path) -> None:
+    print(plan.summary())
+    plan.to_json(out / "plan.json")
+    figures = plan.plot(out)
+    print(f"wrote {out / 'plan.json'} and {', '.join(str(f) for f in figures)}")
+
+
+def _replay(args: argparse.Namespace) -> None:
+    if args.synthetic:
+        from tula_ray.synthetic import example_params, synthetic_profiles
+
+        space = SearchSpace.build((1, 2), min_batch=32, max_batch=2048)
+        profiles = synthetic_profiles(space.candidates(), example_params(), seed=args.seed)
+        workload, epochs, dataset_size = "synthetic", args.epochs, args.dataset_size
+    elif args.profiles is None:
+        raise SystemExit("replay needs PROFILES (a CSV of profile rows or a plan.json) "
+                         "or --synthetic")
+    elif args.profiles.suffix == ".json":
+        old = Plan.from_json(args.profiles)
+        profiles, workload = old.profiles, old.workload
+        epochs, dataset_size = old.epochs, old.dataset_size
+        space = SearchSpace(tuple(old.table["num_workers"].unique().tolist()),
+                            tuple(old.table["global_batch"].unique().tolist()))
+    else:
+        profiles = pd.read_csv(args.profiles, keep_default_na=False, na_values=[""])
+        workload, epochs, dataset_size = args.profiles.stem, args.epochs, args.dataset_size
+        space = SearchSpace(tuple(profiles["num_workers"].astype(int).unique().tolist()),
+                            tuple(profiles["global_batch"].astype(int).unique().tolist()))
+    plan = build_plan(space, profiles, epochs=epochs, dataset_size=dataset_size,
+                      mode=args.mode, objective=args.objective, pricing=args.pricing,
+                      workload=workload, meta={"source": "replay"})
+    _write(plan, args.out)
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="tula-ray", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("-v", "--verbose", action="store_true")
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    replay = commands.add_parser("replay", help="re-plan offline from recorded profiles")
+    replay.add_argument("profiles", nargs="?", type=Path)
+    replay.add_argument("--synthetic", action="store_true",
+                        help="generate profiles from a known model (+-5%% noise) instead")
+    replay.add_argument("--seed", type=int, default=0)
+    replay.add_argument("--epochs", type=int, default=20)
+    replay.add_argument("--dataset-size", type=int, default=60000)
+    _add_plan_options(replay)
+    replay.set_defaults(run=_replay)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
+                        format="%(levelname)s %(name)s: %(message)s")
+    try:
+        args.run(args)
+    except (ValueError, FileNotFoundError) as error:
+        print(f"tula-ray: error: {error}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

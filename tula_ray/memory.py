@@ -1,0 +1,151 @@
+"""Memory model (paper §III-A1, eq. 3): M = M_param + M_grad + M_opt + M_act + M_batch.
+
+The static terms come from the model and optimizer themselves; the terms that
+grow with the local batch b are fitted from >= 2 measured peaks (CUDA's
+max_memory_allocated on GPU, a tensor-allocation tracker on CPU).
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+from dataclasses import asdict, dataclass
+from typing import Callable, Iterable
+
+import numpy as np
+import torch
+
+logger = logging.getLogger(__name__)
+
+# Keep this share of the device free: allocator fragmentation and the model's
+# own error (the paper reports 8-14 % median memory error, §IV-C3).
+HEADROOM_DEFAULT = 0.1
+
+
+@dataclass(frozen=True)
+class StaticMemory:
+    """Eq. 3, the batch-independent terms, in bytes."""
+
+    param_bytes: int  # M_param
+    grad_bytes: int  # M_grad: one gradient per trainable parameter
+    optimizer_bytes: int  # M_opt: momentum buffers, Adam moments, ...
+
+    @property
+    def total_bytes(self) -> int:
+        return self.param_bytes + self.grad_bytes + self.optimizer_bytes
+
+
+def _tensor_bytes(value) -> int:
+    if isinstance(value, torch.Tensor):
+        return value.numel() * value.element_size()
+    if isinstance(value, dict):
+        return sum(_tensor_bytes(v) for v in value.values())
+    if isinstance(value, (list, tuple)):
+        return sum(_tensor_bytes(v) for v in value)
+    return 0
+
+
+def static_memory(
+    model: torch.nn.Module,
+    optimizer_factory: Callable[[Iterable[torch.nn.Parameter]], torch.optim.Optimizer],
+) -> StaticMemory:
+    """M_param + M_grad + M_opt of `model` trained by the optimizer `optimizer_factory` builds.
+
+    The optimizer state is measured, not looked up: one step on a copy of the
+    model with zero gradients materialises whatever state the optimizer keeps.
+    """
+    params = list(model.parameters())
+    param_bytes = sum(p.numel() * p.element_size() for p in params)
+    grad_bytes = sum(p.numel() * p.element_size() for p in params if p.requires_grad)
+    replica = copy.deepcopy(model)
+    trainable = [p for p in replica.parameters() if p.requires_grad]
+    for p in trainable:
+        p.grad = torch.zeros_like(p)
+    optimizer = optimizer_factory(trainable)
+    optimizer.step()
+    optimizer_bytes = sum(_tensor_bytes(state) for state in optimizer.state.values())
+    return StaticMemory(param_bytes, grad_bytes, optimizer_bytes)
+
+
+@dataclass(frozen=True)
+class MemoryParams:
+    """Eq. 3 with the batch-dependent terms linear in the local batch b."""
+
+    static_bytes: float  # M_param + M_grad + M_opt
+    overhead_bytes: float  # fitted batch-independent extra (allocator, workspace); may be < 0
+    activation_bytes_per_sample: float  # M_act / b
+    batch_bytes_per_sample: float  # M_batch / b: the input tensors themselves
+
+    @property
+    def bytes_per_sample(self) -> float:
+        return self.activation_bytes_per_sample + self.batch_bytes_per_sample
+
+    def to_dict(self) -> dict[str, float]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, float]) -> "MemoryParams":
+        return cls(**{k: float(v) for k, v in data.items()})
+
+
+def fit(
+    local_batches: Iterable[float],
+    peak_bytes: Iterable[float],
+    *,
+    static_bytes: float = 0.0,
+    batch_bytes_per_sample: float = 0.0,
+) -> MemoryParams:
+    """Fit the batch-dependent terms of eq. 3 from measured peaks at >= 2 local batch sizes."""
+    b = np.asarray(list(local_batches), dtype=float)
+    peak = np.asarray(list(peak_bytes), dtype=float)
+    if len(b) != len(peak):
+        raise ValueError(f"{len(b)} local batch sizes but {len(peak)} peaks; give one peak each")
+    if len(np.unique(b)) < 2:
+        raise ValueError(f"the memory model needs peaks at >= 2 distinct local batch sizes; "
+                         f"got {sorted(set(b.tolist()))}")
+    if not np.all(np.isfinite(peak)) or np.any(peak <= 0):
+        raise ValueError(f"peak memory must be positive and finite; got {peak.tolist()}")
+    slope, intercept = np.polyfit(b, peak - static_bytes, 1)
+    if slope < 0:
+        logger.warning("measured peak memory falls with the batch (slope %.3g B/sample): "
+                       "taking it as flat", slope)
+        slope, intercept = 0.0, float(np.mean(peak - static_bytes))
+    return MemoryParams(
+        static_bytes=float(static_bytes),
+        overhead_bytes=float(intercept),
+        activation_bytes_per_sample=float(max(slope - batch_bytes_per_sample, 0.0)),
+        batch_bytes_per_sample=float(min(batch_bytes_per_sample, slope)),
+    )
+
+
+def predict_peak_bytes(params: MemoryParams, local_batch) -> np.ndarray:
+    """Eq. 3: predicted peak memory of one worker at local batch b."""
+    b = np.asarray(local_batch, dtype=float)
+    return params.static_bytes + params.overhead_bytes + params.bytes_per_sample * b
+
+
+def max_local_batch(params: MemoryParams, device_bytes: float,
+                    headroom: float = HEADROOM_DEFAULT) -> int:
+    """Largest local batch b whose predicted peak fits device_bytes * (1 - headroom); 0 if none."""
+    if not device_bytes > 0:
+        raise ValueError(f"device_bytes={device_bytes!r}; it must be positive")
+    if not 0.0 <= headroom < 1.0:
+        raise ValueError(f"headroom={headroom!r}; it must be within [0, 1)")
+    if params.bytes_per_sample <= 0:
+        raise ValueError("peak memory does not grow with the batch in these measurements, so "
+                         "no batch bound can be derived from memory; give max_batch instead")
+    budget = device_bytes * (1.0 - headroom) - params.static_bytes - params.overhead_bytes
+    b = int(np.floor(budget / params.bytes_per_sample))
+    # Float rounding at the boundary: make predict(b) <= budget < predict(b + 1) exact.
+    limit = device_bytes * (1.0 - headroom)
+    while b > 0 and predict_peak_bytes(params, b) > limit:
+        b -= 1
+    while predict_peak_bytes(params, b + 1) <= limit:
+        b += 1
+    return max(b, 0)
+
+
+def relative_errors(params: MemoryParams, local_batches, peak_bytes) -> np.ndarray:
+    """|predicted - measured| / measured for each measured peak."""
+    measured = np.asarray(peak_bytes, dtype=float)
+    return np.abs(predict_peak_bytes(params, local_batches) - measured) / measured

@@ -1,0 +1,313 @@
+"""Parallel performance model: per-step time = compute(b) + sync(N) (paper §III-A2).
+
+Fitted from profile rows (see `tula_ray.profiles`); predicts the step time and
+the training time of every (N, B). Fitting is separate from predicting, and both
+are pure functions of arrays (the shape of AdaptDL's goodput model).
+
+Two refinements over the paper, both measured on real hardware (NOTES-ENV):
+- the compute line belongs to the worker's resources, so it is fitted per
+  cluster size N where the profiles allow it (on a shared CPU machine, N
+  workers split the cores; on a GPU cluster the lines coincide), and
+  interpolated in log2(N) for cluster sizes never profiled;
+- DDP overlaps the all-reduce with the backward pass. Besides the paper's
+  additive form (eq. 2a) we fit AdaptDL's p-norm overlap form and keep it only
+  when its leave-one-out error is lower.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import asdict, dataclass, field, replace
+from typing import Callable
+
+import numpy as np
+import pandas as pd
+from scipy.optimize import least_squares, lsq_linear
+
+from tula_ray.profiles import usable
+
+logger = logging.getLogger(__name__)
+
+MODES = ("full", "partial")
+FORMS = ("auto", "additive", "overlap")
+OVERLAP_P_BOUNDS = (1.0, 10.0)  # p = 1 is additive; p -> inf is perfect overlap (max)
+# The overlap form has one more parameter: keep it only when it predicts clearly
+# better out of sample, not when it merely fits the noise of one run.
+OVERLAP_MIN_GAIN = 0.9  # overlap LOO error must be below 90 % of the additive one
+
+
+# --- eq. 2c: how synchronisation time grows with the cluster size -------------
+
+def ring_allreduce_units(num_workers: np.ndarray) -> np.ndarray:
+    """Eq. 2c, ring all-reduce: bandwidth term proportional to (1 - 1/N); 0 for N = 1."""
+    n = np.asarray(num_workers, dtype=float)
+    return 1.0 - 1.0 / n
+
+
+def parameter_server_units(num_workers: np.ndarray) -> np.ndarray:
+    """Eq. 2c, central parameter server: proportional to N; 0 for N = 1 (nothing to sync)."""
+    n = np.asarray(num_workers, dtype=float)
+    return np.where(n > 1, n, 0.0)
+
+
+COLLECTIVES: dict[str, Callable[[np.ndarray], np.ndarray]] = {
+    "ring": ring_allreduce_units,
+    "ps": parameter_server_units,
+}
+
+
+def register_collective(name: str, units: Callable[[np.ndarray], np.ndarray]) -> None:
+    """Add a synchronisation model: `units(N)` is what sync time is proportional to.
+
+    Example: a tree all-reduce, `register_collective("tree", lambda n: np.log2(n))`.
+    It must return 0 for N = 1, where data-parallel training does not synchronise.
+    """
+    if float(np.asarray(units(np.array([1])))[0]) != 0.0:
+        raise ValueError(f"collective {name!r}: units(1) must be 0 (a single worker never syncs)")
+    COLLECTIVES[name] = units
+
+
+def _collective(name: str) -> Callable[[np.ndarray], np.ndarray]:
+    if name not in COLLECTIVES:
+        raise ValueError(f"collective {name!r} is unknown; known: {sorted(COLLECTIVES)}")
+    return COLLECTIVES[name]
+
+
+# --- the fitted parameters ----------------------------------------------------
+
+@dataclass(frozen=True)
+class ComputeLine:
+    """Eq. 2b: compute time of one step = intercept_s + per_sample_s * b."""
+
+    intercept_s: float  # per-step fixed cost: kernel launches, optimizer step, Python
+    per_sample_s: float  # forward + backward cost of one sample of the local batch
+
+
+@dataclass(frozen=True)
+class PerfParams:
+    """The fitted performance model of one workload on one kind of worker."""
+
+    compute: dict[int, ComputeLine]  # per profiled N with >= 2 local batch sizes
+    compute_pooled: ComputeLine  # all rows together: used when no per-N line applies
+    sync_per_unit_s: float  # sync time per unit of the collective's shape (eq. 2c)
+    collective: str  # key of COLLECTIVES
+    overlap_p: float = 1.0  # p-norm exponent; 1.0 is the paper's additive eq. 2a
+    mode: str = "full"  # which profiles it was fitted from
+    num_profiles: int = 0
+    loo_median_rel_error: float | None = None  # leave-one-out step-time error of this fit
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+    @property
+    def form(self) -> str:
+        return "additive" if self.overlap_p == 1.0 else "overlap"
+
+    def to_dict(self) -> dict:
+        data = asdict(self)
+        data["compute"] = {str(n): asdict(line) for n, line in self.compute.items()}
+        data["notes"] = list(self.notes)
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "PerfParams":
+        data = dict(data)
+        data["compute"] = {int(n): ComputeLine(**line) for n, line in data["compute"].items()}
+        data["compute_pooled"] = ComputeLine(**data["compute_pooled"])
+        data["notes"] = tuple(data.get("notes", ()))
+        return cls(**data)
+
+
+# --- prediction (vectorised) --------------------------------------------------
+
+def predict_compute_s(params: PerfParams, num_workers, local_batch) -> np.ndarray:
+    """Eq. 2b: compute time per step, t_comp = intercept + slope * b, for the worker of size N.
+
+    The line of an N never profiled is interpolated linearly in log2(N) between
+    the nearest profiled ones (held constant beyond them).
+    """
+    n, b = np.broadcast_arrays(
+        np.asarray(num_workers, dtype=float), np.asarray(local_batch, dtype=float)
+    )
+    if not params.compute:
+        line = params.compute_pooled
+        return line.intercept_s + line.per_sample_s * b
+    known = np.array(sorted(params.compute), dtype=float)
+    intercepts = np.array([params.compute[int(k)].intercept_s for k in known])
+    slopes = np.array([params.compute[int(k)].per_sample_s for k in known])
+    x = np.log2(n)
+    intercept = np.interp(x, np.log2(known), intercepts)
+    slope = np.interp(x, np.log2(known), slopes)
+    return intercept + slope * b
+
+
+def predict_sync_s(params: PerfParams, num_workers) -> np.ndarray:
+    """Eq. 2c: communication time per step, proportional to the collective's shape in N."""
+    units = _collective(params.collective)(np.asarray(num_workers, dtype=float))
+    return params.sync_per_unit_s * units
+
+
+def combine_step_s(compute_s, sync_s, overlap_p: float = 1.0) -> np.ndarray:
+    """Eq. 2a, t_step = t_compute + t_sync; with overlap_p > 1, AdaptDL's p-norm
+    (t_compute^p + t_sync^p)^(1/p), which models the all-reduce hidden behind backward."""
+    compute_s = np.asarray(compute_s, dtype=float)
+    sync_s = np.asarray(sync_s, dtype=float)
+    if overlap_p == 1.0:
+        return compute_s + sync_s
+    return (compute_s**overlap_p + sync_s**overlap_p) ** (1.0 / overlap_p)
+
+
+def predict_step_s(params: PerfParams, num_workers, local_batch) -> np.ndarray:
+    """Eq. 2a: predicted time of one synchronous data-parallel step."""
+    return combine_step_s(
+        predict_compute_s(params, num_workers, local_batch),
+        predict_sync_s(params, num_workers),
+        params.overlap_p,
+    )
+
+
+def training_time_s(step_time_s, epochs: int, dataset_size: int, global_batch) -> np.ndarray:
+    """Eq. 4a: T = E * D / B * t_step, with D / B rounded up (a partial last batch is a step)."""
+    steps_per_epoch = np.ceil(dataset_size / np.asarray(global_batch, dtype=float))
+    return epochs * steps_per_epoch * np.asarray(step_time_s, dtype=float)
+
+
+# --- fitting ------------------------------------------------------------------
+
+def extreme_rows(profiles: pd.DataFrame) -> pd.DataFrame:
+    """The rows partial search fits from: min/max cluster size x min/max batch (§III-A2)."""
+    rows = usable(profiles)
+    if rows.empty:
+        return rows
+    picked = []
+    for n in sorted({rows["num_workers"].min(), rows["num_workers"].max()}):
+        at_n = rows[rows["num_workers"] == n]
+        picked += [at_n["global_batch"].idxmin(), at_n["global_batch"].idxmax()]
+    return rows.loc[sorted(set(picked))].reset_index(drop=True)
+
+
+def fit_line(x: np.ndarray, y: np.ndarray) -> ComputeLine:
+    """Non-negative line through (x, y) minimising RELATIVE residuals.
+
+    Step-time noise is multiplicative (~15 % between processes, NOTES-ENV), so
+    each point is weighted by 1/y; with a single distinct x the line goes
+    through the origin, as eq. 2b states (t_comp proportional to b).
+    """
+    x = np.asarray(x, dtype=float)
+    y = np.asarray(y, dtype=float)
+    if len(np.unique(x)) < 2:
+        return ComputeLine(0.0, float(np.median(y / x)))
+    weight = 1.0 / y
+    design = np.column_stack([np.ones_like(x), x]) * weight[:, None]
+    solution = lsq_linear(design, y * weight, bounds=(0.0, np.inf)).x
+    return ComputeLine(float(solution[0]), float(solution[1]))
+
+
+def _fit_compute(rows: pd.DataFrame) -> tuple[dict[int, ComputeLine], ComputeLine]:
+    per_n = {
+        int(n): fit_line(group["local_batch"], group["compute_time_s"])
+        for n, group in rows.groupby("num_workers")
+        if group["local_batch"].nunique() >= 2
+    }
+    return per_n, fit_line(rows["local_batch"], rows["compute_time_s"])
+
+
+def _fit_additive_sync(rows: pd.DataFrame, collective: str) -> float | None:
+    """Median of sync / units(N) over the multi-worker rows: robust to one slow run."""
+    units = _collective(collective)(rows["num_workers"].to_numpy(float))
+    synced = units > 0
+    if not synced.any():
+        return None
+    return float(np.median(np.maximum(rows["sync_time_s"].to_numpy(float)[synced], 0.0) / units[synced]))
+
+
+def _fit_overlap(params: PerfParams, rows: pd.DataFrame) -> PerfParams:
+    """Fit the communication scale and p jointly to the measured step times (log residuals)."""
+    n = rows["num_workers"].to_numpy(float)
+    b = rows["local_batch"].to_numpy(float)
+    measured = rows["step_time_s"].to_numpy(float)
+    compute = predict_compute_s(params, n, b)
+    units = _collective(params.collective)(n)
+
+    def residuals(theta: np.ndarray) -> np.ndarray:
+        step = combine_step_s(compute, theta[0] * units, theta[1])
+        return np.log(np.maximum(step, 1e-12)) - np.log(measured)
+
+    start = np.array([max(params.sync_per_unit_s, 1e-6) * 2.0, 2.0])
+    solution = least_squares(
+        residuals, start, bounds=([0.0, OVERLAP_P_BOUNDS[0]], [np.inf, OVERLAP_P_BOUNDS[1]]),
+        loss="soft_l1",
+    ).x
+    return replace(params, sync_per_unit_s=float(solution[0]), overlap_p=float(solution[1]))
+
+
+def _fit_form(rows: pd.DataFrame, collective: str, form: str, mode: str) -> PerfParams:
+    if rows.empty:
+        raise ValueError(
+            "no usable profile rows (status 'ok' with a step time) to fit the performance "
+            "model; every profiled candidate failed: see the profiles' 'error' column"
+        )
+    per_n, pooled = _fit_compute(rows)
+    sync = _fit_additive_sync(rows, collective)
+    notes = ()
+    if sync is None:
+        notes = ("no multi-worker profile: sync time taken as 0 for every N",)
+        sync = 0.0
+    params = PerfParams(per_n, pooled, sync, collective, 1.0, mode, len(rows), None, notes)
+    if form == "overlap":
+        params = _fit_overlap(params, rows)
+    return params
+
+
+def _loo_error(rows: pd.DataFrame, collective: str, form: str, mode: str) -> float | None:
+    """Median relative error of each row's step time predicted by a fit without it."""
+    if len(rows) < 3:
+        return None
+    errors = []
+    for i in range(len(rows)):
+        rest = rows.drop(index=rows.index[i])
+        params = _fit_form(rest, collective, form, mode)
+        row = rows.iloc[i]
+        predicted = float(predict_step_s(params, row["num_workers"], row["local_batch"]))
+        errors.append(abs(predicted - row["step_time_s"]) / row["step_time_s"])
+    return float(np.median(errors))
+
+
+def _enough_for_overlap(rows: pd.DataFrame, collective: str) -> bool:
+    units = _collective(collective)(rows["num_workers"].to_numpy(float))
+    return int((units > 0).sum()) >= 4  # two parameters, plus points left to judge them
+
+
+def fit(
+    profiles: pd.DataFrame,
+    *,
+    mode: str = "full",
+    collective: str = "ring",
+    form: str = "auto",
+) -> PerfParams:
+    """Fit the performance model from profile rows.
+
+    mode: "full" uses every usable row; "partial" only the extremes (`extreme_rows`).
+    collective: a key of COLLECTIVES ("ring", "ps", or one registered).
+    form: "additive" (eq. 2a), "overlap" (p-norm), or "auto": overlap only when
+      there are enough multi-worker rows and its leave-one-out error is lower.
+    """
+    if mode not in MODES:
+        raise ValueError(f"mode {mode!r} is not allowed; use one of {MODES}")
+    if form not in FORMS:
+        raise ValueError(f"form {form!r} is not allowed; use one of {FORMS}")
+    _collective(collective)
+    rows = extreme_rows(profiles) if mode == "partial" else usable(profiles)
+    candidates = [form] if form != "auto" else ["additive"]
+    if form == "auto" and _enough_for_overlap(rows, collective):
+        candidates.append("overlap")
+    best: PerfParams | None = None
+    for name in candidates:
+        params = _fit_form(rows, collective, name, mode)
+        loo = _loo_error(rows, collective, name, mode)
+        params = replace(params, loo_median_rel_error=loo)
+        best_loo = math.inf if best is None or best.loo_median_rel_error is None else best.loo_median_rel_error
+        if best is None or (loo is not None and loo < OVERLAP_MIN_GAIN * best_loo):
+            best = params
+    logger.info("perf model: %s form from %d %s rows, LOO error %s",
+                best.form, best.num_profiles, mode, best.loo_median_rel_error)
+    return best

@@ -1,0 +1,268 @@
+"""The Plan: what a search measured, what the models predict for every candidate, the choice.
+
+`build_plan` is the whole modelling pipeline after profiling (DESIGN step 4):
+fit the performance model (full or partial), predict step time, training time
+(eq. 4a), peak memory (eq. 3) and cost (eq. 4b) for every (N, B) of the space,
+apply the constraints, and let the policy choose. It needs no cluster, so a
+plan can be re-made offline from recorded profiles.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from tula_ray import memory as memory_model
+from tula_ray import perf
+from tula_ray.policy import Choice, choose
+from tula_ray.pricing import Pricing, parse_pricing, pricing_from_dict, pricing_to_dict
+from tula_ray.profiles import profile_frame, usable
+from tula_ray.space import SearchSpace
+
+PLAN_FORMAT = 1
+DENSE_POINTS = 256  # batch sizes on the dense curve the knee is found on
+
+
+@dataclass
+class Plan:
+    """Result of a search: profiles, fitted models, one row per candidate, and the choice."""
+
+    workload: str
+    mode: str
+    objective: str
+    epochs: int
+    dataset_size: int
+    profiles: pd.DataFrame
+    perf: perf.PerfParams
+    memory: memory_model.MemoryParams | None
+    pricing: dict[str, Any]
+    table: pd.DataFrame
+    choice: Choice
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def chosen(self) -> pd.Series:
+        """The table row of the chosen candidate."""
+        match = self.table[(self.table["num_workers"] == self.choice.num_workers)
+                           & (self.table["global_batch"] == self.choice.global_batch)]
+        return match.iloc[0]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "format": PLAN_FORMAT,
+            "workload": self.workload,
+            "mode": self.mode,
+            "objective": self.objective,
+            "epochs": self.epochs,
+            "dataset_size": self.dataset_size,
+            "profiles": _frame_to_json(self.profiles),
+            "perf": self.perf.to_dict(),
+            "memory": None if self.memory is None else self.memory.to_dict(),
+            "pricing": self.pricing,
+            "table": _frame_to_json(self.table),
+            "choice": self.choice.to_dict(),
+            "meta": self.meta,
+        }
+
+    def to_json(self, path: str | Path | None = None) -> str:
+        """The plan as JSON (no pickle); also written to `path` when given."""
+        text = json.dumps(self.to_dict(), indent=1, allow_nan=False)
+        if path is not None:
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+            Path(path).write_text(text)
+        return text
+
+    @classmethod
+    def from_json(cls, source: str | Path) -> "Plan":
+        """A plan from a JSON string or from the path of a file written by `to_json`."""
+        text = str(source)
+        if not text.lstrip().startswith("{"):
+            text = Path(source).read_text()
+        data = json.loads(text)
+        if data.get("format") != PLAN_FORMAT:
+            raise ValueError(f"plan format {data.get('format')!r} is not supported; "
+                             f"this tula-ray reads format {PLAN_FORMAT}")
+        return cls(
+            workload=data["workload"], mode=data["mode"], objective=data["objective"],
+            epochs=data["epochs"], dataset_size=data["dataset_size"],
+            profiles=_frame_from_json(data["profiles"]),
+            perf=perf.PerfParams.from_dict(data["perf"]),
+            memory=None if data["memory"] is None
+            else memory_model.MemoryParams.from_dict(data["memory"]),
+            pricing=data["pricing"], table=_frame_from_json(data["table"]),
+            choice=Choice(**data["choice"]), meta=data["meta"],
+        )
+
+    def plot(self, directory: str | Path) -> list[Path]:
+        """PNG figures of predicted/measured time and cost vs B per N (paper Fig. 9/10)."""
+        from tula_ray.plotting import plot_plan  # matplotlib only when plotting
+
+        return plot_plan(self, Path(directory))
+
+    def summary(self) -> str:
+        """A printable table of the candidates and the choice."""
+        columns = ["num_workers", "global_batch", "local_batch", "step_time_s",
+                   "measured_step_time_s", "total_time_s", "cost_usd", "peak_mem_bytes",
+                   "source", "feasible"]
+        shown = self.table[columns].copy()
+        shown["peak_mem_bytes"] = (shown["peak_mem_bytes"] / 2**20).round(1)
+        shown = shown.rename(columns={"peak_mem_bytes": "peak_mem_MiB"})
+        c = self.choice
+        loo = self.perf.loo_median_rel_error
+        lines = [
+            shown.to_string(index=False, float_format=lambda v: f"{v:.4g}"),
+            f"performance model: {self.mode} fit, {self.perf.form} form, "
+            f"{self.perf.num_profiles} profiles, leave-one-out error "
+            + ("n/a" if loo is None else f"{loo:.1%}"),
+            f"choice ({c.objective}): N={c.num_workers}, B={c.global_batch} "
+            f"(b={c.local_batch}) - {c.reason}",
+        ]
+        return "\n".join(lines)
+
+
+def _frame_to_json(frame: pd.DataFrame) -> dict[str, Any]:
+    records = frame.astype(object).where(frame.notna(), None).to_numpy().tolist()
+    return {"columns": list(frame.columns),
+            "dtypes": {c: str(t) for c, t in frame.dtypes.items()}, "data": records}
+
+
+def _frame_from_json(data: dict[str, Any]) -> pd.DataFrame:
+    frame = pd.DataFrame(data["data"], columns=data["columns"])
+    for column, dtype in data["dtypes"].items():
+        frame[column] = frame[column].astype("float64" if dtype == "float64" else dtype)
+    return frame
+
+
+# --- building a plan ------------------------------------------------------------
+
+def fit_memory_from_profiles(profiles: pd.DataFrame) -> memory_model.MemoryParams | None:
+    """The memory model from the profiles' own peaks, when they span >= 2 local batches."""
+    rows = usable(profiles).dropna(subset=["peak_mem_bytes"])
+    rows = rows[rows["peak_mem_bytes"] > 0]
+    if rows["local_batch"].nunique() < 2:
+        return None
+    return memory_model.fit(rows["local_batch"], rows["peak_mem_bytes"])
+
+
+def _predict(space_frame: pd.DataFrame, params: perf.PerfParams,
+             memory: memory_model.MemoryParams | None, pricing: Pricing,
+             epochs: int, dataset_size: int) -> pd.DataFrame:
+    frame = space_frame.copy()
+    n, b = frame["num_workers"].to_numpy(float), frame["local_batch"].to_numpy(float)
+    frame["compute_time_s"] = perf.predict_compute_s(params, n, b)
+    frame["step_time_s"] = perf.predict_step_s(params, n, b)
+    frame["sync_time_s"] = frame["step_time_s"] - frame["compute_time_s"]
+    frame["total_time_s"] = perf.training_time_s(
+        frame["step_time_s"], epochs, dataset_size, frame["global_batch"])
+    frame["peak_mem_bytes"] = (np.nan if memory is None
+                               else memory_model.predict_peak_bytes(memory, b))
+    frame["cost_usd"] = pricing.cost_usd(
+        frame["total_time_s"].to_numpy(float), n, frame["peak_mem_bytes"].to_numpy(float))
+    return frame
+
+
+def _infeasible_reason(row: pd.Series, oom_local_batch: float, max_local_batch: int | None,
+                       max_workers: int | None, max_global_batch: int | None) -> str:
+    if row["status"] == "error":
+        return "profiling crashed"
+    if row["local_batch"] >= oom_local_batch:
+        return "out of memory when profiled"
+    if max_local_batch is not None and row["local_batch"] > max_local_batch:
+        return f"local batch above the memory bound {max_local_batch}"
+    if max_workers is not None and row["num_workers"] > max_workers:
+        return f"more than max_workers={max_workers}"
+    if max_global_batch is not None and row["global_batch"] > max_global_batch:
+        return f"above max_batch={max_global_batch}"
+    return ""
+
+
+def oom_local_batch(profiles: pd.DataFrame) -> float:
+    """Smallest local batch that ran out of memory (inf if none). Memory per worker
+    depends on b only, so an OOM at b makes every b' >= b infeasible for every N."""
+    oom = profiles[profiles["status"] == "oom"]
+    return float(oom["local_batch"].min()) if len(oom) else np.inf
+
+
+def build_plan(
+    space: SearchSpace,
+    profiles: pd.DataFrame,
+    *,
+    epochs: int,
+    dataset_size: int,
+    mode: str = "partial",
+    objective: str = "knee",
+    pricing: Pricing | str | dict = "fixed",
+    memory: memory_model.MemoryParams | None = None,
+    max_local_batch: int | None = None,
+    max_workers: int | None = None,
+    max_global_batch: int | None = None,
+    weight_time: float = 0.5,
+    collective: str = "ring",
+    form: str = "auto",
+    workload: str = "custom",
+    meta: dict[str, Any] | None = None,
+) -> Plan:
+    """Fit, predict every candidate of `space`, apply constraints, choose (DESIGN step 4)."""
+    for name, value in (("epochs", epochs), ("dataset_size", dataset_size)):
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value <= 0:
+            raise ValueError(f"{name}={value!r}; it must be a positive integer")
+    pricing = parse_pricing(pricing)
+    profiles = profile_frame(profiles.to_dict("records"))
+    params = perf.fit(profiles, mode=mode, collective=collective, form=form)
+    memory = memory if memory is not None else fit_memory_from_profiles(profiles)
+    if memory is None and "memory" in pricing_to_dict(pricing)["kind"]:
+        raise ValueError("memory-based pricing needs a memory model: profile at least two "
+                         "local batch sizes with peak_mem_bytes, or pass memory=")
+
+    grid = pd.DataFrame([c.as_dict() for c in space.candidates()])
+    table = _predict(grid, params, memory, pricing, epochs, dataset_size)
+    measured = profiles.rename(columns={
+        "step_time_s": "measured_step_time_s", "peak_mem_bytes": "measured_peak_mem_bytes",
+        "compute_time_s": "measured_compute_time_s", "sync_time_s": "measured_sync_time_s"})
+    keep = ["num_workers", "global_batch", "measured_step_time_s", "measured_compute_time_s",
+            "measured_sync_time_s", "measured_peak_mem_bytes", "status", "error"]
+    table = table.merge(measured[keep], on=["num_workers", "global_batch"], how="left")
+    table["source"] = np.where(table["status"].isna(), "predicted", "measured")
+    table["status"] = table["status"].fillna("")
+    table["error"] = table["error"].fillna("")
+    table["measured_total_time_s"] = perf.training_time_s(
+        table["measured_step_time_s"], epochs, dataset_size, table["global_batch"])
+    table["step_time_rel_error"] = (
+        (table["step_time_s"] - table["measured_step_time_s"]).abs()
+        / table["measured_step_time_s"])
+
+    oom_bound = oom_local_batch(profiles)
+    reasons = [_infeasible_reason(row, oom_bound, max_local_batch, max_workers, max_global_batch)
+               for _, row in table.iterrows()]
+    table["infeasible_reason"] = reasons
+    table["feasible"] = table["infeasible_reason"] == ""
+
+    dense = _dense_curve(space, params, memory, pricing, epochs, dataset_size,
+                         oom_bound, max_local_batch, max_workers, max_global_batch)
+    choice = choose(table, objective, dense=dense, weight_time=weight_time)
+    return Plan(workload, mode, objective, epochs, dataset_size, profiles, params, memory,
+                pricing_to_dict(pricing), table, choice, dict(meta or {}))
+
+
+def _dense_curve(space, params, memory, pricing, epochs, dataset_size, oom_local,
+                 max_local_batch, max_workers, max_global_batch) -> pd.DataFrame:
+    """Predictions on a dense log-spaced batch grid for every N: what the knee is found on."""
+    batches = np.geomspace(space.batch_sizes[0], space.batch_sizes[-1], DENSE_POINTS)
+    grid = pd.DataFrame([(n, b) for n in space.cluster_sizes for b in batches],
+                        columns=["num_workers", "global_batch"])
+    grid["local_batch"] = grid["global_batch"] / grid["num_workers"]
+    dense = _predict(grid, params, memory, pricing, epochs, dataset_size)
+    feasible = (dense["local_batch"] < oom_local) & (dense["local_batch"] >= 1)
+    if max_local_batch is not None:
+        feasible &= dense["local_batch"] <= max_local_batch
+    if max_workers is not None:
+        feasible &= dense["num_workers"] <= max_workers
+    if max_global_batch is not None:
+        feasible &= dense["global_batch"] <= max_global_batch
+    dense["feasible"] = feasible
+    return dense

@@ -1,0 +1,130 @@
+"""Configuration selection policy (paper §III-A3).
+
+Chooses one (N, B) from the predicted candidates: the fastest, the cheapest,
+the knee of the time-vs-batch curve (Kneedle, paper [32], via `kneed`), or a
+weighted balance of time and cost, among the feasible candidates only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import numpy as np
+import pandas as pd
+from kneed import KneeLocator
+
+OBJECTIVES = ("time", "cost", "knee", "weighted")
+WEIGHT_TIME_DEFAULT = 0.5  # "weighted": equal say to time and cost
+# When Kneedle finds no knee (e.g. a curve that never flattens, or rises), we
+# take the smallest batch whose time is within this fraction of the best one:
+# the same "diminishing returns" idea, stated as a tolerance.
+KNEE_FALLBACK_TOLERANCE = 0.05
+
+
+@dataclass(frozen=True)
+class Choice:
+    """The chosen configuration and why it was chosen."""
+
+    num_workers: int
+    global_batch: int
+    objective: str
+    reason: str
+    knee_global_batch: float | None = None  # the knee on the dense curve, before snapping
+
+    @property
+    def local_batch(self) -> int:
+        return self.global_batch // self.num_workers
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def find_knee(global_batch: np.ndarray, metric: np.ndarray) -> float | None:
+    """Kneedle's knee of a decreasing, convex curve, with x = log2(B); None if there is none."""
+    x = np.log2(np.asarray(global_batch, dtype=float))
+    y = np.asarray(metric, dtype=float)
+    if len(x) < 3 or not y[0] > y[-1]:
+        return None  # Kneedle's "decreasing" knee is meaningless on a flat or rising curve
+    knee = KneeLocator(x, y, curve="convex", direction="decreasing").knee
+    return None if knee is None else float(2.0 ** knee)
+
+
+def envelope(dense: pd.DataFrame, metric: str) -> pd.DataFrame:
+    """For each global batch, the feasible cluster size with the lowest `metric`."""
+    feasible = dense[dense["feasible"]]
+    best = feasible.loc[feasible.groupby("global_batch")[metric].idxmin()]
+    return best.sort_values("global_batch").reset_index(drop=True)
+
+
+def _check(objective: str, weight_time: float) -> None:
+    if objective not in OBJECTIVES:
+        raise ValueError(f"objective {objective!r} is unknown; use one of {OBJECTIVES}")
+    if not 0.0 <= weight_time <= 1.0:
+        raise ValueError(f"weight_time={weight_time!r}; it must be within [0, 1]")
+
+
+def _feasible(table: pd.DataFrame) -> pd.DataFrame:
+    feasible = table[table["feasible"]]
+    if feasible.empty:
+        reasons = sorted(set(table.get("infeasible_reason", pd.Series(dtype=str))) - {""})
+        raise ValueError(
+            f"no feasible candidate among {len(table)} (reasons: {reasons or 'none given'}); "
+            "relax the constraints (max_workers, max_batch), give the device more memory, "
+            "or lower min_batch"
+        )
+    return feasible
+
+
+def _row_choice(row: pd.Series, objective: str, reason: str, knee: float | None = None) -> Choice:
+    return Choice(int(row["num_workers"]), int(row["global_batch"]), objective, reason, knee)
+
+
+def _knee(feasible: pd.DataFrame, dense: pd.DataFrame | None, metric: str) -> Choice:
+    curve = envelope(dense if dense is not None else feasible, metric)
+    knee = find_knee(curve["global_batch"], curve[metric])
+    if knee is None:
+        limit = curve[metric].min() * (1.0 + KNEE_FALLBACK_TOLERANCE)
+        target = float(curve[curve[metric] <= limit]["global_batch"].min())
+        how = (f"no knee found by Kneedle; fallback: smallest batch within "
+               f"{KNEE_FALLBACK_TOLERANCE:.0%} of the best {metric}")
+    else:
+        target = knee
+        how = f"knee of predicted {metric} vs log2(B) at B~{knee:.0f} (Kneedle)"
+    # Snap to the nearest candidate batch (in log2), then the best N for that batch.
+    distance = np.abs(np.log2(feasible["global_batch"].to_numpy(float)) - np.log2(target))
+    nearest = feasible[distance == distance.min()]
+    row = nearest.loc[nearest[metric].idxmin()]
+    return _row_choice(row, "knee", how, knee)
+
+
+def choose(
+    table: pd.DataFrame,
+    objective: str = "knee",
+    *,
+    dense: pd.DataFrame | None = None,
+    weight_time: float = WEIGHT_TIME_DEFAULT,
+    knee_metric: str = "total_time_s",
+) -> Choice:
+    """Pick the candidate that best meets `objective` among the feasible rows of `table`.
+
+    table: one row per candidate with num_workers, global_batch, total_time_s,
+      cost_usd and a boolean `feasible` (constraints already applied).
+    dense: the model's predictions on a dense batch grid (same columns), used
+      for the knee so that it does not depend on how coarse the candidate grid is.
+    weight_time: for "weighted", the weight of time in
+      weight_time * T / T_best + (1 - weight_time) * C / C_best.
+    """
+    _check(objective, weight_time)
+    feasible = _feasible(table)
+    if objective == "time":
+        row = feasible.loc[feasible["total_time_s"].idxmin()]
+        return _row_choice(row, objective, "lowest predicted training time")
+    if objective == "cost":
+        row = feasible.loc[feasible["cost_usd"].idxmin()]
+        return _row_choice(row, objective, "lowest predicted training cost")
+    if objective == "weighted":
+        score = (weight_time * feasible["total_time_s"] / feasible["total_time_s"].min()
+                 + (1 - weight_time) * feasible["cost_usd"] / feasible["cost_usd"].min())
+        row = feasible.loc[score.idxmin()]
+        return _row_choice(row, objective, f"best weighted score (time weight {weight_time:g})")
+    return _knee(feasible, dense, knee_metric)

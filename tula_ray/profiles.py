@@ -1,0 +1,50 @@
+"""The profile table: one row per profiled (N, B) candidate.
+
+This is the contract between the Ray side (trainables report these fields) and
+the models (perf and memory fit from them). Times are per training step,
+medians over the measured steps, in seconds.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable, Mapping
+
+import pandas as pd
+
+STATUS_OK = "ok"
+STATUS_OOM = "oom"  # ran out of (declared) device memory: infeasible, not a crash
+STATUS_ERROR = "error"  # crashed for another reason; reported, never fatal to a search
+STATUSES = (STATUS_OK, STATUS_OOM, STATUS_ERROR)
+
+PROFILE_COLUMNS = (
+    "num_workers",  # N
+    "global_batch",  # B
+    "local_batch",  # b = B / N
+    "compute_time_s",  # forward + backward + optimizer step without gradient sync
+    "sync_time_s",  # step_time_s - compute_time_s (0 for N = 1: no collective)
+    "step_time_s",  # one synchronous data-parallel step
+    "peak_mem_bytes",  # peak device memory of one worker
+    "samples_per_s",  # B / step_time_s
+    "status",
+    "error",
+)
+NUMERIC_COLUMNS = PROFILE_COLUMNS[:8]
+
+
+def profile_frame(rows: Iterable[Mapping] = ()) -> pd.DataFrame:
+    """Rows (dicts) as a profile table with every column, in order; missing fields are NaN/''."""
+    frame = pd.DataFrame(list(rows), columns=list(PROFILE_COLUMNS))
+    for column in NUMERIC_COLUMNS:
+        frame[column] = pd.to_numeric(frame[column], errors="coerce")
+    frame["status"] = frame["status"].fillna(STATUS_OK).astype(str)
+    frame["error"] = frame["error"].astype(object).where(frame["error"].notna(), "").astype(str)
+    unknown = sorted(set(frame["status"]) - set(STATUSES))
+    if unknown:
+        raise ValueError(f"profile status {unknown[0]!r} is not one of {STATUSES}")
+    return frame
+
+
+def usable(profiles: pd.DataFrame) -> pd.DataFrame:
+    """The rows a model can fit: status ok and a finite step time."""
+    ok = profiles[(profiles["status"] == STATUS_OK) & profiles["step_time_s"].notna()]
+    return ok.reset_index(drop=True)

@@ -1,0 +1,166 @@
+"""The search space: cluster sizes N, global batch sizes B, local batch b = B/N.
+
+Paper §III-A3: the feasible space is bounded below by the user's minimum batch
+and cluster size, above by the largest available cluster and by the largest
+batch the memory model allows. Candidates grow geometrically (paper §IV-B:
+N in [2, 4, 8, 16], B from 32 doubling).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterable, Sequence
+
+MIN_BATCH_DEFAULT = 32  # paper §IV-B
+BATCH_GROWTH_DEFAULT = 2  # paper §IV-B: batches grow exponentially
+
+
+@dataclass(frozen=True, order=True)
+class Candidate:
+    """One configuration: N data-parallel workers sharing a global batch of B samples."""
+
+    num_workers: int
+    global_batch: int
+
+    @property
+    def local_batch(self) -> int:
+        """Samples each worker processes per step (b = B / N)."""
+        return self.global_batch // self.num_workers
+
+    def as_dict(self) -> dict[str, int]:
+        return {
+            "num_workers": self.num_workers,
+            "global_batch": self.global_batch,
+            "local_batch": self.local_batch,
+        }
+
+
+def _check_positive_ints(name: str, values: Iterable[int]) -> tuple[int, ...]:
+    values = tuple(values)
+    if not values:
+        raise ValueError(f"{name} is empty; give at least one positive integer")
+    for value in values:
+        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            raise ValueError(f"{name} contains {value!r}; only positive integers are allowed")
+    return tuple(sorted(set(values)))
+
+
+def _check_range(name: str, low: int, high: int) -> None:
+    for label, value in ((f"min_{name}", low), (f"max_{name}", high)):
+        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            raise ValueError(f"{label}={value!r}; it must be a positive integer")
+    if low > high:
+        raise ValueError(
+            f"min_{name}={low} is larger than max_{name}={high}; min must be <= max"
+        )
+
+
+def geometric(low: int, high: int, growth: int = BATCH_GROWTH_DEFAULT) -> tuple[int, ...]:
+    """low, low*growth, low*growth^2, ... while <= high."""
+    _check_range("batch", low, high)
+    if isinstance(growth, bool) or not isinstance(growth, int) or growth < 2:
+        raise ValueError(f"growth={growth!r}; it must be an integer >= 2")
+    values = [low]
+    while values[-1] * growth <= high:
+        values.append(values[-1] * growth)
+    return tuple(values)
+
+
+def powers_of_two(low: int, high: int) -> tuple[int, ...]:
+    """Powers of two in [low, high], plus low and high themselves."""
+    _check_range("workers", low, high)
+    values = {low, high}
+    power = 1
+    while power <= high:
+        if power >= low:
+            values.add(power)
+        power *= 2
+    return tuple(sorted(values))
+
+
+@dataclass(frozen=True)
+class SearchSpace:
+    """Every (N, B) pair of `cluster_sizes` x `batch_sizes` with B divisible by N."""
+
+    cluster_sizes: tuple[int, ...]
+    batch_sizes: tuple[int, ...]
+
+    def __post_init__(self) -> None:
+        object.__setattr__(
+            self, "cluster_sizes", _check_positive_ints("cluster_sizes", self.cluster_sizes)
+        )
+        object.__setattr__(
+            self, "batch_sizes", _check_positive_ints("batch_sizes", self.batch_sizes)
+        )
+        bad = [(n, b) for n in self.cluster_sizes for b in self.batch_sizes if b % n]
+        if bad:
+            n, b = bad[0]
+            raise ValueError(
+                f"global batch {b} is not divisible by cluster size {n} "
+                f"({len(bad)} such pairs); every batch size must be a multiple of every "
+                f"cluster size, e.g. use batch sizes that are multiples of "
+                f"{_lcm(self.cluster_sizes)}"
+            )
+
+    @classmethod
+    def build(
+        cls,
+        cluster_sizes: Sequence[int] | None = None,
+        *,
+        min_workers: int = 1,
+        max_workers: int | None = None,
+        min_batch: int = MIN_BATCH_DEFAULT,
+        max_batch: int | None = None,
+        batch_sizes: Sequence[int] | None = None,
+        growth: int = BATCH_GROWTH_DEFAULT,
+    ) -> "SearchSpace":
+        """A space from the user's bounds.
+
+        cluster_sizes: explicit N values; otherwise powers of two in [min_workers, max_workers].
+        batch_sizes: explicit B values; otherwise geometric from min_batch to max_batch.
+        """
+        if cluster_sizes is None:
+            if max_workers is None:
+                raise ValueError("give cluster_sizes or max_workers (the largest cluster size)")
+            cluster_sizes = powers_of_two(min_workers, max_workers)
+        if batch_sizes is None:
+            if max_batch is None:
+                raise ValueError(
+                    "give batch_sizes or max_batch (the largest global batch; "
+                    "tula_ray.search() derives it from the memory model)"
+                )
+            batch_sizes = geometric(min_batch, max_batch, growth)
+        return cls(tuple(cluster_sizes), tuple(batch_sizes))
+
+    def candidates(self) -> list[Candidate]:
+        return [Candidate(n, b) for n in self.cluster_sizes for b in self.batch_sizes]
+
+    def extremes(self) -> list[Candidate]:
+        """The corners (min/max N) x (min/max B): what partial search profiles (paper §III-A2)."""
+        ns = sorted({self.cluster_sizes[0], self.cluster_sizes[-1]})
+        bs = sorted({self.batch_sizes[0], self.batch_sizes[-1]})
+        return [Candidate(n, b) for n in ns for b in bs]
+
+    def bounded(self, max_local_batch: int, max_global_batch: int | None = None) -> "SearchSpace":
+        """Drop batch sizes no cluster size can run: B > max N x max local batch.
+
+        Pairs with a smaller N that exceed the local bound stay in the grid; the
+        plan marks them infeasible rather than dropping them silently.
+        """
+        limit = max_local_batch * self.cluster_sizes[-1]
+        if max_global_batch is not None:
+            limit = min(limit, max_global_batch)
+        kept = tuple(b for b in self.batch_sizes if b <= limit)
+        if not kept:
+            raise ValueError(
+                f"no batch size fits: the smallest is {self.batch_sizes[0]} but the bound is "
+                f"{limit} (max local batch {max_local_batch} x {self.cluster_sizes[-1]} workers); "
+                "lower min_batch or give the device more memory"
+            )
+        return SearchSpace(self.cluster_sizes, kept)
+
+
+def _lcm(values: Iterable[int]) -> int:
+    from math import lcm
+
+    return lcm(*values)
