@@ -6,3 +6,21 @@ import os
 # product never changes this for its users, only the test process does.
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 os.environ.setdefault("RAY_TRAIN_ENABLE_PREEMPTION_WATCHER", "0")
+
+import pytest
+
+
+@pytest.fixture(scope="module")
+def ray_session():
+    """One local Ray session per test module that asks for it, on loopback only."""
+    import ray
+
+    from trainables.profile import DRIVER_RESOURCE
+    from tula_ray.api import LOCAL_NODE_IP
+
+    ray.init(address="local", num_cpus=2, _node_ip_address=LOCAL_NODE_IP, resources={DRIVER_RESOURCE: 4},
+             include_dashboard=True, log_to_driver=False)
+    try:
+        yield
+    finally:
+        ray.shutdown()

@@ -4,7 +4,7 @@ import subprocess
 import sys
 
 CORE = ["space", "profiles", "perf", "memory", "pricing", "policy", "plan", "plotting",
-        "synthetic"]
+        "synthetic", "datasets", "workloads", "measure"]
 
 
 def test_core_modules_do_not_import_ray():

@@ -14,9 +14,9 @@ SPACE = SearchSpace.build((1, 2, 4, 8), min_batch=32, max_batch=2048)
 def truth(intercept_s, per_sample_s, sync_s, resource_gain, collective="ring"):
     """Per-N compute lines whose slope changes linearly in log2(N), as when N
     workers share one machine's cores; resource_gain = 0 is a GPU-like cluster."""
-    lines = {n: perf.ComputeLine(intercept_s, per_sample_s * (1 + resource_gain * np.log2(n)))
+    lines = {n: perf.ComputeCurve(intercept_s, per_sample_s * (1 + resource_gain * np.log2(n)))
              for n in SPACE.cluster_sizes}
-    return perf.PerfParams(lines, perf.ComputeLine(intercept_s, per_sample_s), sync_s, collective)
+    return perf.PerfParams(lines, perf.ComputeCurve(intercept_s, per_sample_s), sync_s, collective)
 
 
 params_strategy = st.builds(
@@ -35,21 +35,50 @@ def median_rel_error(params, profiles):
 
 @settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(params_strategy, st.integers(0, 10_000))
-def test_full_fit_recovers_the_parameters(true, seed):
-    """Each parameter is judged where it shows: the intercept at the smallest local
-    batch, the slope at the largest (a slope is barely identified when the intercept
-    dominates the whole range). Bounds from 300 random cases at 5 % noise
-    (worst seen: intercept 8.4 %, slope 5.9 %, sync 2.9 %)."""
+def test_full_fit_recovers_the_model(true, seed):
+    """Compute and sync are judged where they show, at the smallest and the largest
+    local batch of each N: with a tiny intercept, 5 % noise may tip the fit into the
+    power form with p ~ 1, which is the same curve by other parameters. Bounds from
+    300 random cases at 5 % noise (worst seen: compute 6.3 %, sync 2.5 % of the step)."""
     profiles = synthetic_profiles(SPACE.candidates(), true, noise=0.05, seed=seed)
     fitted = perf.fit(profiles, mode="full", form="additive")
-    assert fitted.sync_per_unit_s == pytest.approx(true.sync_per_unit_s, rel=0.05)
-    for n, line in true.compute.items():
-        got = fitted.compute[n]
-        b_min, b_max = SPACE.batch_sizes[0] / n, SPACE.batch_sizes[-1] / n
-        at_min = line.intercept_s + line.per_sample_s * b_min
-        at_max = line.intercept_s + line.per_sample_s * b_max
-        assert abs(got.intercept_s - line.intercept_s) <= 0.10 * at_min
-        assert abs(got.per_sample_s - line.per_sample_s) * b_max <= 0.08 * at_max
+    for n in true.compute:
+        b = np.array([SPACE.batch_sizes[0], SPACE.batch_sizes[-1]]) / n
+        want = perf.predict_compute_s(true, n, b)
+        got = perf.predict_compute_s(fitted, n, b)
+        np.testing.assert_array_less(np.abs(got - want), 0.08 * want)
+        step = perf.predict_step_s(true, n, b)
+        sync_error = np.abs(perf.predict_sync_s(fitted, n, b) - perf.predict_sync_s(true, n, b))
+        np.testing.assert_array_less(sync_error, 0.05 * step + 1e-12)
+
+
+def test_exact_linear_data_give_the_papers_line():
+    true = truth(2e-3, 2e-4, 0.02, 0.3)
+    fitted = perf.fit(synthetic_profiles(SPACE.candidates(), true, noise=0.0), form="additive")
+    for n, curve in true.compute.items():
+        assert fitted.compute[n].exponent == 1.0
+        assert fitted.compute[n].intercept_s == pytest.approx(curve.intercept_s, rel=1e-6)
+        assert fitted.compute[n].per_sample_s == pytest.approx(curve.per_sample_s, rel=1e-6)
+    assert fitted.sync_per_unit_s == pytest.approx(0.02, rel=1e-6)
+    assert fitted.sync_per_unit_per_sample_s == pytest.approx(0.0, abs=1e-9)
+
+
+def test_convex_compute_takes_the_power_form():
+    """On 2 CPU cores a step costs ~b^1.12 (NOTES-ENV: 10x the time for 8x the data)."""
+    curves = {n: perf.ComputeCurve(0.0, 3e-4, 1.12) for n in SPACE.cluster_sizes}
+    true = perf.PerfParams(curves, curves[1], 0.01, "ring")
+    fitted = perf.fit(synthetic_profiles(SPACE.extremes(), true, noise=0.0), mode="partial")
+    assert fitted.compute[1].exponent == pytest.approx(1.12)
+    grid = synthetic_profiles(SPACE.candidates(), true, noise=0.0)
+    assert median_rel_error(fitted, grid) < 1e-6
+
+
+def test_sync_that_grows_with_the_batch_is_recovered():
+    true = perf.PerfParams({}, perf.ComputeCurve(2e-3, 2e-4), 0.004, "ring",
+                           sync_per_unit_per_sample_s=5e-5)
+    fitted = perf.fit(synthetic_profiles(SPACE.extremes(), true, noise=0.0), mode="partial")
+    assert fitted.sync_per_unit_s == pytest.approx(0.004, rel=1e-6)
+    assert fitted.sync_per_unit_per_sample_s == pytest.approx(5e-5, rel=1e-6)
 
 
 @settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -101,13 +130,13 @@ def test_custom_collective_plugs_in():
     perf.register_collective("tree-test", lambda n: np.log2(np.asarray(n, float)))
     true = truth(2e-3, 2e-4, 0.01, 0.0, collective="tree-test")
     profiles = synthetic_profiles(SPACE.candidates(), true, noise=0.0)
-    assert perf.fit(profiles, collective="tree-test").sync_per_unit_s == pytest.approx(0.01)
+    assert perf.fit(profiles, collective="tree-test").sync_per_unit_s == pytest.approx(0.01, rel=1e-4)
     with pytest.raises(ValueError, match="units\\(1\\) must be 0"):
         perf.register_collective("bad", lambda n: np.asarray(n, float))
 
 
 def test_overlap_form_is_chosen_when_the_data_overlaps():
-    true = perf.PerfParams({}, perf.ComputeLine(2e-3, 2e-4), 0.03, "ring", overlap_p=3.0)
+    true = perf.PerfParams({}, perf.ComputeCurve(2e-3, 2e-4), 0.03, "ring", overlap_p=3.0)
     profiles = synthetic_profiles(SPACE.candidates(), true, noise=0.01, seed=3)
     # Measured sync is the exposed part only (step - compute), as DDP reports it.
     fitted = perf.fit(profiles, form="auto")

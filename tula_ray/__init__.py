@@ -2,7 +2,7 @@
 training on Ray, then train it with Adaptive Gradient Scaling (the Tula paper).
 
 The core modules (space, perf, memory, pricing, policy, plan) never import Ray;
-`search` and `train` are loaded on first use so that importing the core stays light.
+`search` is loaded on first use so that importing the core stays light.
 """
 
 from __future__ import annotations
@@ -19,7 +19,6 @@ __version__ = "0.1.0"
 
 _LAZY = {  # public name -> module that defines it (these import ray)
     "search": "tula_ray.api",
-    "train": "tula_ray.api",
 }
 
 __all__ = ["Candidate", "Choice", "FixedRate", "MemoryRate", "Plan", "Pricing",

@@ -64,6 +64,36 @@ def _replay(args: argparse.Namespace) -> None:
     _write(plan, args.out)
 
 
+def _demo(args: argparse.Namespace) -> None:
+    from tula_ray.api import search  # imports ray: only for the commands that run it
+
+    plan = search("fashion-mnist-cnn", cluster_sizes=tuple(args.cluster_sizes),
+                  min_batch=args.min_batch, max_batch=args.max_batch, mode=args.mode,
+                  objective=args.objective, pricing=args.pricing,
+                  storage_path=str(args.storage_path.resolve()) if args.storage_path else None)
+    _write(plan, args.out)
+    meta = plan.meta
+    print(f"memory probe {meta['probe_wall_s']:.0f} s, profiling {meta['profiling_wall_s']:.0f} s "
+          f"for {meta['trials']} trials")
+
+
+def _search_file(args: argparse.Namespace) -> None:
+    import inspect
+
+    import yaml
+
+    from tula_ray.api import search
+
+    config = yaml.safe_load(args.config.read_text()) or {}
+    if not isinstance(config, dict):
+        raise ValueError(f"{args.config}: expected a mapping of tula_ray.search() arguments")
+    allowed = set(inspect.signature(search).parameters)
+    unknown = sorted(set(config) - allowed)
+    if unknown:
+        raise ValueError(f"{args.config}: unknown key {unknown[0]!r}; allowed: {sorted(allowed)}")
+    _write(search(**config), args.out)
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tula-ray", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -79,6 +109,21 @@ def _parser() -> argparse.ArgumentParser:
     replay.add_argument("--dataset-size", type=int, default=60000)
     _add_plan_options(replay)
     replay.set_defaults(run=_replay)
+
+    demo = commands.add_parser("demo", help="a real search of the built-in CNN on local Ray")
+    demo.add_argument("--cluster-sizes", type=int, nargs="+", default=[1, 2])
+    demo.add_argument("--min-batch", type=int, default=32)
+    demo.add_argument("--max-batch", type=int, default=2048,
+                      help="upper bound on B (the memory probe may lower it)")
+    demo.add_argument("--storage-path", type=Path, default=None,
+                      help="where Tune keeps the trials (default ~/ray_results)")
+    _add_plan_options(demo)
+    demo.set_defaults(run=_demo)
+
+    from_file = commands.add_parser("search", help="a search described in a YAML file")
+    from_file.add_argument("config", type=Path)
+    from_file.add_argument("--out", type=Path, default=Path("plan"))
+    from_file.set_defaults(run=_search_file)
     return parser
 
 

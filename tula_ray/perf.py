@@ -4,11 +4,17 @@ Fitted from profile rows (see `tula_ray.profiles`); predicts the step time and
 the training time of every (N, B). Fitting is separate from predicting, and both
 are pure functions of arrays (the shape of AdaptDL's goodput model).
 
-Two refinements over the paper, both measured on real hardware (NOTES-ENV):
-- the compute line belongs to the worker's resources, so it is fitted per
+Refinements over the paper, each measured on real hardware (NOTES-ENV), each
+reducing to the paper's form when the data do:
+- the compute curve belongs to the worker's resources, so it is fitted per
   cluster size N where the profiles allow it (on a shared CPU machine, N
-  workers split the cores; on a GPU cluster the lines coincide), and
+  workers split the cores; on a GPU cluster the curves coincide), and
   interpolated in log2(N) for cluster sizes never profiled;
+- compute is linear in b with a fixed per-step cost (eq. 2b) unless the data
+  are convex (larger batches spill out of cache: on 2 CPU cores a step costs
+  b^1.12), then a power law a * b^p;
+- exposed sync time may grow with b (stragglers; on CPU the collective competes
+  with compute for the cores): units(N) * (beta0 + beta1 * b), beta1 >= 0;
 - DDP overlaps the all-reduce with the backward pass. Besides the paper's
   additive form (eq. 2a) we fit AdaptDL's p-norm overlap form and keep it only
   when its leave-one-out error is lower.
@@ -77,21 +83,26 @@ def _collective(name: str) -> Callable[[np.ndarray], np.ndarray]:
 # --- the fitted parameters ----------------------------------------------------
 
 @dataclass(frozen=True)
-class ComputeLine:
-    """Eq. 2b: compute time of one step = intercept_s + per_sample_s * b."""
+class ComputeCurve:
+    """Eq. 2b: compute time of one step = intercept_s + per_sample_s * b ** exponent."""
 
     intercept_s: float  # per-step fixed cost: kernel launches, optimizer step, Python
     per_sample_s: float  # forward + backward cost of one sample of the local batch
+    exponent: float = 1.0  # 1: the paper's linear compute; > 1: convex (cache-bound) data
+
+    def __call__(self, local_batch: np.ndarray) -> np.ndarray:
+        return self.intercept_s + self.per_sample_s * np.asarray(local_batch, float) ** self.exponent
 
 
 @dataclass(frozen=True)
 class PerfParams:
     """The fitted performance model of one workload on one kind of worker."""
 
-    compute: dict[int, ComputeLine]  # per profiled N with >= 2 local batch sizes
-    compute_pooled: ComputeLine  # all rows together: used when no per-N line applies
+    compute: dict[int, ComputeCurve]  # per profiled N with >= 2 local batch sizes
+    compute_pooled: ComputeCurve  # all rows together: used when no per-N curve applies
     sync_per_unit_s: float  # sync time per unit of the collective's shape (eq. 2c)
     collective: str  # key of COLLECTIVES
+    sync_per_unit_per_sample_s: float = 0.0  # growth of exposed sync with b (stragglers)
     overlap_p: float = 1.0  # p-norm exponent; 1.0 is the paper's additive eq. 2a
     mode: str = "full"  # which profiles it was fitted from
     num_profiles: int = 0
@@ -111,8 +122,8 @@ class PerfParams:
     @classmethod
     def from_dict(cls, data: dict) -> "PerfParams":
         data = dict(data)
-        data["compute"] = {int(n): ComputeLine(**line) for n, line in data["compute"].items()}
-        data["compute_pooled"] = ComputeLine(**data["compute_pooled"])
+        data["compute"] = {int(n): ComputeCurve(**line) for n, line in data["compute"].items()}
+        data["compute_pooled"] = ComputeCurve(**data["compute_pooled"])
         data["notes"] = tuple(data.get("notes", ()))
         return cls(**data)
 
@@ -120,30 +131,35 @@ class PerfParams:
 # --- prediction (vectorised) --------------------------------------------------
 
 def predict_compute_s(params: PerfParams, num_workers, local_batch) -> np.ndarray:
-    """Eq. 2b: compute time per step, t_comp = intercept + slope * b, for the worker of size N.
+    """Eq. 2b: compute time per step of a worker of a cluster of N at local batch b.
 
-    The line of an N never profiled is interpolated linearly in log2(N) between
-    the nearest profiled ones (held constant beyond them).
+    For an N never profiled, the predictions of the nearest profiled cluster
+    sizes are interpolated linearly in log2(N) (held constant beyond them).
     """
     n, b = np.broadcast_arrays(
         np.asarray(num_workers, dtype=float), np.asarray(local_batch, dtype=float)
     )
     if not params.compute:
-        line = params.compute_pooled
-        return line.intercept_s + line.per_sample_s * b
+        return params.compute_pooled(b)
     known = np.array(sorted(params.compute), dtype=float)
-    intercepts = np.array([params.compute[int(k)].intercept_s for k in known])
-    slopes = np.array([params.compute[int(k)].per_sample_s for k in known])
-    x = np.log2(n)
-    intercept = np.interp(x, np.log2(known), intercepts)
-    slope = np.interp(x, np.log2(known), slopes)
-    return intercept + slope * b
+    at_known = np.stack([params.compute[int(k)](b) for k in known])  # (K, *shape)
+    if len(known) == 1:
+        return at_known[0]
+    x, xk = np.log2(n), np.log2(known)
+    upper = np.clip(np.searchsorted(xk, x), 1, len(xk) - 1)
+    weight = np.clip((x - xk[upper - 1]) / (xk[upper] - xk[upper - 1]), 0.0, 1.0)
+    below = np.take_along_axis(at_known, (upper - 1)[None], axis=0)[0]
+    above = np.take_along_axis(at_known, upper[None], axis=0)[0]
+    return (1.0 - weight) * below + weight * above
 
 
-def predict_sync_s(params: PerfParams, num_workers) -> np.ndarray:
-    """Eq. 2c: communication time per step, proportional to the collective's shape in N."""
+def predict_sync_s(params: PerfParams, num_workers, local_batch=0.0) -> np.ndarray:
+    """Eq. 2c: sync time per step, proportional to the collective's shape in N
+    (with a coefficient that may grow with b: see the module docstring)."""
     units = _collective(params.collective)(np.asarray(num_workers, dtype=float))
-    return params.sync_per_unit_s * units
+    per_unit = params.sync_per_unit_s + params.sync_per_unit_per_sample_s * np.asarray(
+        local_batch, dtype=float)
+    return per_unit * units
 
 
 def combine_step_s(compute_s, sync_s, overlap_p: float = 1.0) -> np.ndarray:
@@ -160,7 +176,7 @@ def predict_step_s(params: PerfParams, num_workers, local_batch) -> np.ndarray:
     """Eq. 2a: predicted time of one synchronous data-parallel step."""
     return combine_step_s(
         predict_compute_s(params, num_workers, local_batch),
-        predict_sync_s(params, num_workers),
+        predict_sync_s(params, num_workers, local_batch),
         params.overlap_p,
     )
 
@@ -185,39 +201,59 @@ def extreme_rows(profiles: pd.DataFrame) -> pd.DataFrame:
     return rows.loc[sorted(set(picked))].reset_index(drop=True)
 
 
-def fit_line(x: np.ndarray, y: np.ndarray) -> ComputeLine:
-    """Non-negative line through (x, y) minimising RELATIVE residuals.
+def fit_compute_curve(local_batch, compute_s) -> ComputeCurve:
+    """Eq. 2b fitted to (b, compute time) minimising RELATIVE residuals.
 
     Step-time noise is multiplicative (~15 % between processes, NOTES-ENV), so
-    each point is weighted by 1/y; with a single distinct x the line goes
-    through the origin, as eq. 2b states (t_comp proportional to b).
+    each point is weighted by 1/t. The paper's line (a fixed cost plus a cost per
+    sample) is kept unless the data are convex, which shows as a chord that
+    would cross zero at a positive b (a negative fixed cost): then a power law
+    a * b^p, fitted in log space. With a single distinct b the curve goes
+    through the origin, as eq. 2b states (t proportional to b).
     """
-    x = np.asarray(x, dtype=float)
-    y = np.asarray(y, dtype=float)
-    if len(np.unique(x)) < 2:
-        return ComputeLine(0.0, float(np.median(y / x)))
-    weight = 1.0 / y
-    design = np.column_stack([np.ones_like(x), x]) * weight[:, None]
-    solution = lsq_linear(design, y * weight, bounds=(0.0, np.inf)).x
-    return ComputeLine(float(solution[0]), float(solution[1]))
+    b = np.asarray(local_batch, dtype=float)
+    t = np.asarray(compute_s, dtype=float)
+    if len(np.unique(b)) < 2:
+        return ComputeCurve(0.0, float(np.median(t / b)))
+    weight = 1.0 / t
+    design = np.column_stack([np.ones_like(b), b]) * weight[:, None]
+    intercept, slope = np.linalg.lstsq(design, t * weight, rcond=None)[0]
+    if intercept >= 0 and slope >= 0:
+        return ComputeCurve(float(intercept), float(slope))
+    exponent, log_scale = np.polyfit(np.log(b), np.log(t), 1)
+    if exponent <= 0:  # compute does not grow with b: a fixed cost only
+        return ComputeCurve(float(np.median(t)), 0.0)
+    return ComputeCurve(0.0, float(np.exp(log_scale)), float(exponent))
 
 
-def _fit_compute(rows: pd.DataFrame) -> tuple[dict[int, ComputeLine], ComputeLine]:
+def _fit_compute(rows: pd.DataFrame) -> tuple[dict[int, ComputeCurve], ComputeCurve]:
     per_n = {
-        int(n): fit_line(group["local_batch"], group["compute_time_s"])
+        int(n): fit_compute_curve(group["local_batch"], group["compute_time_s"])
         for n, group in rows.groupby("num_workers")
         if group["local_batch"].nunique() >= 2
     }
-    return per_n, fit_line(rows["local_batch"], rows["compute_time_s"])
+    return per_n, fit_compute_curve(rows["local_batch"], rows["compute_time_s"])
 
 
-def _fit_additive_sync(rows: pd.DataFrame, collective: str) -> float | None:
-    """Median of sync / units(N) over the multi-worker rows: robust to one slow run."""
+def _fit_additive_sync(rows: pd.DataFrame, collective: str) -> tuple[float, float] | None:
+    """(beta0, beta1) of sync = units(N) * (beta0 + beta1 * b) over the multi-worker rows.
+
+    Non-negative least squares with residuals relative to each row's STEP time
+    (what predictions are judged by): a near-zero sync does not dominate the fit.
+    """
     units = _collective(collective)(rows["num_workers"].to_numpy(float))
     synced = units > 0
     if not synced.any():
         return None
-    return float(np.median(np.maximum(rows["sync_time_s"].to_numpy(float)[synced], 0.0) / units[synced]))
+    b = rows["local_batch"].to_numpy(float)[synced]
+    sync = np.maximum(rows["sync_time_s"].to_numpy(float)[synced], 0.0)
+    weight = 1.0 / rows["step_time_s"].to_numpy(float)[synced]
+    u = units[synced]
+    if len(np.unique(b)) < 2:
+        return float(np.median(sync / u)), 0.0
+    design = np.column_stack([u, u * b]) * weight[:, None]
+    beta0, beta1 = lsq_linear(design, sync * weight, bounds=(0.0, np.inf)).x
+    return float(beta0), float(beta1)
 
 
 def _fit_overlap(params: PerfParams, rows: pd.DataFrame) -> PerfParams:
@@ -229,15 +265,17 @@ def _fit_overlap(params: PerfParams, rows: pd.DataFrame) -> PerfParams:
     units = _collective(params.collective)(n)
 
     def residuals(theta: np.ndarray) -> np.ndarray:
-        step = combine_step_s(compute, theta[0] * units, theta[1])
+        step = combine_step_s(compute, units * (theta[0] + theta[1] * b), theta[2])
         return np.log(np.maximum(step, 1e-12)) - np.log(measured)
 
-    start = np.array([max(params.sync_per_unit_s, 1e-6) * 2.0, 2.0])
+    start = np.array([max(params.sync_per_unit_s, 1e-6) * 2.0,
+                      params.sync_per_unit_per_sample_s * 2.0, 2.0])
     solution = least_squares(
-        residuals, start, bounds=([0.0, OVERLAP_P_BOUNDS[0]], [np.inf, OVERLAP_P_BOUNDS[1]]),
-        loss="soft_l1",
+        residuals, start, loss="soft_l1",
+        bounds=([0.0, 0.0, OVERLAP_P_BOUNDS[0]], [np.inf, np.inf, OVERLAP_P_BOUNDS[1]]),
     ).x
-    return replace(params, sync_per_unit_s=float(solution[0]), overlap_p=float(solution[1]))
+    return replace(params, sync_per_unit_s=float(solution[0]),
+                   sync_per_unit_per_sample_s=float(solution[1]), overlap_p=float(solution[2]))
 
 
 def _fit_form(rows: pd.DataFrame, collective: str, form: str, mode: str) -> PerfParams:
@@ -251,8 +289,9 @@ def _fit_form(rows: pd.DataFrame, collective: str, form: str, mode: str) -> Perf
     notes = ()
     if sync is None:
         notes = ("no multi-worker profile: sync time taken as 0 for every N",)
-        sync = 0.0
-    params = PerfParams(per_n, pooled, sync, collective, 1.0, mode, len(rows), None, notes)
+        sync = (0.0, 0.0)
+    params = PerfParams(per_n, pooled, sync[0], collective, sync[1], 1.0, mode, len(rows), None,
+                        notes)
     if form == "overlap":
         params = _fit_overlap(params, rows)
     return params
@@ -274,7 +313,7 @@ def _loo_error(rows: pd.DataFrame, collective: str, form: str, mode: str) -> flo
 
 def _enough_for_overlap(rows: pd.DataFrame, collective: str) -> bool:
     units = _collective(collective)(rows["num_workers"].to_numpy(float))
-    return int((units > 0).sum()) >= 4  # two parameters, plus points left to judge them
+    return int((units > 0).sum()) >= 5  # three parameters, plus points left to judge them
 
 
 def fit(

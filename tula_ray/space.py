@@ -35,7 +35,7 @@ class Candidate:
         }
 
 
-def _check_positive_ints(name: str, values: Iterable[int]) -> tuple[int, ...]:
+def check_positive_ints(name: str, values: Iterable[int]) -> tuple[int, ...]:
     values = tuple(values)
     if not values:
         raise ValueError(f"{name} is empty; give at least one positive integer")
@@ -87,10 +87,10 @@ class SearchSpace:
 
     def __post_init__(self) -> None:
         object.__setattr__(
-            self, "cluster_sizes", _check_positive_ints("cluster_sizes", self.cluster_sizes)
+            self, "cluster_sizes", check_positive_ints("cluster_sizes", self.cluster_sizes)
         )
         object.__setattr__(
-            self, "batch_sizes", _check_positive_ints("batch_sizes", self.batch_sizes)
+            self, "batch_sizes", check_positive_ints("batch_sizes", self.batch_sizes)
         )
         bad = [(n, b) for n in self.cluster_sizes for b in self.batch_sizes if b % n]
         if bad:

@@ -30,7 +30,7 @@ def synthetic_profiles(
     rows = []
     for c in candidates:
         compute = float(perf.predict_compute_s(params, c.num_workers, c.local_batch))
-        sync = float(perf.predict_sync_s(params, c.num_workers))
+        sync = float(perf.predict_sync_s(params, c.num_workers, c.local_batch))
         compute *= rng.uniform(1 - noise, 1 + noise)
         sync *= rng.uniform(1 - noise, 1 + noise)
         step = float(perf.combine_step_s(compute, sync, params.overlap_p))
@@ -49,8 +49,8 @@ def synthetic_profiles(
 def example_params() -> perf.PerfParams:
     """A small CNN on 2 CPU workers, roughly as measured here (NOTES-ENV: ~150 us/sample)."""
     return perf.PerfParams(
-        compute={1: perf.ComputeLine(0.004, 150e-6), 2: perf.ComputeLine(0.004, 260e-6)},
-        compute_pooled=perf.ComputeLine(0.004, 200e-6),
+        compute={1: perf.ComputeCurve(0.004, 150e-6), 2: perf.ComputeCurve(0.004, 260e-6)},
+        compute_pooled=perf.ComputeCurve(0.004, 200e-6),
         sync_per_unit_s=0.008,
         collective="ring",
     )

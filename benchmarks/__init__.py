@@ -1,0 +1,1 @@
+"""Benchmarks that regenerate the figures in BENCHMARKS.md (`python -m benchmarks --help`)."""

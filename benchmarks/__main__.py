@@ -1,0 +1,44 @@
+"""python -m benchmarks NAME [--quick]: regenerate a figure set of BENCHMARKS.md.
+
+Each benchmark writes benchmarks/results/NAME.json and NAME.md; BENCHMARKS.md is
+then rebuilt from those .md files alone, so it holds only figures a script wrote.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+from pathlib import Path
+
+from benchmarks.common import RESULTS_DIR
+
+BENCHMARKS = {"search": "benchmarks.search_cost"}
+REPORT = Path(__file__).parents[1] / "BENCHMARKS.md"
+HEADER = """# Benchmarks
+
+Every figure below was written by a script in `benchmarks/` (command, commit, date
+and machine above each table); regenerate with `python -m benchmarks all`.
+`--quick` runs a tiny grid as a smoke test and does not touch this file.
+"""
+
+
+def write_report() -> Path:
+    sections = [path.read_text() for path in sorted(RESULTS_DIR.glob("*.md"))
+                if not path.stem.endswith("_quick")]
+    REPORT.write_text("\n".join([HEADER, *sections]))
+    return REPORT
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__)
+    parser.add_argument("name", choices=[*BENCHMARKS, "all"])
+    parser.add_argument("--quick", action="store_true", help="tiny grid: a smoke test")
+    args = parser.parse_args()
+    for name in BENCHMARKS if args.name == "all" else [args.name]:
+        importlib.import_module(BENCHMARKS[name]).run(quick=args.quick)
+    if not args.quick:
+        print(f"wrote {write_report()}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,43 @@
+"""The `tula-ray` command's offline paths and its errors (no Ray session)."""
+
+import pandas as pd
+
+from tula_ray.cli import main
+from tula_ray.plan import Plan
+
+
+def test_replay_synthetic_writes_a_plan_and_figures(tmp_path, capsys):
+    assert main(["replay", "--synthetic", "--out", str(tmp_path)]) == 0
+    printed = capsys.readouterr().out
+    assert "choice (knee): N=" in printed and "leave-one-out error" in printed
+    plan = Plan.from_json(tmp_path / "plan.json")
+    assert len(plan.table) == 14 and (tmp_path / "time_vs_batch.png").stat().st_size > 0
+
+
+def test_replay_of_a_saved_plan_refits_its_profiles(tmp_path, capsys):
+    main(["replay", "--synthetic", "--out", str(tmp_path / "first")])
+    assert main(["replay", str(tmp_path / "first" / "plan.json"), "--mode", "full",
+                 "--objective", "time", "--out", str(tmp_path / "again")]) == 0
+    again = Plan.from_json(tmp_path / "again" / "plan.json")
+    assert again.mode == "full" and again.perf.num_profiles == 14
+    assert again.choice.objective == "time"
+
+
+def test_replay_of_a_csv(tmp_path):
+    main(["replay", "--synthetic", "--out", str(tmp_path)])
+    Plan.from_json(tmp_path / "plan.json").profiles.to_csv(tmp_path / "profiles.csv", index=False)
+    assert main(["replay", str(tmp_path / "profiles.csv"), "--out", str(tmp_path / "csv")]) == 0
+    assert len(pd.read_csv(tmp_path / "profiles.csv")) == 14
+
+
+def test_search_config_with_an_unknown_key_is_refused(tmp_path, capsys):
+    config = tmp_path / "search.yaml"
+    config.write_text("workload: fashion-mnist-cnn\nclustersizes: [1, 2]\n")
+    assert main(["search", str(config)]) == 2
+    error = capsys.readouterr().err
+    assert "unknown key 'clustersizes'" in error and "cluster_sizes" in error
+
+
+def test_bad_pricing_is_a_clear_error(tmp_path, capsys):
+    assert main(["replay", "--synthetic", "--pricing", "hourly", "--out", str(tmp_path)]) == 2
+    assert "pricing 'hourly' is not understood" in capsys.readouterr().err

@@ -1,0 +1,105 @@
+"""The profiling trainable on a real local Ray: Tune trial -> TorchTrainer -> workers -> one row."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+ray = pytest.importorskip("ray")
+from ray import tune  # noqa: E402
+from ray.tune.search import BasicVariantGenerator  # noqa: E402
+
+from trainables.loop import empty_row  # noqa: E402
+from trainables.profile import (  # noqa: E402
+    DRIVER_RESOURCE,
+    trainable_with_resources,
+    worker_resources,
+)
+from tula_ray.profiles import PROFILE_COLUMNS, profile_frame  # noqa: E402
+
+pytestmark = pytest.mark.ray
+
+BASE = {"workload": "fashion-mnist-cnn", "workload_options": {"data": "fake", "fake_size": 512},
+        "warmup_steps": 3, "measure_steps": 10}
+
+
+CASES = {  # name -> the candidate's config on top of BASE
+    "one": {"num_workers": 1, "global_batch": 64},
+    "two": {"num_workers": 2, "global_batch": 64},
+    "oom": {"num_workers": 1, "global_batch": 64, "device_memory_bytes": 1e6},
+    "indivisible": {"num_workers": 2, "global_batch": 33},
+    "unknown": {"workload": "no-such-model"},
+    "too-big": {"global_batch": 1024},  # the fake dataset holds 512
+}
+
+
+@pytest.fixture(scope="module")
+def rows(tmp_path_factory) -> dict[str, dict]:
+    """Every case as a trial of ONE Tuner (a Tuner costs ~7 s on its own); rows by case name."""
+    # Loopback Ray does not rewrite; trials hold `train_driver` instead of a CPU.
+    # address="local": a new instance even if another Ray runs on this machine
+    # (a bare ray.init() joins the most recently started cluster).
+    ray.init(address="local", _node_ip_address="127.0.0.2", resources={DRIVER_RESOURCE: 4},
+             include_dashboard=True, dashboard_host="127.0.0.2", log_to_driver=False)
+    try:
+        # points_to_evaluate may only set keys the param space has: give defaults.
+        space = {**BASE, "case": "", "num_workers": 1, "global_batch": 64,
+                 "device_memory_bytes": None}
+        points = [{**config, "case": name} for name, config in CASES.items()]
+        tuner = tune.Tuner(
+            # Concurrency is bounded by the 2 CPUs: the N=2 trial runs alone.
+            trainable_with_resources(), param_space=space,
+            tune_config=tune.TuneConfig(
+                search_alg=BasicVariantGenerator(points_to_evaluate=points),
+                num_samples=len(points)),
+            run_config=tune.RunConfig(storage_path=str(tmp_path_factory.mktemp("tune")),
+                                      verbose=0))
+        results = tuner.fit()
+        assert not results.errors, results.errors
+        return {result.config["case"]: result.metrics for result in results}
+    finally:
+        ray.shutdown()
+
+
+def test_one_and_two_workers_report_every_field(rows):
+    one, two = rows["one"], rows["two"]
+    for row in (one, two):
+        assert set(PROFILE_COLUMNS) <= set(row)
+        assert row["status"] == "ok" and row["error"] == ""
+        assert 0 < row["compute_time_s"] <= row["step_time_s"] < 5
+        assert row["samples_per_s"] == pytest.approx(64 / row["step_time_s"])
+        assert row["peak_mem_bytes"] > 3 * 215_000 * 4  # params + grads + momentum at least
+    assert (one["num_workers"], one["local_batch"], two["local_batch"]) == (1, 64, 32)
+    assert one["sync_time_s"] == 0  # one worker: no DDP, no collective
+    assert two["sync_time_s"] > 0  # gloo all-reduce of the gradients
+    assert two["sync_time_s"] == pytest.approx(two["step_time_s"] - two["compute_time_s"])
+    assert one["peak_mem_bytes"] > two["peak_mem_bytes"]  # b = 64 vs 32
+    assert one["cpus_per_worker"] == two["cpus_per_worker"] == 1.0  # min(1, 2 CPUs / N)
+    assert len(profile_frame([one, two])) == 2  # the table the models fit from accepts them
+
+
+def test_memory_over_device_limit_is_oom_not_a_crash(rows):
+    row = rows["oom"]
+    assert row["status"] == "oom" and "device_memory_bytes" in row["error"]
+    assert row["peak_mem_bytes"] > 1e6
+    assert math.isnan(row["step_time_s"])  # present (Tune's metric check) but not measured
+
+
+@pytest.mark.parametrize("case, message", [
+    ("indivisible", "not divisible"), ("unknown", "'no-such-model' is unknown"),
+    ("too-big", "larger than the dataset")])
+def test_infeasible_candidate_is_an_error_row(rows, case, message):
+    row = rows[case]
+    assert row["status"] == "error" and message in row["error"]
+    assert math.isnan(row["step_time_s"])
+
+
+def test_rows_and_resources_without_ray():
+    row = empty_row(2, 64, "error", "x" * 5000)
+    assert set(PROFILE_COLUMNS) <= set(row) and row["local_batch"] == 32
+    assert len(row["error"]) == 2000  # a traceback's tail, not all of it
+    assert worker_resources(4, use_gpu=False, cpus_per_worker=0.5) == {"CPU": 0.5}
+    assert worker_resources(2, use_gpu=True) == {"CPU": 1.0, "GPU": 1.0}
+    with pytest.raises(ValueError, match="cpus_per_worker=0"):
+        worker_resources(2, use_gpu=False, cpus_per_worker=0)

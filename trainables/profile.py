@@ -1,0 +1,147 @@
+"""The Tune trainable that profiles one (N, B) candidate with a Ray Train TorchTrainer.
+
+Train V2 (the default in Ray 2.60) does not accept `Tuner(trainer)`; the
+supported pattern is a Tune function trainable that builds and fits a
+TorchTrainer and forwards the workers' reports to Tune with
+`TuneReportCallback`. The trial itself holds no CPU but one unit of the custom
+`train_driver` resource: a trial holding a CPU leaves N = 2 workers on a 2-CPU
+node waiting forever (NOTES-ENV), and Tune refuses a bare {"CPU": 0}.
+
+    tune.Tuner(trainable_with_resources(), param_space={"num_workers": 2,
+               "global_batch": 256, "workload": "fashion-mnist-cnn"}, ...)
+
+Whatever happens, the trial reports exactly one row with every
+`tula_ray.profiles.PROFILE_COLUMNS` field; failures are rows with status
+"oom" or "error", never a crashed search.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Callable
+
+import ray
+from ray import tune
+from ray.train import FailureConfig, RunConfig, ScalingConfig
+from ray.train.torch import TorchTrainer
+from ray.tune.integration.ray_train import TuneReportCallback
+
+from trainables.loop import empty_row, profile_loop_per_worker
+from tula_ray.profiles import STATUS_ERROR, STATUS_OOM
+from tula_ray.workloads import resolve_workload
+
+logger = logging.getLogger(__name__)
+
+# Custom resource a trial's driver holds instead of a CPU; `ray.init(resources=
+# {DRIVER_RESOURCE: k})` allows k concurrent trials. Cluster nodes declare it in cluster.yaml.
+DRIVER_RESOURCE = "train_driver"
+# Keys of a trial config read by the trial itself; the rest go to the worker loop.
+TRIAL_KEYS = ("num_workers", "use_gpu", "cpus_per_worker", "storage_path")
+
+
+def trial_resources() -> dict[str, float]:
+    """Resources of one profiling trial's driver: no CPU, one `train_driver`.
+
+    When Ray is running without that resource (someone else's `ray.init`), the
+    trial takes one CPU instead, so it is scheduled rather than pending forever.
+    """
+    if ray.is_initialized() and not ray.cluster_resources().get(DRIVER_RESOURCE):
+        logger.warning("the Ray cluster has no %r resource; profiling trials take 1 CPU each "
+                       "(start Ray with resources={%r: 4} to keep every CPU for workers)",
+                       DRIVER_RESOURCE, DRIVER_RESOURCE)
+        return {"CPU": 1}
+    return {"CPU": 0, DRIVER_RESOURCE: 1}
+
+
+def trainable_with_resources() -> Callable:
+    """`profile_candidate` wrapped with `trial_resources()`, ready for `tune.Tuner`."""
+    return tune.with_resources(profile_candidate, trial_resources())
+
+
+def worker_resources(num_workers: int, use_gpu: bool,
+                     cpus_per_worker: float | None = None) -> dict[str, float]:
+    """Resources of one Train worker.
+
+    GPU: one GPU (ScalingConfig's default) and one CPU. CPU: the node's CPUs
+    shared out, at most one each: min(1, CPUs / N), so N = 4 workers run on 2
+    CPUs at 0.5 each (oversubscribed, measured to work).
+    """
+    if cpus_per_worker is None:
+        cpus_per_worker = 1.0 if use_gpu else min(
+            1.0, ray.cluster_resources().get("CPU", 1.0) / num_workers)
+    if cpus_per_worker <= 0:
+        raise ValueError(f"cpus_per_worker={cpus_per_worker!r}; it must be > 0")
+    resources = {"CPU": float(cpus_per_worker)}
+    if use_gpu:
+        resources["GPU"] = 1.0
+    return resources
+
+
+def build_trainer(config: dict[str, Any], callbacks: list | None = None) -> TorchTrainer:
+    """The TorchTrainer that runs `profile_loop_per_worker` for one candidate.
+
+    config: num_workers, global_batch, workload, workload_options, use_gpu
+    (default: the cluster has GPUs), cpus_per_worker, warmup_steps, measure_steps,
+    device_memory_bytes, storage_path (default: Ray's, ~/ray_results), and the
+    loop's other keys (report_checkpoint=True makes `fit().metrics` the row).
+    """
+    num_workers = int(config["num_workers"])
+    use_gpu = config.get("use_gpu")
+    if use_gpu is None:
+        use_gpu = bool(ray.cluster_resources().get("GPU", 0))
+    resources = worker_resources(num_workers, bool(use_gpu), config.get("cpus_per_worker"))
+    loop_config = {k: v for k, v in config.items() if k not in TRIAL_KEYS}
+    loop_config["cpus_per_worker"] = resources["CPU"]  # reported with the row
+    name = f"profile-N{num_workers}-B{int(config['global_batch'])}"
+    return TorchTrainer(
+        profile_loop_per_worker,
+        train_loop_config=loop_config,
+        scaling_config=ScalingConfig(
+            num_workers=num_workers, use_gpu=bool(use_gpu), resources_per_worker=resources),
+        run_config=RunConfig(
+            name=name, storage_path=config.get("storage_path"), callbacks=callbacks or [],
+            # A failed candidate is a measurement (status "error"), not a reason to retry.
+            failure_config=FailureConfig(max_failures=0)),
+    )
+
+
+def profile_candidate(config: dict[str, Any]) -> None:
+    """Tune function trainable: profile (config["num_workers"], config["global_batch"]).
+
+    Reports one row (the PROFILE_COLUMNS plus diagnostics) to Tune, via the
+    workers and TuneReportCallback on success, directly on failure.
+    """
+    num_workers, global_batch = int(config["num_workers"]), int(config["global_batch"])
+    problem = _infeasible(num_workers, global_batch, config)
+    if problem:  # no need to start N workers to learn this
+        tune.report(empty_row(num_workers, global_batch, STATUS_ERROR, problem))
+        return
+    # The Train run is stored inside its Tune trial unless the config names a place.
+    config = {**config, "storage_path": config.get("storage_path")
+              or tune.get_context().get_trial_dir()}
+    try:
+        build_trainer(config, callbacks=[TuneReportCallback()]).fit()
+    except Exception as exc:  # noqa: BLE001 - any failure is one "error" row, never a crash
+        message = f"{type(exc).__name__}: {exc}"
+        status = STATUS_OOM if "OutOfMemoryError" in message else STATUS_ERROR
+        logger.warning("candidate N=%d B=%d failed: %s", num_workers, global_batch, message)
+        tune.report(empty_row(num_workers, global_batch, status, message))
+
+
+def _infeasible(num_workers: int, global_batch: int, config: dict[str, Any]) -> str:
+    """Why the candidate cannot run, found without starting workers ("" when it can)."""
+    if num_workers < 1 or global_batch < 1:
+        return (f"num_workers={num_workers}, global_batch={global_batch}; "
+                "both must be positive integers")
+    if global_batch % num_workers:
+        return (f"global_batch={global_batch} is not divisible by num_workers={num_workers}; "
+                "B must be a multiple of N")
+    try:  # cheap: builds no model and loads no data
+        workload = resolve_workload(config.get("workload"), config.get("workload_options"))
+    except (ValueError, TypeError) as exc:
+        return f"{type(exc).__name__}: {exc}"
+    if workload.train_size is not None and global_batch > workload.train_size:
+        return (f"global_batch={global_batch} is larger than the dataset of {workload.name} "
+                f"({workload.train_size} samples)")
+    return ""
+

@@ -1,0 +1,240 @@
+"""`tula_ray.search()`: memory probe -> bounded space -> Tune trials -> Plan (DESIGN "Data flow").
+
+This is the Ray-facing entry point; the models it feeds live in the core modules.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Sequence
+
+import pandas as pd
+import ray
+from ray import tune
+
+from searchers import TulaSearcher
+from trainables.probe import probe_memory
+from trainables.profile import DRIVER_RESOURCE, profile_candidate, trial_resources
+from tula_ray import memory as memory_model
+from tula_ray.perf import COLLECTIVES, MODES
+from tula_ray.plan import Plan, build_plan
+from tula_ray.policy import OBJECTIVES
+from tula_ray.pricing import Pricing, parse_pricing
+from tula_ray.profiles import PROFILE_COLUMNS, STATUS_ERROR, profile_frame
+from tula_ray.space import MIN_BATCH_DEFAULT, SearchSpace, check_positive_ints
+from tula_ray.workloads import Workload, resolve_workload
+
+logger = logging.getLogger(__name__)
+
+LOCAL_NODE_IP = "127.0.0.2"  # loopback that Ray does not rewrite (NOTES-ENV): nothing exposed
+WARMUP_STEPS_DEFAULT = 3
+MEASURE_STEPS_DEFAULT = 8
+CPU_MEMORY_SHARE_DEFAULT = 0.25  # of the node's RAM per worker, when the user declares none
+
+
+def _node_memory_bytes() -> int:
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def ensure_ray() -> bool:
+    """Start a local Ray on loopback unless the user already called `ray.init(...)`.
+
+    Returns True when this call started Ray (and so should shut it down).
+    """
+    if ray.is_initialized():
+        return False
+    ray.init(
+        # "local": always a new local Ray; a bare ray.init() would join any Ray
+        # cluster already running on this machine (someone else's, or a test's).
+        address="local",
+        _node_ip_address=LOCAL_NODE_IP,
+        # Trials hold this instead of a CPU, so N workers can use all N CPUs.
+        resources={DRIVER_RESOURCE: 4},
+        include_dashboard=True,
+        dashboard_host=LOCAL_NODE_IP,
+        log_to_driver=False,
+    )
+    return True
+
+
+def _validate(r: "_Request") -> None:
+    check_positive_ints("cluster_sizes", r.cluster_sizes)
+    if r.objective not in OBJECTIVES:
+        raise ValueError(f"objective {r.objective!r} is unknown; use one of {OBJECTIVES}")
+    if r.mode not in MODES:
+        raise ValueError(f"mode {r.mode!r} is unknown; use one of {MODES}")
+    if r.collective not in COLLECTIVES:
+        raise ValueError(f"collective {r.collective!r} is unknown; known: {sorted(COLLECTIVES)}")
+    if not 0.0 <= r.weight_time <= 1.0:
+        raise ValueError(f"weight_time={r.weight_time!r}; it must be within [0, 1]")
+    if not 0.0 <= r.headroom < 1.0:
+        raise ValueError(f"headroom={r.headroom!r}; it must be within [0, 1)")
+    for label, value, low in (("min_batch", r.min_batch, 1), ("warmup_steps", r.warmup_steps, 0),
+                              ("measure_steps", r.measure_steps, 1)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            raise ValueError(f"{label}={value!r}; it must be an integer >= {low}")
+    if r.max_batch is not None and r.max_batch < r.min_batch:
+        raise ValueError(f"max_batch={r.max_batch} is below min_batch={r.min_batch}; "
+                         "max_batch must be >= min_batch")
+    if r.device_memory_gb is not None and not r.device_memory_gb > 0:
+        raise ValueError(f"device_memory_gb={r.device_memory_gb!r}; it must be positive")
+    if r.min_batch > r.workload.dataset_size:
+        raise ValueError(f"min_batch={r.min_batch} is larger than the dataset "
+                         f"({r.workload.dataset_size} samples)")
+
+
+@dataclass(frozen=True)
+class _Request:
+    """The user's arguments to `search`, validated, as one value."""
+
+    spec: str | Workload  # what workers rebuild the workload from (a name, or the object)
+    options: dict[str, Any]
+    workload: Workload
+    cluster_sizes: tuple[int, ...]
+    min_batch: int
+    max_batch: int | None
+    objective: str
+    mode: str
+    pricing: Pricing
+    weight_time: float
+    device_memory_gb: float | None
+    headroom: float
+    collective: str
+    warmup_steps: int
+    measure_steps: int
+    storage_path: str | None
+    name: str | None
+
+
+def search(
+    workload: str | Workload = "fashion-mnist-cnn",
+    *,
+    cluster_sizes: Sequence[int] = (1, 2),
+    min_batch: int = MIN_BATCH_DEFAULT,
+    max_batch: int | None = None,
+    objective: str = "knee",
+    mode: str = "partial",
+    pricing: Pricing | str | dict = "fixed",
+    weight_time: float = 0.5,
+    device_memory_gb: float | None = None,
+    headroom: float = memory_model.HEADROOM_DEFAULT,
+    collective: str = "ring",
+    warmup_steps: int = WARMUP_STEPS_DEFAULT,
+    measure_steps: int = MEASURE_STEPS_DEFAULT,
+    storage_path: str | None = None,
+    name: str | None = None,
+    workload_options: dict[str, Any] | None = None,
+) -> Plan:
+    """Profile candidates on Ray, fit the models, and return the Plan with the choice.
+
+    workload: a built-in name (see tula_ray.workloads.WORKLOADS) or a Workload;
+      workload_options go to the built-in (data, train_subset, epochs, ...).
+    cluster_sizes: the N to consider; each must fit the cluster's GPUs (or CPUs).
+    min_batch, max_batch: global batch bounds; the memory probe lowers max_batch
+      to what one device holds (times the largest N), and the dataset size caps it.
+    mode: "partial" profiles only the extremes; "full" every candidate.
+    objective, weight_time, pricing: see tula_ray.policy.choose and tula_ray.pricing.
+    device_memory_gb: memory of one device; GPUs report theirs, on CPU this is the
+      share of RAM a worker may use (default 25 % of the node's RAM).
+    storage_path, name: where Ray Tune keeps the experiment (default ~/ray_results).
+    """
+    options = dict(workload_options or {})
+    request = _Request(
+        workload, options, resolve_workload(workload, options), tuple(sorted(set(cluster_sizes))),
+        min_batch, max_batch, objective, mode, parse_pricing(pricing), weight_time,
+        device_memory_gb, headroom, collective, warmup_steps, measure_steps, storage_path, name)
+    _validate(request)
+    started_ray = ensure_ray()
+    try:
+        use_gpu = bool(ray.cluster_resources().get("GPU", 0))
+        _check_capacity(request.cluster_sizes, use_gpu)
+        started = time.perf_counter()
+        space, probe, device_bytes = _bounded_space(request, use_gpu)
+        probe_s = time.perf_counter() - started
+        profiles, experiment = _profile(request, space, use_gpu, device_bytes)
+        meta = {"probe_wall_s": probe_s,
+                "profiling_wall_s": time.perf_counter() - started - probe_s,
+                "trials": len(profiles), "device_memory_bytes": device_bytes,
+                "max_local_batch": probe["max_local_batch"], "use_gpu": use_gpu,
+                "ray_version": ray.__version__, "experiment": experiment,
+                "memory_probe": probe["rows"]}
+        workload = request.workload
+        return build_plan(
+            space, profiles, epochs=workload.epochs, dataset_size=workload.dataset_size,
+            mode=request.mode, objective=request.objective, pricing=request.pricing,
+            memory=probe["params"], max_local_batch=probe["max_local_batch"],
+            weight_time=request.weight_time, collective=request.collective,
+            workload=workload.name, meta=meta)
+    finally:
+        if started_ray:
+            ray.shutdown()
+
+
+def _check_capacity(cluster_sizes: tuple[int, ...], use_gpu: bool) -> None:
+    kind = "GPU" if use_gpu else "CPU"
+    capacity = int(ray.cluster_resources().get(kind, 0))
+    if cluster_sizes[-1] > capacity:
+        raise ValueError(f"cluster size {cluster_sizes[-1]} is larger than the cluster's "
+                         f"{capacity} {kind}s; allowed cluster sizes are <= {capacity}")
+
+
+def _bounded_space(request: _Request, use_gpu: bool) -> tuple[SearchSpace, dict, float]:
+    """DESIGN step 1-2: the memory probe on one worker bounds B; the space up to it."""
+    sizes = request.cluster_sizes
+    probe = probe_memory(request.spec, request.options,
+                         min_local_batch=max(1, request.min_batch // sizes[-1]), use_gpu=use_gpu)
+    if request.device_memory_gb is not None:
+        device_bytes = request.device_memory_gb * 1e9
+    else:
+        device_bytes = (probe["device_memory_bytes"]
+                        or CPU_MEMORY_SHARE_DEFAULT * _node_memory_bytes())
+    max_local = memory_model.max_local_batch(probe["params"], device_bytes, request.headroom)
+    probe["max_local_batch"] = max_local
+    bound = min(max_local * sizes[-1], request.workload.dataset_size)
+    if request.max_batch is not None:
+        bound = min(bound, request.max_batch)
+    if bound < request.min_batch:
+        raise ValueError(
+            f"min_batch={request.min_batch} does not fit: the memory model allows at most a "
+            f"local batch of {max_local} ({device_bytes / 1e9:.3g} GB device memory, headroom "
+            f"{request.headroom:.0%}), so B <= {bound}; lower min_batch or declare more memory")
+    space = SearchSpace.build(sizes, min_batch=request.min_batch, max_batch=bound)
+    return space, probe, device_bytes
+
+
+def _profile(request: _Request, space: SearchSpace, use_gpu: bool,
+             device_bytes: float) -> tuple[pd.DataFrame, str]:
+    """DESIGN step 3: one Tune trial per candidate, one at a time (concurrent trials
+    would share the CPUs or the network and distort each other's step times)."""
+    fixed = {"workload": request.spec, "workload_options": request.options, "use_gpu": use_gpu,
+             "warmup_steps": request.warmup_steps, "measure_steps": request.measure_steps,
+             "device_memory_bytes": device_bytes}
+    searcher = TulaSearcher(space.candidates(), request.mode, fixed)
+    name = request.name or f"tula-{request.workload.name}-{datetime.now():%Y%m%d-%H%M%S}"
+    tuner = tune.Tuner(
+        tune.with_resources(profile_candidate, trial_resources()),
+        tune_config=tune.TuneConfig(search_alg=searcher, num_samples=-1, max_concurrent_trials=1,
+                                    metric="step_time_s", mode="min"),
+        run_config=tune.RunConfig(storage_path=request.storage_path, name=name, verbose=1),
+    )
+    return profile_frame(_rows(tuner.fit())), name
+
+
+def _rows(results: tune.ResultGrid) -> list[dict[str, Any]]:
+    """One profile row per trial; a trial that raised is a row with status 'error'."""
+    rows = []
+    for result in results:
+        config = result.config or {}
+        metrics = result.metrics or {}
+        row = {k: metrics[k] for k in PROFILE_COLUMNS if k in metrics}
+        row.setdefault("num_workers", config.get("num_workers"))
+        row.setdefault("global_batch", config.get("global_batch"))
+        if result.error is not None or "status" not in row:
+            row.update(status=STATUS_ERROR, error=str(result.error or "no result reported"))
+        row["local_batch"] = row["global_batch"] // row["num_workers"]
+        rows.append(row)
+    return rows

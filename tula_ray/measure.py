@@ -1,0 +1,136 @@
+"""Measuring one worker's training steps: peak memory (paper eq. 3's M) and step time.
+
+Peak memory: on CUDA the caching allocator's own counter
+(`torch.cuda.max_memory_allocated`); on CPU, where the allocator keeps no such
+counter, torch's MemTracker (a TorchDispatchMode that follows every tensor
+storage). MemTracker counts tensors only (not allocator slack or, under DDP,
+the gradient buckets), and slows the steps it watches, so memory is measured in
+its own short pass, never during timed steps.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Callable
+
+import torch
+from torch import nn
+
+from tula_ray.workloads import Workload
+
+MEMORY_STEPS_DEFAULT = 2  # step 1 creates the optimizer state; step 2 runs at steady state
+
+
+def train_step(model: nn.Module, optimizer: torch.optim.Optimizer, loss_fn: Callable,
+               inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """One forward + backward + optimizer step; returns the detached loss."""
+    optimizer.zero_grad(set_to_none=True)
+    loss = loss_fn(model(inputs), targets)
+    loss.backward()
+    optimizer.step()
+    return loss.detach()
+
+
+def synchronize(device: torch.device | str) -> None:
+    """Wait for queued CUDA kernels so a wall-clock reading covers them (no-op on CPU)."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+class StepTimer:
+    """Context manager timing a block in seconds, synchronising CUDA at both ends.
+
+    >>> with StepTimer(device) as timer: ...
+    >>> timer.seconds
+    """
+
+    def __init__(self, device: torch.device | str = "cpu") -> None:
+        self.device = torch.device(device)
+        self.seconds = float("nan")
+        self._start = 0.0
+
+    def __enter__(self) -> "StepTimer":
+        synchronize(self.device)
+        self._start = time.perf_counter()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        synchronize(self.device)
+        self.seconds = time.perf_counter() - self._start
+
+
+def synthetic_batch(sample_shape: tuple[int, ...], num_classes: int, batch: int,
+                    device: torch.device | str = "cpu",
+                    seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Random inputs and labels of a real batch's shape: memory depends on shapes, not values."""
+    generator = torch.Generator().manual_seed(seed)
+    inputs = torch.randn((batch, *sample_shape), generator=generator)
+    targets = torch.randint(0, num_classes, (batch,), generator=generator)
+    return inputs.to(device), targets.to(device)
+
+
+def peak_memory_bytes(
+    target: Workload | tuple[nn.Module, torch.optim.Optimizer, Callable],
+    local_batch: int,
+    *,
+    steps: int = MEMORY_STEPS_DEFAULT,
+    device: torch.device | str | None = None,
+    sample_shape: tuple[int, ...] | None = None,
+    num_classes: int | None = None,
+) -> int:
+    """Peak bytes one worker holds while training `steps` steps at batch `local_batch`.
+
+    target: a Workload (a fresh model and optimizer are built), or (model,
+    optimizer, loss_fn) already on `device` (they are trained for `steps` steps;
+    give sample_shape and num_classes). device: default CUDA when available.
+    Raises torch.OutOfMemoryError when a CUDA device runs out.
+    """
+    if isinstance(local_batch, bool) or not isinstance(local_batch, int) or local_batch <= 0:
+        raise ValueError(f"local_batch={local_batch!r}; it must be a positive integer")
+    if steps < 1:
+        raise ValueError(f"steps={steps!r}; at least one step is needed to see a peak")
+    device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    if isinstance(target, Workload):
+        model = target.model_fn().to(device)
+        optimizer, loss_fn = target.optimizer_fn(model.parameters()), target.loss_fn()
+        sample_shape, num_classes = target.sample_shape, target.num_classes
+    else:
+        model, optimizer, loss_fn = target
+        if sample_shape is None or num_classes is None:
+            raise ValueError("give sample_shape and num_classes with a (model, optimizer, loss_fn)")
+    model.train()
+    if device.type == "cuda":
+        return _cuda_peak(model, optimizer, loss_fn, sample_shape, num_classes, local_batch,
+                          steps, device)
+    return _cpu_peak(model, optimizer, loss_fn, sample_shape, num_classes, local_batch, steps,
+                     device)
+
+
+def _cuda_peak(model, optimizer, loss_fn, sample_shape, num_classes, local_batch, steps,
+               device) -> int:
+    torch.cuda.synchronize(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    for step in range(steps):
+        inputs, targets = synthetic_batch(sample_shape, num_classes, local_batch, device, step)
+        train_step(model, optimizer, loss_fn, inputs, targets)
+    torch.cuda.synchronize(device)
+    return int(torch.cuda.max_memory_allocated(device))
+
+
+def _cpu_peak(model, optimizer, loss_fn, sample_shape, num_classes, local_batch, steps,
+              device) -> int:
+    # Imported here: torch.distributed._tools is private API, needed on CPU only.
+    from torch.distributed._tools.mem_tracker import MemTracker
+
+    tracker = MemTracker()
+    tracker.track_external(model, optimizer)  # built outside the tracker: register them
+    with tracker:
+        for step in range(steps):
+            inputs, targets = synthetic_batch(sample_shape, num_classes, local_batch, device, step)
+            train_step(model, optimizer, loss_fn, inputs, targets)
+            if step == 0:
+                # Per-module snapshots pile up every step; the global peak is kept.
+                tracker.reset_mod_stats()
+    peak = tracker.get_tracker_snapshot("peak")
+    return int(sum(snapshot["Total"] for snapshot in peak.values()))
