@@ -17,6 +17,7 @@ import ray
 from ray import tune
 
 from searchers import TulaSearcher
+from trainables.loop import MEASURE_STEPS_DEFAULT, WARMUP_STEPS_DEFAULT
 from trainables.probe import probe_memory
 from trainables.profile import DRIVER_RESOURCE, profile_candidate, trial_resources
 from tula_ray import memory as memory_model
@@ -31,8 +32,6 @@ from tula_ray.workloads import Workload, resolve_workload
 logger = logging.getLogger(__name__)
 
 LOCAL_NODE_IP = "127.0.0.2"  # loopback that Ray does not rewrite (NOTES-ENV): nothing exposed
-WARMUP_STEPS_DEFAULT = 3
-MEASURE_STEPS_DEFAULT = 8
 CPU_MEMORY_SHARE_DEFAULT = 0.25  # of the node's RAM per worker, when the user declares none
 
 
