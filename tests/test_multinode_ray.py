@@ -1,5 +1,5 @@
 """The same search on a 2-node cluster (ray.cluster_utils.Cluster, loopback only):
-N = 2 workers of one CPU each must land on both nodes and still run DDP."""
+N = 2 workers of one CPU each must land on both nodes and finish their DDP job."""
 
 import pytest
 import ray
@@ -33,7 +33,9 @@ def test_two_workers_spread_over_two_nodes(two_nodes, tmp_path):
                            objective="time", warmup_steps=1, measure_steps=3,
                            storage_path=str(tmp_path))
     row = plan.chosen
-    assert row["status"] == "ok" and row["measured_sync_time_s"] > 0  # DDP across nodes
+    # Ran to the end as one 2-worker DDP job (gloo needs both ranks). Its sync time is
+    # not asserted: at b = 16 over 3 steps it is within timing noise of 0 (CI saw 0.0).
+    assert row["status"] == "ok" and row["measured_step_time_s"] > 0
     workers = list_actors(filters=[("class_name", "=", "RayTrainWorker")], detail=True)
     assert len(workers) == 2
     assert len({actor.node_id for actor in workers}) == 2
