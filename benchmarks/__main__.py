@@ -12,7 +12,8 @@ from pathlib import Path
 
 from benchmarks.common import RESULTS_DIR
 
-BENCHMARKS = {"search": "benchmarks.search_cost"}
+BENCHMARKS = {"search": "benchmarks.search_cost", "ags-overhead": "benchmarks.ags_overhead",
+              "generalization": "benchmarks.generalization"}
 REPORT = Path(__file__).parents[1] / "BENCHMARKS.md"
 HEADER = """# Benchmarks
 

@@ -18,7 +18,7 @@ from typing import Any, Iterable
 from ray.tune.search import Searcher
 
 from tula_ray.perf import MODES
-from tula_ray.profiles import PROFILE_COLUMNS, STATUS_ERROR, STATUS_OK, STATUS_OOM
+from tula_ray.profiles import STATUS_OK, STATUS_OOM, profile_row
 from tula_ray.space import Candidate
 
 logger = logging.getLogger(__name__)
@@ -112,11 +112,8 @@ class TulaSearcher(Searcher):
             logger.warning("result of unknown trial %s ignored", trial_id)
             return
         n, b = (int(part) for part in key.split("x"))
-        row = {"num_workers": n, "global_batch": b, "local_batch": b // n}
-        if error or not result or "status" not in result:
-            row.update(status=STATUS_ERROR, error=str((result or {}).get("error", "trial failed")))
-        else:
-            row.update({k: result[k] for k in PROFILE_COLUMNS if k in result})
+        failure = str((result or {}).get("error", "trial failed")) if error else None
+        row = profile_row(n, b, result, failure)
         self._rows[key] = row
         if row["status"] != STATUS_OK:
             logger.warning("candidate N=%d B=%d: %s %s", n, b, row["status"], row.get("error", ""))

@@ -17,8 +17,9 @@ from tula_ray.space import Candidate, SearchSpace
 
 __version__ = "0.1.0"
 
-_LAZY = {  # public name -> module that defines it (these import ray)
+_LAZY = {  # public name -> module that defines it (ray, or torch: heavy to import)
     "search": "tula_ray.api",
+    "TulaOptimizer": "tula_ray.ags",
 }
 
 __all__ = ["Candidate", "Choice", "FixedRate", "MemoryRate", "Plan", "Pricing",

@@ -25,7 +25,7 @@ from tula_ray.perf import COLLECTIVES, MODES
 from tula_ray.plan import Plan, build_plan
 from tula_ray.policy import OBJECTIVES
 from tula_ray.pricing import Pricing, parse_pricing
-from tula_ray.profiles import PROFILE_COLUMNS, STATUS_ERROR, profile_frame
+from tula_ray.profiles import profile_frame, profile_row
 from tula_ray.space import MIN_BATCH_DEFAULT, SearchSpace, check_positive_ints
 from tula_ray.workloads import Workload, resolve_workload
 
@@ -225,15 +225,6 @@ def _profile(request: _Request, space: SearchSpace, use_gpu: bool,
 
 def _rows(results: tune.ResultGrid) -> list[dict[str, Any]]:
     """One profile row per trial; a trial that raised is a row with status 'error'."""
-    rows = []
-    for result in results:
-        config = result.config or {}
-        metrics = result.metrics or {}
-        row = {k: metrics[k] for k in PROFILE_COLUMNS if k in metrics}
-        row.setdefault("num_workers", config.get("num_workers"))
-        row.setdefault("global_batch", config.get("global_batch"))
-        if result.error is not None or "status" not in row:
-            row.update(status=STATUS_ERROR, error=str(result.error or "no result reported"))
-        row["local_batch"] = row["global_batch"] // row["num_workers"]
-        rows.append(row)
-    return rows
+    return [profile_row(result.config["num_workers"], result.config["global_batch"],
+                        result.metrics, None if result.error is None else str(result.error))
+            for result in results]

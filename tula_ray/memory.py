@@ -10,10 +10,12 @@ from __future__ import annotations
 import copy
 import logging
 from dataclasses import asdict, dataclass
-from typing import Callable, Iterable
+from typing import TYPE_CHECKING, Callable, Iterable
 
 import numpy as np
-import torch
+
+if TYPE_CHECKING:
+    import torch
 
 logger = logging.getLogger(__name__)
 
@@ -36,7 +38,7 @@ class StaticMemory:
 
 
 def _tensor_bytes(value) -> int:
-    if isinstance(value, torch.Tensor):
+    if hasattr(value, "element_size"):  # a tensor (torch is imported only where it is needed)
         return value.numel() * value.element_size()
     if isinstance(value, dict):
         return sum(_tensor_bytes(v) for v in value.values())
@@ -54,6 +56,8 @@ def static_memory(
     The optimizer state is measured, not looked up: one step on a copy of the
     model with zero gradients materialises whatever state the optimizer keeps.
     """
+    import torch  # here: the rest of this module (eq. 3) is plain numpy
+
     params = list(model.parameters())
     param_bytes = sum(p.numel() * p.element_size() for p in params)
     grad_bytes = sum(p.numel() * p.element_size() for p in params if p.requires_grad)

@@ -11,7 +11,6 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 import pandas as pd
-from kneed import KneeLocator
 
 OBJECTIVES = ("time", "cost", "knee", "weighted")
 WEIGHT_TIME_DEFAULT = 0.5  # "weighted": equal say to time and cost
@@ -45,6 +44,8 @@ def find_knee(global_batch: np.ndarray, metric: np.ndarray) -> float | None:
     y = np.asarray(metric, dtype=float)
     if len(x) < 3 or not y[0] > y[-1]:
         return None  # Kneedle's "decreasing" knee is meaningless on a flat or rising curve
+    from kneed import KneeLocator  # here: kneed pulls in matplotlib, ~1 s per import
+
     knee = KneeLocator(x, y, curve="convex", direction="decreasing").knee
     return None if knee is None else float(2.0 ** knee)
 

@@ -44,6 +44,22 @@ def profile_frame(rows: Iterable[Mapping] = ()) -> pd.DataFrame:
     return frame
 
 
+def profile_row(num_workers: int, global_batch: int, metrics: Mapping | None,
+                error: str | None = None) -> dict:
+    """One row from what a profiling trial reported (the Ray side's single row builder).
+
+    The candidate's (N, B) come from its config, not from the metrics; a trial that
+    raised (`error`) or reported no status is an error row: reported, never fatal.
+    """
+    row: dict = {"num_workers": int(num_workers), "global_batch": int(global_batch),
+                 "local_batch": int(global_batch) // int(num_workers)}
+    if error is not None or not metrics or "status" not in metrics:
+        row.update(status=STATUS_ERROR, error=error or "no result reported")
+    else:
+        row.update({k: metrics[k] for k in PROFILE_COLUMNS[3:] if k in metrics})
+    return row
+
+
 def usable(profiles: pd.DataFrame) -> pd.DataFrame:
     """The rows a model can fit: status ok and a finite step time."""
     ok = profiles[(profiles["status"] == STATUS_OK) & profiles["step_time_s"].notna()]

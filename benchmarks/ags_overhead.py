@@ -1,0 +1,142 @@
+"""Issue 4 figure: AGS step-time overhead against the bare base optimizer.
+
+Setup of the accuracy runs: the small CNN, B = 1024, SGD with momentum, scales
+refreshed once per epoch, an epoch being the 10k-image subset's steps
+(10000 // 1024 = 9). Two g_small sources:
+  "sub-batch": one process (N=1), an extra backward on 32 samples per refresh;
+  "local": two gloo workers (N=2, b=512), the DDP-local gradient, no extra backward.
+Each round times one epoch of every variant back to back in the same process(es)
+(NOTES-ENV: levels differ ~15 % between processes, much less within one), the
+variant order rotating from round to round; the overhead is the median over
+rounds of (AGS epoch / base epoch) - 1, printed with its spread.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from torch import nn
+
+from benchmarks.common import provenance, spread, write_result
+from tula_ray.ags import TulaOptimizer, backward_with_refresh
+from tula_ray.measure import synthetic_batch
+from tula_ray.workloads import FashionCNN, sgd
+
+GLOBAL_BATCH = 1024
+TRAIN_SUBSET = 10_000  # issue 4's accuracy setup
+SMALL_BATCH = 32
+ROUNDS, QUICK_ROUNDS = 9, 2
+
+
+def _variant(kind: str, model: nn.Module, local_batch: int) -> torch.optim.Optimizer:
+    base = sgd(model.parameters())
+    if kind == "base":
+        return base
+    source, granularity = kind.split("/")
+    small = SMALL_BATCH if source == "sub-batch" else local_batch
+    return TulaOptimizer(base, large_batch=GLOBAL_BATCH, small_batch=small,
+                         granularity=granularity, source=source)
+
+
+def _epoch_seconds(model: nn.Module, optimizer: torch.optim.Optimizer, batches) -> float:
+    loss_fn = nn.CrossEntropyLoss()
+    if isinstance(optimizer, TulaOptimizer):
+        optimizer.start_epoch()
+    if dist.is_initialized():
+        dist.barrier()
+    started = time.perf_counter()
+    for inputs, targets in batches:
+        optimizer.zero_grad(set_to_none=True)
+        backward_with_refresh(model, optimizer, loss_fn, inputs, targets)
+        optimizer.step()
+    return time.perf_counter() - started
+
+
+def _measure(kinds: list[str], local_batch: int, rounds: int, wrap=lambda m: m) -> dict:
+    steps = TRAIN_SUBSET // GLOBAL_BATCH
+    batches = [synthetic_batch((1, 28, 28), 10, local_batch, seed=s) for s in range(steps)]
+    runs = {}
+    for kind in kinds:  # one model and optimizer per variant, kept across rounds (warm state)
+        torch.manual_seed(0)
+        model = wrap(FashionCNN())
+        runs[kind] = (model, _variant(kind, model, local_batch))
+        _epoch_seconds(*runs[kind], batches[:2])  # warm-up: allocator, thread pool
+    seconds: dict[str, list[float]] = {kind: [] for kind in kinds}
+    for round_index in range(rounds):
+        shift = round_index % len(kinds)
+        for kind in kinds[shift:] + kinds[:shift]:
+            seconds[kind].append(_epoch_seconds(*runs[kind], batches))
+    return {"steps_per_epoch": steps, "local_batch": local_batch, "epoch_seconds": seconds}
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _ddp_worker(rank: int, port: int, rounds: int, out: str) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)  # 2 workers on 2 cores, as Ray Train places them here
+    dist.init_process_group("gloo", rank=rank, world_size=2)
+    try:
+        result = _measure(["base", "local/tensor", "local/element", "sub-batch/tensor"],
+                          GLOBAL_BATCH // 2, rounds, wrap=nn.parallel.DistributedDataParallel)
+        if rank == 0:
+            torch.save(result, out)
+    finally:
+        dist.destroy_process_group()
+
+
+def _overheads(result: dict) -> dict[str, list[float]]:
+    base = np.asarray(result["epoch_seconds"]["base"])
+    return {kind: (np.asarray(seconds) / base - 1).tolist()
+            for kind, seconds in result["epoch_seconds"].items() if kind != "base"}
+
+
+def run(quick: bool = False) -> dict:
+    rounds = QUICK_ROUNDS if quick else ROUNDS
+    single = _measure(["base", "sub-batch/tensor", "sub-batch/element"], GLOBAL_BATCH, rounds)
+    with tempfile.TemporaryDirectory() as scratch:
+        out = str(Path(scratch, "ddp.pt"))
+        mp.spawn(_ddp_worker, args=(_free_port(), rounds, out), nprocs=2, join=True)
+        ddp = torch.load(out)
+    result = {**provenance(), "rounds": rounds, "global_batch": GLOBAL_BATCH,
+              "small_batch": SMALL_BATCH, "n1": single, "n2": ddp,
+              "overhead": {"N=1": _overheads(single), "N=2": _overheads(ddp)}}
+    markdown = _markdown(result)
+    write_result("ags_overhead" + ("_quick" if quick else ""), result, markdown)
+    print(markdown)
+    return result
+
+
+def _markdown(r: dict) -> str:
+    rows = []
+    for setup, key in (("N=1", "n1"), ("N=2", "n2")):
+        base = statistics.median(r[key]["epoch_seconds"]["base"])
+        for kind, ratios in r["overhead"][setup].items():
+            rows.append(f"| {setup} (b={r[key]['local_batch']}) | {kind} | {base:.2f} | "
+                        f"{spread(ratios)} |")
+    return f"""### AGS step-time overhead (issue 4)
+
+`{r['command']}` — commit {r['commit']}, {r['date']}, {r['machine']}
+
+Small CNN, B={r['global_batch']}, SGD momentum 0.9, refresh once per epoch of
+{r['n1']['steps_per_epoch']} steps (10k-image subset), sub-batch {r['small_batch']};
+{r['rounds']} rounds, each timing one epoch of every variant back to back in the same
+process(es). Overhead = AGS epoch / base epoch - 1, median [min, max] over rounds.
+Goal: <= 3 %.
+
+| setup | source / granularity | base epoch (s, median) | overhead |
+|---|---|---|---|
+{chr(10).join(rows)}
+"""

@@ -1,0 +1,188 @@
+"""Issue 4 (and Table I of issue 5): test accuracy of the large-batch strategies.
+
+Fashion-MNIST, a fixed 10k-image train subset, the full 10k test set, the small
+CNN, 20 epochs. A reference run at B=32 (plain SGD) against B=1024 trained with
+each strategy: lbt, lrs, lars, polo, ags (sub-batch source, per-tensor scales)
+and ags-local (the DDP-local gradient as g_small). Every run is data-parallel
+on N=2 gloo workers (the embedded default's shape), so PoLo really goes local
+and AGS's local source exists; each strategy comes from
+`tula_ray.strategies.build_strategy` and each epoch from
+`tula_ray.training.train_epoch`, the code `tula_ray.train()` runs on Ray.
+
+Runs are appended to a JSON-lines file as they finish, so an interrupted
+benchmark keeps what it measured (`--resume` is implicit: finished runs are skipped).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from torch import nn
+from torch.utils.data import DataLoader, DistributedSampler
+
+from benchmarks.common import RESULTS_DIR, provenance, write_result
+
+WORLD_SIZE = 2
+REFERENCE_BATCH = 32  # NOTES-ENV: the best-generalising batch here
+TRAIN_SUBSET, EPOCHS, SEEDS = 10_000, 20, (0, 1, 2)  # issue 4's setup
+QUICK = {"train_subset": 2048, "epochs": 1, "seeds": (0,), "batches": (1024,)}
+STRATEGY_RUNS = {  # label -> (strategy, options)
+    "lbt": ("lbt", {}),
+    "lrs": ("lrs", {}),
+    "lars": ("lars", {}),
+    "polo": ("polo", {}),
+    "ags": ("ags", {}),
+    "ags-local": ("ags", {"source": "local"}),
+}
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _run_one(run: dict[str, Any], rank: int) -> dict[str, Any]:
+    from tula_ray.strategies import build_strategy
+    from tula_ray.training import evaluate, train_epoch
+    from tula_ray.workloads import get_workload
+
+    workload = get_workload("fashion-mnist-cnn", train_subset=run["train_subset"], subset_seed=0)
+    torch.manual_seed(run["seed"])
+    model = nn.parallel.DistributedDataParallel(workload.model_fn())
+    train_set, test_set = workload.train_dataset_fn(), workload.test_dataset_fn()
+    local_batch = run["global_batch"] // WORLD_SIZE
+    sampler = DistributedSampler(train_set, shuffle=True, seed=run["seed"], drop_last=True)
+    loader = DataLoader(train_set, batch_size=local_batch, sampler=sampler, drop_last=True)
+    test_loader = DataLoader(test_set, batch_size=1000,
+                             sampler=DistributedSampler(test_set, shuffle=False))
+    setup = build_strategy(run["strategy"], model, global_batch=run["global_batch"],
+                           steps_per_epoch=len(loader), epochs=run["epochs"],
+                           options=run["options"])
+    loss_fn, device = workload.loss_fn(), torch.device("cpu")
+    epochs = []
+    for epoch in range(run["epochs"]):
+        sampler.set_epoch(epoch)
+        metrics = train_epoch(model, setup, loss_fn, loader, device, epoch=epoch)
+        metrics.update(evaluate(model, test_loader, device, loss_fn))
+        epochs.append({k: v for k, v in metrics.items() if k != "variability"}
+                      | {"epoch": epoch, "variability": metrics.get("variability")})
+        if rank == 0:
+            print(f"{run['label']} B={run['global_batch']} seed={run['seed']} epoch {epoch}: "
+                  f"test {metrics['test_accuracy']:.4f}", flush=True)
+    return {**run, "notes": list(setup.notes), "epochs": epochs,
+            "test_accuracy": epochs[-1]["test_accuracy"]}
+
+
+def _worker(rank: int, port: int, runs: list[dict], out: str) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)  # 2 workers on 2 cores
+    dist.init_process_group("gloo", rank=rank, world_size=WORLD_SIZE)
+    try:
+        for run in runs:
+            started = time.perf_counter()
+            result = _run_one(run, rank)
+            if rank == 0:
+                result["wall_s"] = time.perf_counter() - started
+                with open(out, "a") as stream:
+                    stream.write(json.dumps(result, default=float) + "\n")
+    finally:
+        dist.destroy_process_group()
+
+
+def _plan_runs(train_subset: int, epochs: int, seeds, batches) -> list[dict[str, Any]]:
+    runs = []
+    for seed in seeds:
+        common = {"train_subset": train_subset, "epochs": epochs, "seed": seed}
+        runs.append({**common, "label": "reference", "strategy": "lbt", "options": {},
+                     "global_batch": REFERENCE_BATCH})
+        for batch in batches:
+            for label, (strategy, options) in STRATEGY_RUNS.items():
+                runs.append({**common, "label": label, "strategy": strategy, "options": options,
+                             "global_batch": batch})
+    return runs
+
+
+def _key(run: dict) -> tuple:
+    return (run["label"], run["global_batch"], run["seed"], run["epochs"], run["train_subset"])
+
+
+def run(quick: bool = False, batches: tuple[int, ...] = (1024,)) -> dict:
+    name = "generalization" + ("_quick" if quick else "")
+    settings = QUICK if quick else {"train_subset": TRAIN_SUBSET, "epochs": EPOCHS,
+                                    "seeds": SEEDS, "batches": batches}
+    runs = _plan_runs(**settings)
+    RESULTS_DIR.mkdir(parents=True, exist_ok=True)
+    log = RESULTS_DIR / f"{name}.runs.jsonl"
+    if quick and log.exists():
+        log.unlink()
+    done = {_key(r) for r in _read(log)}
+    todo = [r for r in runs if _key(r) not in done]
+    if todo:
+        mp.spawn(_worker, args=(_free_port(), todo, str(log)), nprocs=WORLD_SIZE, join=True)
+    finished = [r for r in _read(log) if _key(r) in {_key(p) for p in runs}]
+    result = {**provenance(), **{k: list(v) if isinstance(v, tuple) else v
+                                 for k, v in settings.items()},
+              "world_size": WORLD_SIZE, "reference_batch": REFERENCE_BATCH,
+              "summary": _summary(finished), "runs": finished}
+    markdown = _markdown(result)
+    write_result(name, result, markdown)
+    print(markdown)
+    return result
+
+
+def _read(path: Path) -> list[dict]:
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def _summary(runs: list[dict]) -> list[dict]:
+    groups: dict[tuple, list[dict]] = {}
+    for r in runs:
+        groups.setdefault((r["global_batch"], r["label"]), []).append(r)
+    rows = []
+    for (batch, label), group in sorted(groups.items()):
+        accuracies = [r["test_accuracy"] for r in group]
+        scaled = [e.get("scaled_fraction") for r in group for e in r["epochs"]
+                  if e.get("scaled_fraction") is not None]
+        rows.append({"global_batch": batch, "label": label, "seeds": len(group),
+                     "test_accuracy_mean": statistics.fmean(accuracies),
+                     "test_accuracy_std": statistics.stdev(accuracies) if len(group) > 1 else 0.0,
+                     "scaled_fraction_mean": statistics.fmean(scaled) if scaled else None,
+                     "wall_s_mean": statistics.fmean(r["wall_s"] for r in group),
+                     "notes": sorted({n for r in group for n in r.get("notes", [])})})
+    return rows
+
+
+def _markdown(r: dict) -> str:
+    lines = []
+    for row in r["summary"]:
+        scaled = "" if row["scaled_fraction_mean"] is None else f"{row['scaled_fraction_mean']:.0%}"
+        lines.append(f"| {row['global_batch']} | {row['label']} | "
+                     f"{row['test_accuracy_mean']:.2%} ± {row['test_accuracy_std']:.2%} | "
+                     f"{row['seeds']} | {scaled} | {row['wall_s_mean']:.0f} |")
+    notes = sorted({n for row in r["summary"] for n in row["notes"]})
+    return f"""### Large-batch generalization: test accuracy per strategy (issue 4; Table I analog)
+
+`{r['command']}` — commit {r['commit']}, {r['date']}, {r['machine']}
+
+Fashion-MNIST, {r['train_subset']}-image train subset, full test set, small CNN,
+{r['epochs']} epochs, N={r['world_size']} gloo workers; accuracy after the last
+epoch, mean ± std over seeds. "scaled" is AGS's fraction of scaled steps.
+
+| B | strategy | test accuracy | seeds | scaled | wall per run (s) |
+|---|---|---|---|---|---|
+{chr(10).join(lines)}
+
+{chr(10).join('- ' + n for n in notes)}
+"""

@@ -1,0 +1,247 @@
+"""TulaOptimizer (Algorithm 1): eq. 5 by hand, bounds, exactness at delta=0, checkpoints, DDP."""
+
+from __future__ import annotations
+
+import copy
+import io
+import math
+import os
+import socket
+
+import numpy as np
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from hypothesis.extra.numpy import arrays
+from torch import nn
+
+from tula_ray.ags import (
+    TulaOptimizer,
+    backward_with_refresh,
+    gradient_variability,
+    max_scale,
+    scale_factor,
+)
+
+
+def _model(seed: int = 0) -> nn.Module:
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, 3))
+
+
+def _batches(count: int, size: int = 16, seed: int = 1) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    generator = torch.Generator().manual_seed(seed)
+    return [(torch.randn(size, 6, generator=generator),
+             torch.randint(0, 3, (size,), generator=generator)) for _ in range(count)]
+
+
+def _train(model: nn.Module, optimizer: torch.optim.Optimizer, batches, epoch_every: int = 0):
+    loss_fn = nn.CrossEntropyLoss()
+    for step, (inputs, targets) in enumerate(batches):
+        if epoch_every and step % epoch_every == 0 and isinstance(optimizer, TulaOptimizer):
+            optimizer.start_epoch()
+        optimizer.zero_grad()
+        backward_with_refresh(model, optimizer, loss_fn, inputs, targets)
+        optimizer.step()
+
+
+def _flat(model: nn.Module) -> torch.Tensor:
+    return torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+
+
+# --------------------------------------------------------------------------- eq. 5 and line 16
+
+def test_gradient_variability_is_eq5():
+    assert gradient_variability(8.0, 5.0) == pytest.approx(0.6)
+    assert gradient_variability(2.0, 5.0) == pytest.approx(0.6)  # |.|: a drop counts alike
+    assert gradient_variability(3.0, None) == math.inf  # first step: sensitive
+    assert gradient_variability(3.0, 0.0) == math.inf
+
+
+def test_step_computes_eq5_on_the_gradient_it_applies():
+    weight = nn.Parameter(torch.zeros(2))
+    optimizer = TulaOptimizer(torch.optim.SGD([weight], lr=0.1), large_batch=64, small_batch=16)
+    for grad in ([1.0, 2.0], [2.0, 2.0], [2.0, 2.1]):  # |G|^2 = 5, 8, 8.41
+        weight.grad = torch.tensor(grad)
+        optimizer.step()
+    assert optimizer.telemetry["variability"] == pytest.approx(0.41 / 8, rel=1e-5)  # float32
+    assert optimizer.telemetry["scaled"] and optimizer.telemetry["scaled_steps"] == 1
+
+
+def test_a_calm_step_applies_the_scales_and_a_sensitive_one_does_not():
+    weight = nn.Parameter(torch.zeros(2))
+    optimizer = TulaOptimizer(torch.optim.SGD([weight], lr=1.0), large_batch=64, small_batch=16,
+                              granularity="element")  # s_max = 2
+    weight.grad = torch.tensor([1.0, 1.0])
+    optimizer.refresh_scales([torch.tensor([1.5, 4.0])])  # ratios 1.5 and 4 -> capped at 2
+    assert torch.allclose(optimizer.scales[weight], torch.tensor([1.5, 2.0]))
+    optimizer.step()  # first step: sensitive, unscaled
+    assert torch.allclose(weight.detach(), torch.tensor([-1.0, -1.0]))
+    weight.grad = torch.tensor([1.0, 1.1])  # variability 0.105 < 0.5: scaled
+    optimizer.step()
+    assert torch.allclose(weight.detach(), torch.tensor([-2.5, -3.2]))
+    weight.grad = torch.tensor([3.0, 3.0])  # variability 7.1: sensitive again
+    optimizer.step()
+    assert torch.allclose(weight.detach(), torch.tensor([-5.5, -6.2]))
+
+
+@settings(max_examples=60, deadline=None)
+@given(arrays(np.float32, (3, 4), elements=st.floats(-1e3, 1e3, width=32)),
+       arrays(np.float32, (3, 4), elements=st.floats(-1e3, 1e3, width=32)),
+       st.floats(1.0, 16.0), st.floats(0.0, 1.0), st.sampled_from(["tensor", "element"]))
+def test_scales_stay_within_bounds_and_have_the_documented_shape(small, large, s_max, s_min_frac,
+                                                                  granularity):
+    s_min = s_min_frac * s_max
+    scale = scale_factor(torch.from_numpy(small), torch.from_numpy(large), s_max=s_max,
+                         s_min=s_min, granularity=granularity)
+    assert scale.shape == ((3, 4) if granularity == "element" else ())
+    assert torch.all(scale <= s_max) and torch.all(scale >= s_min)
+    if granularity == "tensor":
+        ratio = np.linalg.norm(small.astype(np.float64)) / (np.linalg.norm(large) + 1e-8)
+        assert scale.item() == pytest.approx(min(max(ratio, s_min), s_max), rel=1e-4)
+    else:
+        nonzero = torch.from_numpy(small) != 0
+        assert torch.all(scale[nonzero] > 0)  # (0, s_max] wherever g_small has signal
+
+
+def test_max_scale_is_line_12():
+    assert max_scale(1024, 64) == 4.0
+
+
+# --------------------------------------------------------------------------- exactness, state
+
+@pytest.mark.parametrize("make_base", [
+    lambda params: torch.optim.SGD(params, lr=0.05, momentum=0.9, weight_decay=5e-4),
+    lambda params: torch.optim.Adam(params, lr=1e-3),
+], ids=["sgd-momentum", "adam"])
+def test_delta_zero_updates_equal_the_base_optimizer_exactly(make_base):
+    plain, wrapped = _model(), _model()
+    batches = _batches(8)
+    _train(plain, make_base(plain.parameters()), batches)
+    ags = TulaOptimizer(make_base(wrapped.parameters()), large_batch=16, small_batch=4, delta=0.0,
+                        refresh_every=2)
+    _train(wrapped, ags, batches)
+    assert ags.telemetry["refreshes"] == 4 and ags.telemetry["scaled_steps"] == 0
+    assert torch.equal(_flat(plain), _flat(wrapped))
+
+
+def test_scaling_changes_the_trajectory_when_calm():
+    plain, wrapped = _model(), _model()
+    batches = _batches(8, seed=3)
+    _train(plain, torch.optim.SGD(plain.parameters(), lr=0.05), batches)
+    ags = TulaOptimizer(torch.optim.SGD(wrapped.parameters(), lr=0.05), large_batch=16,
+                        small_batch=4, delta=10.0, refresh_every=2)
+    _train(wrapped, ags, batches)
+    assert ags.telemetry["scaled_steps"] == 7  # all but the first
+    assert not torch.equal(_flat(plain), _flat(wrapped))
+
+
+@pytest.mark.parametrize("granularity", ["tensor", "element"])
+def test_resuming_from_a_checkpoint_continues_identically(granularity):
+    batches = _batches(12, seed=5)
+
+    def make(model):
+        return TulaOptimizer(torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9),
+                             large_batch=16, small_batch=4, delta=0.8, granularity=granularity)
+
+    straight = _model()
+    _train(straight, make(straight), batches, epoch_every=4)
+
+    first = _model()
+    optimizer = make(first)
+    _train(first, optimizer, batches[:6], epoch_every=4)
+    buffer = io.BytesIO()
+    torch.save({"model": first.state_dict(), "optimizer": optimizer.state_dict()}, buffer)
+    buffer.seek(0)
+    saved = torch.load(buffer)
+    resumed = _model(seed=99)  # different init: everything must come from the checkpoint
+    resumed.load_state_dict(saved["model"])
+    optimizer = make(resumed)
+    optimizer.load_state_dict(saved["optimizer"])
+    # The epoch boundary at step 8 must fall at the same place: steps 6, 7 are mid-epoch.
+    _train(resumed, optimizer, batches[6:8])
+    optimizer.start_epoch()
+    _train(resumed, optimizer, batches[8:])
+    assert torch.equal(_flat(straight), _flat(resumed))
+
+
+def test_lr_schedulers_drive_the_wrapped_optimizer_and_survive_a_reload():
+    model = _model()
+    optimizer = TulaOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), large_batch=16,
+                              small_batch=4)
+    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.5)
+    _train(model, optimizer, _batches(1))
+    scheduler.step()
+    assert optimizer.base.param_groups[0]["lr"] == pytest.approx(0.05)
+    optimizer.load_state_dict(copy.deepcopy(optimizer.state_dict()))
+    scheduler.step()
+    assert optimizer.base.param_groups[0]["lr"] == pytest.approx(0.025)
+    assert optimizer.param_groups is optimizer.base.param_groups
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"small_batch": 64}, "0 < small_batch < large_batch"),
+    ({"delta": -1.0}, "delta=-1.0"),
+    ({"refresh_every": "week"}, "refresh_every='week'"),
+    ({"refresh_every": 0}, "refresh_every=0"),
+    ({"granularity": "layer"}, "granularity='layer'"),
+    ({"source": "teacher"}, "source='teacher'"),
+    ({"s_max": 0.0}, "s_max=0.0"),
+    ({"s_min": 5.0}, "s_min=5.0"),
+])
+def test_bad_arguments_are_refused_with_the_allowed_values(kwargs, message):
+    model = _model()
+    with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        TulaOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                      **{"large_batch": 64, "small_batch": 16, **kwargs})
+
+
+def test_local_source_needs_ddp():
+    model = _model()
+    optimizer = TulaOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), large_batch=16,
+                              small_batch=8, source="local")
+    inputs, targets = _batches(1)[0]
+    with pytest.raises(ValueError, match="source='local'.*DistributedDataParallel"):
+        backward_with_refresh(model, optimizer, nn.CrossEntropyLoss(), inputs, targets)
+
+
+# --------------------------------------------------------------------------- two DDP workers
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _ddp_worker(rank: int, world: int, port: int, out_dir: str) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        for source in ("sub-batch", "local"):
+            model = nn.parallel.DistributedDataParallel(_model())
+            optimizer = TulaOptimizer(
+                torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9), large_batch=32,
+                small_batch=8 if source == "sub-batch" else 16, delta=5.0, refresh_every=3,
+                granularity="element", source=source)
+            _train(model, optimizer, _batches(7, seed=10 + rank))  # different data per rank
+            scales = torch.cat([s.reshape(-1) for s in optimizer.scales.values()])
+            torch.save({"params": _flat(model.module), "scales": scales,
+                        "telemetry": optimizer.telemetry},
+                       os.path.join(out_dir, f"{source}-{rank}.pt"))
+    finally:
+        dist.destroy_process_group()
+
+
+def test_two_ddp_workers_stay_bit_identical_with_both_small_batch_sources(tmp_path):
+    mp.spawn(_ddp_worker, args=(2, _free_port(), str(tmp_path)), nprocs=2, join=True)
+    for source in ("sub-batch", "local"):
+        rank0, rank1 = (torch.load(tmp_path / f"{source}-{rank}.pt") for rank in (0, 1))
+        assert rank0["telemetry"]["refreshes"] == 3  # steps 0, 3, 6
+        assert rank0["telemetry"]["scaled_steps"] >= 1
+        assert torch.equal(rank0["scales"], rank1["scales"]), source
+        assert torch.equal(rank0["params"], rank1["params"]), source
+        assert not torch.all(rank0["scales"] == 1.0)

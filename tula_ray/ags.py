@@ -1,0 +1,371 @@
+"""Adaptive Gradient Scaling (paper §III-C, eq. 5-8, Algorithm 1): `TulaOptimizer`.
+
+AGS watches the relative change of the squared gradient norm between steps
+(eq. 5). In a calm phase (variability < delta) it multiplies every parameter's
+large-batch gradient by a scale that makes it look like a small-batch gradient
+(eq. 8, Algorithm 1 lines 5-6); in a sensitive phase it applies the gradient as
+it is. The scales are refreshed from time to time (once per epoch by default,
+§IV-A) by comparing a small-batch gradient with the large-batch one (line 16).
+
+Data parallelism (DESIGN "AGS"): the optimizer only ever sees the gradient it is
+about to apply. Under DDP that is the all-reduced gradient, so every replica
+computes the same variability and takes the same decision. The small-batch
+gradient comes from one of two `SOURCES`:
+  "sub-batch": an extra forward/backward on the first `small_batch` samples of
+      the local batch, outside DDP's all-reduce (the paper's line 13-14);
+  "local": under DDP, each worker's own gradient before the all-reduce (a batch
+      of B/N), which costs no extra backward: the refresh step all-reduces the
+      gradients itself.
+Workers then average their scales, so the replicas stay identical.
+
+Choices the paper leaves open (NOTES-ENV), made here and documented:
+  - the first step has no previous norm: it counts as sensitive (unscaled);
+  - the scales start at 1 (Algorithm 1's input) and the first refresh happens at
+    the first step, so epoch 1 is already scaled;
+  - weight decay is added inside the base optimizer's step, so it is not scaled;
+  - line 16 is computed as |g_small| / (|g_large| + eps), which equals
+    |g_small / (g_large + eps)| up to where eps goes and never divides by zero.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from typing import Any, Callable, Sequence
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+DELTA_DEFAULT = 0.5  # paper §IV-B / §VI: the variability threshold used in all experiments
+EPS_DEFAULT = 1e-8  # Algorithm 1's numerical-stability term
+SMALL_BATCH_DEFAULT = 32  # the reference small batch: NOTES-ENV's best-generalising B here
+GRANULARITIES = ("tensor", "element")
+SOURCES = ("sub-batch", "local")
+REFRESH_EPOCH = "epoch"
+
+
+# --------------------------------------------------------------------------- the equations
+
+def gradient_variability(norm_sq: float, previous_norm_sq: float | None) -> float:
+    """Eq. 5: |(|G_i|^2 - |G_{i-1}|^2) / |G_{i-1}|^2|, the relative change of the squared norm.
+
+    Without a previous step (or after a zero gradient) the change is unbounded:
+    the step counts as sensitive.
+    """
+    if previous_norm_sq is None or previous_norm_sq == 0.0:
+        return math.inf
+    return abs((norm_sq - previous_norm_sq) / previous_norm_sq)
+
+
+def max_scale(large_batch: int, small_batch: int) -> float:
+    """Algorithm 1 line 12: s_max = sqrt(B_large / B_small)."""
+    return math.sqrt(large_batch / small_batch)
+
+
+def scale_factor(g_small: torch.Tensor, g_large: torch.Tensor, *, s_max: float,
+                 s_min: float = 0.0, eps: float = EPS_DEFAULT,
+                 granularity: str = "tensor") -> torch.Tensor:
+    """Algorithm 1 line 16: s = min(|g_small / (g_large + eps)|, s_max), bounded below by s_min.
+
+    granularity "element": one scale per element, the shape of the parameter.
+    "tensor": one scale for the whole tensor (a 0-dim tensor), the ratio of the norms.
+    """
+    if granularity == "element":
+        ratio = g_small.abs() / (g_large.abs() + eps)
+    elif granularity == "tensor":
+        ratio = torch.linalg.vector_norm(g_small) / (torch.linalg.vector_norm(g_large) + eps)
+    else:
+        raise ValueError(f"granularity={granularity!r} is unknown; use one of {GRANULARITIES}")
+    return ratio.clamp(min=s_min, max=s_max)
+
+
+# --------------------------------------------------------------------------- the optimizer
+
+def _world(process_group: Any) -> int:
+    if not (dist.is_available() and dist.is_initialized()):
+        return 1
+    return dist.get_world_size(process_group)
+
+
+def _average_over_ranks(tensors: list[torch.Tensor], process_group: Any) -> None:
+    """In place: the mean of each tensor over the ranks (one all-reduce per tensor).
+
+    SUM then divide, since ReduceOp.AVG exists for NCCL only. Every rank receives the
+    same bits, which is what keeps the replicas identical.
+    """
+    world = _world(process_group)
+    if world == 1:
+        return
+    for tensor in tensors:
+        dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=process_group)
+        tensor.div_(world)
+
+
+class TulaOptimizer(torch.optim.Optimizer):
+    """Wraps any torch optimizer with Adaptive Gradient Scaling (Algorithm 1).
+
+    Like torch's PostLocalSGDOptimizer it shares the base optimizer's
+    `param_groups` and `state`, so LR schedulers and gradient clipping work on it
+    unchanged; `state_dict()` holds the base optimizer's state and the AGS state.
+
+    Args:
+        base_optimizer: the optimizer that applies the (scaled) gradient.
+        large_batch: B, the number of samples the applied gradient averages over
+            (the global batch under data parallelism).
+        small_batch: the reference small batch b_small (source "local": B/N).
+        delta: variability threshold of eq. 8: scale only when eq. 5 < delta.
+        refresh_every: "epoch" (refresh at the first step after `start_epoch()`)
+            or a number of steps.
+        granularity: "tensor" (one scale per parameter tensor) or "element".
+        s_max: upper bound of a scale; default sqrt(large_batch / small_batch).
+        s_min: lower bound of a scale; 0 is the paper's literal algorithm, Lemma 1
+            assumes a positive one.
+        eps: the stability term of line 16.
+        source: where the small-batch gradient comes from, one of `SOURCES`.
+        process_group: the group scales are averaged over (default: the world).
+    """
+
+    def __init__(self, base_optimizer: torch.optim.Optimizer, *, large_batch: int,
+                 small_batch: int = SMALL_BATCH_DEFAULT, delta: float = DELTA_DEFAULT,
+                 refresh_every: str | int = REFRESH_EPOCH, granularity: str = "tensor",
+                 s_max: float | None = None, s_min: float = 0.0, eps: float = EPS_DEFAULT,
+                 source: str = "sub-batch", process_group: Any = None) -> None:
+        _validate(base_optimizer, large_batch, small_batch, delta, refresh_every, granularity,
+                  s_max, s_min, eps, source)
+        self.base = base_optimizer
+        self.param_groups = base_optimizer.param_groups
+        self.defaults = base_optimizer.defaults
+        self.large_batch, self.small_batch = int(large_batch), int(small_batch)
+        self.delta, self.refresh_every, self.granularity = delta, refresh_every, granularity
+        self.s_max = max_scale(large_batch, small_batch) if s_max is None else float(s_max)
+        self.s_min, self.eps, self.source = float(s_min), eps, source
+        self.process_group = process_group
+        self.scales: dict[nn.Parameter, torch.Tensor] = {}  # absent = 1 (Algorithm 1's input)
+        self._previous_norm_sq: float | None = None
+        self._counters = {"steps": 0, "scaled_steps": 0, "refreshes": 0, "steps_since_refresh": 0}
+        self._epoch_pending = False
+        self._scale_stats = {"scale_mean": 1.0, "scale_min": 1.0, "scale_max": 1.0}
+        self.telemetry: dict[str, Any] = {"variability": math.nan, "scaled": False,
+                                          **self._scale_stats, **self._counters}
+
+    # The base optimizer owns the state; torch.optim.Optimizer's own __init__ is not
+    # run (it would create a second, empty state), as in PostLocalSGDOptimizer.
+    @property
+    def state(self):  # type: ignore[override]
+        return self.base.state
+
+    def __repr__(self) -> str:
+        return (f"TulaOptimizer(delta={self.delta}, large_batch={self.large_batch}, "
+                f"small_batch={self.small_batch}, s_max={self.s_max:.3g}, "
+                f"granularity={self.granularity!r}, source={self.source!r}, "
+                f"refresh_every={self.refresh_every!r}, base={self.base!r})")
+
+    def parameters(self) -> list[nn.Parameter]:
+        """Every parameter of every group, in state_dict order."""
+        return [p for group in self.param_groups for p in group["params"]]
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        self.base.zero_grad(set_to_none=set_to_none)
+
+    def add_param_group(self, param_group: dict[str, Any]) -> None:
+        self.base.add_param_group(param_group)
+
+    # ------------------------------------------------------------------ scale refresh
+
+    def start_epoch(self) -> None:
+        """Mark an epoch boundary: with refresh_every="epoch" the next step refreshes."""
+        self._epoch_pending = True
+
+    @property
+    def refresh_due(self) -> bool:
+        """Whether the coming step should compute a small-batch gradient and refresh."""
+        if self._counters["refreshes"] == 0:
+            return True
+        if self.refresh_every == REFRESH_EPOCH:
+            return self._epoch_pending
+        return self._counters["steps_since_refresh"] >= int(self.refresh_every)
+
+    @torch.no_grad()
+    def refresh_scales(self, small_grads: Sequence[torch.Tensor | None]) -> None:
+        """UPDATEGRADSCALE (Algorithm 1 lines 11-18) against the gradients now in `p.grad`.
+
+        small_grads: the small-batch gradient of each parameter, in `parameters()`
+        order (None where a parameter has none). `p.grad` must hold the large-batch
+        gradient that this step will apply. Under torch.distributed the scales are
+        averaged over the ranks, so every replica applies the same ones.
+        """
+        params = self.parameters()
+        if len(small_grads) != len(params):
+            raise ValueError(f"got {len(small_grads)} small-batch gradients for "
+                             f"{len(params)} parameters; pass one per parameter (None if absent)")
+        scales = {p: scale_factor(g_small, p.grad, s_max=self.s_max, s_min=self.s_min,
+                                  eps=self.eps, granularity=self.granularity)
+                  for p, g_small in zip(params, small_grads)
+                  if g_small is not None and p.grad is not None}
+        _average_over_ranks(list(scales.values()), self.process_group)
+        self.scales = scales
+        flat = torch.cat([s.reshape(-1).float() for s in scales.values()]) if scales \
+            else torch.ones(1)
+        self._scale_stats = {"scale_mean": flat.mean().item(), "scale_min": flat.min().item(),
+                             "scale_max": flat.max().item()}
+        self._counters["refreshes"] += 1
+        self._counters["steps_since_refresh"] = 0
+        self._epoch_pending = False
+
+    # ------------------------------------------------------------------ the step
+
+    def step(self, closure: Callable[[], Any] | None = None) -> Any:  # type: ignore[override]
+        """Algorithm 1 lines 3-9: eq. 5 on the gradient to apply, scale if calm, base step.
+
+        A closure is evaluated once, before the scaling; the base optimizer then
+        steps without it (re-evaluating would overwrite the scaled gradient).
+        """
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        with torch.no_grad():
+            grads = [p.grad for p in self.parameters() if p.grad is not None]
+            # One host sync per step on GPU: the decision is a Python branch.
+            norm_sq = torch.nn.utils.get_total_norm(grads).item() ** 2 if grads else 0.0
+            variability = gradient_variability(norm_sq, self._previous_norm_sq)
+            scaled = variability < self.delta
+            if scaled:
+                for p, scale in self.scales.items():
+                    if p.grad is not None:
+                        p.grad.mul_(scale)
+            self._previous_norm_sq = norm_sq  # eq. 5 compares unscaled large-batch norms
+        self.base.step()
+        self._counters["steps"] += 1
+        self._counters["scaled_steps"] += int(scaled)
+        self._counters["steps_since_refresh"] += 1
+        self.telemetry = {"variability": variability, "scaled": scaled,
+                          **self._scale_stats, **self._counters}
+        return loss
+
+    # ------------------------------------------------------------------ checkpoints
+
+    def state_dict(self) -> dict[str, Any]:  # type: ignore[override]
+        index = {p: i for i, p in enumerate(self.parameters())}
+        return {"base": self.base.state_dict(),
+                "ags": {"scales": {index[p]: s.clone() for p, s in self.scales.items()},
+                        "previous_norm_sq": self._previous_norm_sq,
+                        "epoch_pending": self._epoch_pending,
+                        "counters": dict(self._counters), "scale_stats": dict(self._scale_stats)}}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:  # type: ignore[override]
+        if set(state_dict) != {"base", "ags"}:
+            raise ValueError("not a TulaOptimizer state_dict: expected keys 'base' and 'ags', "
+                             f"got {sorted(state_dict)}")
+        self.base.load_state_dict(state_dict["base"])
+        # torch's load_state_dict replaces the base's param_groups list: share the new one.
+        self.param_groups = self.base.param_groups
+        params = self.parameters()
+        ags = state_dict["ags"]
+        self.scales = {params[int(i)]: s.to(params[int(i)].device)
+                       for i, s in ags["scales"].items()}
+        self._previous_norm_sq = ags["previous_norm_sq"]
+        self._epoch_pending = ags["epoch_pending"]
+        self._counters = dict(ags["counters"])
+        self._scale_stats = dict(ags["scale_stats"])
+
+
+def _validate(base_optimizer: Any, large_batch: int, small_batch: int, delta: float,
+              refresh_every: Any, granularity: str, s_max: float | None, s_min: float,
+              eps: float, source: str) -> None:
+    if not isinstance(base_optimizer, torch.optim.Optimizer):
+        raise TypeError(f"base_optimizer must be a torch.optim.Optimizer, "
+                        f"not {type(base_optimizer).__name__}")
+    if isinstance(base_optimizer, TulaOptimizer):
+        raise TypeError("base_optimizer is already a TulaOptimizer; wrap the plain optimizer once")
+    if not (isinstance(small_batch, int) and isinstance(large_batch, int)
+            and 0 < small_batch < large_batch):
+        raise ValueError(f"small_batch={small_batch!r}, large_batch={large_batch!r}: need integers "
+                         "with 0 < small_batch < large_batch")
+    if not delta >= 0:
+        raise ValueError(f"delta={delta!r}: the variability threshold must be >= 0 "
+                         f"(paper default {DELTA_DEFAULT})")
+    if refresh_every != REFRESH_EPOCH and not (isinstance(refresh_every, int)
+                                               and refresh_every >= 1):
+        raise ValueError(f"refresh_every={refresh_every!r}: use {REFRESH_EPOCH!r} or a number "
+                         "of steps >= 1")
+    if granularity not in GRANULARITIES:
+        raise ValueError(f"granularity={granularity!r} is unknown; use one of {GRANULARITIES}")
+    if source not in SOURCES:
+        raise ValueError(f"source={source!r} is unknown; use one of {SOURCES}")
+    if s_max is not None and not s_max > 0:
+        raise ValueError(f"s_max={s_max!r}: must be > 0 (default sqrt(large/small batch))")
+    upper = max_scale(large_batch, small_batch) if s_max is None else s_max
+    if not 0 <= s_min <= upper:
+        raise ValueError(f"s_min={s_min!r}: need 0 <= s_min <= s_max ({upper:.4g})")
+    if not eps > 0:
+        raise ValueError(f"eps={eps!r}: the stability term must be > 0")
+
+
+# --------------------------------------------------------------------------- the training step
+
+def _is_ddp(model: nn.Module) -> bool:
+    return isinstance(model, nn.parallel.DistributedDataParallel)
+
+
+def _take_grads(params: list[nn.Parameter]) -> list[torch.Tensor | None]:
+    """Detach the current gradients from the parameters (and leave p.grad empty)."""
+    grads = [p.grad for p in params]
+    for p in params:
+        p.grad = None
+    return grads
+
+
+def backward_with_refresh(model: nn.Module, optimizer: torch.optim.Optimizer, loss_fn: Callable,
+                          inputs: torch.Tensor, targets: torch.Tensor
+                          ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Forward and backward of one step, refreshing the AGS scales when one is due.
+
+    Replaces `loss_fn(model(inputs), targets).backward()` after `zero_grad()`;
+    returns (loss, outputs) of the full local batch. Any other optimizer, or a
+    step without a refresh, is exactly that plain backward.
+    """
+    refresh = isinstance(optimizer, TulaOptimizer) and optimizer.refresh_due
+    if not refresh:
+        outputs = model(inputs)
+        loss = loss_fn(outputs, targets)
+        loss.backward()
+        return loss, outputs
+    params = optimizer.parameters()
+    if optimizer.source == "local":
+        return _local_source_step(model, optimizer, loss_fn, inputs, targets, params)
+    if optimizer.small_batch >= len(inputs):
+        raise ValueError(f"small_batch={optimizer.small_batch} must be smaller than the local "
+                         f"batch ({len(inputs)} samples) to sample a sub-batch from it")
+    # Lines 13-14: a sub-batch of the (shuffled) local batch, kept out of DDP's all-reduce.
+    with model.no_sync() if _is_ddp(model) else contextlib.nullcontext():
+        loss_fn(model(inputs[: optimizer.small_batch]),
+                targets[: optimizer.small_batch]).backward()
+    small = _take_grads(params)
+    outputs = model(inputs)
+    loss = loss_fn(outputs, targets)
+    loss.backward()
+    optimizer.refresh_scales(small)
+    return loss, outputs
+
+
+def _local_source_step(model: nn.Module, optimizer: TulaOptimizer, loss_fn: Callable,
+                       inputs: torch.Tensor, targets: torch.Tensor, params: list[nn.Parameter]
+                       ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Source "local": this worker's gradient before the all-reduce is g_small (b = B/N)."""
+    if not _is_ddp(model) or _world(optimizer.process_group) < 2:
+        raise ValueError("source='local' takes g_small from each DDP worker's own gradient: it "
+                         "needs a DistributedDataParallel model on >= 2 workers; "
+                         "use source='sub-batch' here")
+    with model.no_sync():
+        outputs = model(inputs)
+        loss = loss_fn(outputs, targets)
+        loss.backward()
+    small = [None if p.grad is None else p.grad.clone() for p in params]
+    # This step's all-reduce, done here since no_sync() skipped DDP's.
+    _average_over_ranks([p.grad for p in params if p.grad is not None],
+                        optimizer.process_group)
+    optimizer.refresh_scales(small)
+    return loss, outputs
+
