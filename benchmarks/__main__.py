@@ -13,7 +13,8 @@ from pathlib import Path
 from benchmarks.common import RESULTS_DIR
 
 BENCHMARKS = {"search": "benchmarks.search_cost", "ags-overhead": "benchmarks.ags_overhead",
-              "generalization": "benchmarks.generalization"}
+              "generalization": "benchmarks.generalization", "memory": "benchmarks.memory_accuracy",
+              "batch-finder": "benchmarks.batch_finder", "prediction": "benchmarks.prediction"}
 REPORT = Path(__file__).parents[1] / "BENCHMARKS.md"
 HEADER = """# Benchmarks
 

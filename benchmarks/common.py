@@ -7,9 +7,10 @@ import os
 import platform
 import subprocess
 import sys
+from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import numpy as np
 
@@ -44,6 +45,31 @@ def spread(values) -> str:
     """median [min, max] of a sample, for printing beside a figure."""
     values = np.asarray(values, float)
     return f"{np.median(values):.1%} [{values.min():.1%}, {values.max():.1%}]"
+
+
+@contextmanager
+def local_ray() -> Iterator[None]:
+    """One local Ray session for a benchmark's searches (none if Ray is already up, as under
+    a test's fixture); shut down on exit only if this call started it."""
+    from tula_ray.api import ensure_ray
+
+    started_ray = ensure_ray()
+    try:
+        yield
+    finally:
+        if started_ray:
+            import ray
+
+            ray.shutdown()
+
+
+def cross_search_errors(partial_plan, full_plan):
+    """(merged tables, relative errors) of a partial search's predicted step times against the
+    step times a separate full search measured: model error plus run-to-run noise."""
+    merged = partial_plan.table.merge(full_plan.table, on=["num_workers", "global_batch"],
+                                      suffixes=("_partial", "_full"))
+    errors = relative_errors(merged["step_time_s_partial"], merged["measured_step_time_s_full"])
+    return merged, errors
 
 
 def write_result(name: str, result: dict[str, Any], markdown: str) -> Path:

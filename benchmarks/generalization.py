@@ -2,11 +2,11 @@
 
 Fashion-MNIST, a fixed 10k-image train subset, the full 10k test set, the small
 CNN, 20 epochs. A reference run at B=32 (plain SGD) against B=1024 trained with
-each strategy: lbt, lrs, lars, polo, ags (sub-batch source, per-tensor scales)
-and ags-local (the DDP-local gradient as g_small). Every run is data-parallel
-on N=2 gloo workers (the embedded default's shape), so PoLo really goes local
-and AGS's local source exists; each strategy comes from
-`tula_ray.strategies.build_strategy` and each epoch from
+each strategy: lbt, lrs, lars, polo, ags (sub-batch source, per-tensor scales),
+ags-local (the DDP-local gradient as g_small) and ags-element (per-element
+scales). Every run is data-parallel on N=2 gloo workers (the embedded default's
+shape), so PoLo really goes local and AGS's local source exists. Each strategy
+comes from `tula_ray.strategies.build_strategy` and each epoch from
 `tula_ray.training.train_epoch`, the code `tula_ray.train()` runs on Ray.
 
 Runs are appended to a JSON-lines file as they finish, so an interrupted
@@ -27,7 +27,6 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch import nn
-from torch.utils.data import DataLoader, DistributedSampler
 
 from benchmarks.common import RESULTS_DIR, provenance, write_result
 
@@ -42,6 +41,7 @@ STRATEGY_RUNS = {  # label -> (strategy, options)
     "polo": ("polo", {}),
     "ags": ("ags", {}),
     "ags-local": ("ags", {"source": "local"}),
+    "ags-element": ("ags", {"granularity": "element"}),
 }
 
 
@@ -53,34 +53,29 @@ def _free_port() -> int:
 
 def _run_one(run: dict[str, Any], rank: int) -> dict[str, Any]:
     from tula_ray.strategies import build_strategy
-    from tula_ray.training import evaluate, train_epoch
+    from tula_ray.training import evaluate, make_loaders, train_epoch
     from tula_ray.workloads import get_workload
 
     workload = get_workload("fashion-mnist-cnn", train_subset=run["train_subset"], subset_seed=0)
     torch.manual_seed(run["seed"])
     model = nn.parallel.DistributedDataParallel(workload.model_fn())
-    train_set, test_set = workload.train_dataset_fn(), workload.test_dataset_fn()
-    local_batch = run["global_batch"] // WORLD_SIZE
-    sampler = DistributedSampler(train_set, shuffle=True, seed=run["seed"], drop_last=True)
-    loader = DataLoader(train_set, batch_size=local_batch, sampler=sampler, drop_last=True)
-    test_loader = DataLoader(test_set, batch_size=1000,
-                             sampler=DistributedSampler(test_set, shuffle=False))
+    loader, test_loader = make_loaders(workload, run["global_batch"] // WORLD_SIZE,
+                                       seed=run["seed"], num_replicas=WORLD_SIZE, rank=rank)
     setup = build_strategy(run["strategy"], model, global_batch=run["global_batch"],
                            steps_per_epoch=len(loader), epochs=run["epochs"],
                            options=run["options"])
     loss_fn, device = workload.loss_fn(), torch.device("cpu")
-    epochs = []
+    history = []
     for epoch in range(run["epochs"]):
-        sampler.set_epoch(epoch)
         metrics = train_epoch(model, setup, loss_fn, loader, device, epoch=epoch)
         metrics.update(evaluate(model, test_loader, device, loss_fn))
-        epochs.append({k: v for k, v in metrics.items() if k != "variability"}
+        history.append({k: v for k, v in metrics.items() if k != "variability"}
                       | {"epoch": epoch, "variability": metrics.get("variability")})
         if rank == 0:
             print(f"{run['label']} B={run['global_batch']} seed={run['seed']} epoch {epoch}: "
                   f"test {metrics['test_accuracy']:.4f}", flush=True)
-    return {**run, "notes": list(setup.notes), "epochs": epochs,
-            "test_accuracy": epochs[-1]["test_accuracy"]}
+    return {**run, "notes": list(setup.notes), "history": history,
+            "test_accuracy": history[-1]["test_accuracy"]}
 
 
 def _worker(rank: int, port: int, runs: list[dict], out: str) -> None:
@@ -153,7 +148,7 @@ def _summary(runs: list[dict]) -> list[dict]:
     rows = []
     for (batch, label), group in sorted(groups.items()):
         accuracies = [r["test_accuracy"] for r in group]
-        scaled = [e.get("scaled_fraction") for r in group for e in r["epochs"]
+        scaled = [e.get("scaled_fraction") for r in group for e in r["history"]
                   if e.get("scaled_fraction") is not None]
         rows.append({"global_batch": batch, "label": label, "seeds": len(group),
                      "test_accuracy_mean": statistics.fmean(accuracies),

@@ -14,7 +14,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from benchmarks.common import provenance, relative_errors, spread, write_result
+from benchmarks.common import (cross_search_errors, local_ray, provenance, relative_errors,
+                               spread, write_result)
 
 DEMO_MAX_BATCH = 2048  # the demo's default upper bound
 QUICK_MAX_BATCH = 64
@@ -41,7 +42,6 @@ def _corner_refit_error(full_plan) -> np.ndarray:
 
 def run(quick: bool = False) -> dict:
     import tula_ray
-    from tula_ray.api import ensure_ray
 
     max_batch = QUICK_MAX_BATCH if quick else DEMO_MAX_BATCH
     options = dict(workload="fashion-mnist-cnn", cluster_sizes=(1, 2), min_batch=32,
@@ -49,19 +49,11 @@ def run(quick: bool = False) -> dict:
     with tempfile.TemporaryDirectory() as scratch:
         scratch = Path(scratch)
         demo_s = _time_demo(max_batch, scratch / "demo", scratch / "ray_demo")
-        started_ray = ensure_ray()
-        try:
+        with local_ray():
             plans = {mode: tula_ray.search(**options, mode=mode, storage_path=str(scratch / mode))
                      for mode in ("partial", "full")}
-        finally:
-            if started_ray:
-                import ray
-
-                ray.shutdown()
     partial, full = plans["partial"], plans["full"]
-    merged = partial.table.merge(full.table, on=["num_workers", "global_batch"],
-                                 suffixes=("_partial", "_full"))
-    errors = relative_errors(merged["step_time_s_partial"], merged["measured_step_time_s_full"])
+    merged, errors = cross_search_errors(partial, full)
     refit = _corner_refit_error(full)
     result = {
         **provenance(),

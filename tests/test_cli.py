@@ -41,3 +41,32 @@ def test_search_config_with_an_unknown_key_is_refused(tmp_path, capsys):
 def test_bad_pricing_is_a_clear_error(tmp_path, capsys):
     assert main(["replay", "--synthetic", "--pricing", "hourly", "--out", str(tmp_path)]) == 2
     assert "pricing 'hourly' is not understood" in capsys.readouterr().err
+
+
+def test_train_arguments_are_parsed():
+    from tula_ray.cli import _parser
+
+    args = _parser().parse_args(["train", "plan/plan.json", "--strategy", "lrs", "--epochs", "3",
+                                 "--storage-path", "runs", "--out", "metrics"])
+    assert (args.plan.name, args.strategy, args.epochs) == ("plan.json", "lrs", 3)
+    assert (str(args.storage_path), str(args.out), args.max_failures) == ("runs", "metrics", None)
+    defaults = _parser().parse_args(["demo", "--train"])
+    assert defaults.train and defaults.strategy == "ags" and defaults.epochs is None
+
+
+def test_train_of_a_missing_plan_is_a_clear_error(tmp_path, capsys):
+    assert main(["train", str(tmp_path / "nowhere.json")]) == 2
+    assert "nowhere.json does not exist" in capsys.readouterr().err
+
+
+def test_train_refuses_bad_input_before_starting_ray(tmp_path, capsys):
+    """A replayed synthetic plan names no workload; an unknown strategy is named. No Ray starts."""
+    main(["replay", "--synthetic", "--out", str(tmp_path)])
+    capsys.readouterr()
+    assert main(["train", str(tmp_path / "plan.json")]) == 2
+    assert "the plan does not record a workload" in capsys.readouterr().err
+    assert main(["train", str(tmp_path / "plan.json"), "--strategy", "sgd"]) == 2
+    assert "strategy 'sgd' is unknown" in capsys.readouterr().err
+    import ray
+
+    assert not ray.is_initialized()

@@ -4,7 +4,7 @@ import subprocess
 import sys
 
 CORE = ["space", "profiles", "perf", "memory", "pricing", "policy", "plan", "plotting",
-        "synthetic", "datasets", "workloads", "measure", "ags"]
+        "synthetic", "datasets", "workloads", "measure", "ags", "strategies", "training"]
 
 
 def test_core_modules_do_not_import_ray():

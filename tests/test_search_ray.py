@@ -9,7 +9,10 @@ import dataclasses
 import numpy as np
 import pytest
 
+from result_checks import finite, table_rows
+
 import tula_ray
+from benchmarks.common import RESULTS_DIR
 from tula_ray import measure
 from tula_ray.workloads import get_workload
 
@@ -50,6 +53,7 @@ def test_partial_search_profiles_the_corners_and_predicts_every_candidate(partia
     assert measured.loc[measured["num_workers"] == 1, "measured_sync_time_s"].eq(0).all()
     assert partial_plan.choice.objective == "knee"
     assert partial_plan.meta["trials"] == 4
+    assert partial_plan.meta["workload_options"] == {"train_subset": 2048}  # for tula_ray.train
 
 
 def test_full_search_measures_every_candidate(full_plan):
@@ -118,3 +122,40 @@ def test_bad_input_fails_before_any_trial(ray_session, tmp_path, kwargs, message
     with pytest.raises(ValueError, match=message):
         tula_ray.search(**options)
     assert not list(tmp_path.iterdir())  # no Tune experiment was started
+
+
+@pytest.mark.ray
+def test_prediction_benchmark_quick_on_the_full_search(full_plan):
+    """The prediction benchmark's smoke test (issue 5), on this module's full search."""
+    from benchmarks import prediction
+
+    result = prediction.run(quick=True, full_plans={"fashion-mnist-cnn": full_plan})
+    assert {"command", "commit", "date", "machine", "workloads", "load_avg_1min"} <= set(result)
+    assert set(result["workloads"]) == {"fashion-mnist-cnn"}
+    markdown = (RESULTS_DIR / "prediction_quick.md").read_text()
+    for name, w in result["workloads"].items():
+        assert (RESULTS_DIR / w["plot"]).stat().st_size > 0
+        candidates = {(c["num_workers"], c["global_batch"]) for c in w["per_candidate"]}
+        assert candidates == {(n, b) for n in prediction.SEARCH["cluster_sizes"]
+                              for b in w["batch_sizes"]}  # one row per candidate, all measured
+        for c in w["per_candidate"]:
+            assert finite(c["measured_step_time_s"], c["step_time_s_full"],
+                           c["step_time_s_partial"], c["measured_total_time_s"],
+                           c["total_time_s_full"], c["total_time_s_partial"],
+                           c["full_rel_error"], c["partial_rel_error"])
+            assert c["measured_step_time_s"] > 0 and c["step_time_s_partial"] > 0
+        for model in ("full", "partial"):
+            a = w["accuracy"][model]
+            assert finite(a["median_rel_error"], a["max_rel_error"])
+            assert 0 <= a["median_rel_error"] <= a["max_rel_error"]
+        assert finite(w["accuracy"]["full"]["loo_median_rel_error"])
+        assert len(w["selection"]) == len(prediction.OBJECTIVES) * len(prediction.PRICINGS)
+        for s in w["selection"]:
+            assert (s["oracle"]["num_workers"], s["oracle"]["global_batch"]) in candidates
+            assert finite(s["oracle"]["measured"], s["partial_regret"], s["full_regret"])
+            if s["objective"] != "knee":  # the oracle minimises the metric; a knee does not
+                assert s["partial_regret"] >= 0 and s["full_regret"] >= 0
+        cost = w["search_cost"]["full"]
+        assert cost["trials"] == len(candidates) and finite(cost["profiling_wall_s"])
+        assert len(table_rows(markdown, "| N | B | measured step")) == len(candidates)
+        assert len(table_rows(markdown, "| objective | pricing |")) == len(w["selection"])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import gzip
 import struct
 from pathlib import Path
@@ -51,6 +52,13 @@ def test_paper_optimizer_defaults():
     assert resnet50.param_groups[0]["lr"] == 0.05
     mobilenet = get_workload("mobilenet_v3_small-fake").optimizer_fn(model.parameters())
     assert mobilenet.param_groups[0]["weight_decay"] == 1e-4
+
+
+def test_a_workload_takes_the_users_optimizer_and_epochs():
+    adam = functools.partial(torch.optim.Adam, lr=3e-4)
+    workload = get_workload("fashion-mnist-cnn-fake", optimizer_fn=adam, epochs=3)
+    optimizer = workload.optimizer_fn(torch.nn.Linear(2, 2).parameters())
+    assert isinstance(optimizer, torch.optim.Adam) and workload.epochs == 3
 
 
 @pytest.mark.parametrize("name", sorted(WORKLOADS))

@@ -19,6 +19,8 @@ __version__ = "0.1.0"
 
 _LAZY = {  # public name -> module that defines it (ray, or torch: heavy to import)
     "search": "tula_ray.api",
+    "train": "tula_ray.relaunch",
+    "TrainResult": "tula_ray.relaunch",
     "TulaOptimizer": "tula_ray.ags",
 }
 

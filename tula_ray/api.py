@@ -150,7 +150,7 @@ def search(
     started_ray = ensure_ray()
     try:
         use_gpu = bool(ray.cluster_resources().get("GPU", 0))
-        _check_capacity(request.cluster_sizes, use_gpu)
+        check_capacity(request.cluster_sizes, use_gpu)
         started = time.perf_counter()
         space, probe, device_bytes = _bounded_space(request, use_gpu)
         probe_s = time.perf_counter() - started
@@ -160,7 +160,8 @@ def search(
                 "trials": len(profiles), "device_memory_bytes": device_bytes,
                 "max_local_batch": probe["max_local_batch"], "use_gpu": use_gpu,
                 "ray_version": ray.__version__, "experiment": experiment,
-                "memory_probe": probe["rows"]}
+                "memory_probe": probe["rows"],
+                "workload_options": _json_options(request.options)}
         workload = request.workload
         return build_plan(
             space, profiles, epochs=workload.epochs, dataset_size=workload.dataset_size,
@@ -173,7 +174,18 @@ def search(
             ray.shutdown()
 
 
-def _check_capacity(cluster_sizes: tuple[int, ...], use_gpu: bool) -> None:
+def _json_options(options: dict[str, Any]) -> dict[str, Any]:
+    """The workload options a plan can record, so `tula_ray.train(plan)` rebuilds the same
+    workload (e.g. the same train_subset); functions (loss_fn, ...) cannot go into JSON."""
+    kept = {k: v for k, v in options.items() if isinstance(v, (str, int, float, bool, type(None)))}
+    if len(kept) < len(options):
+        logger.warning("the plan does not record workload options %s (not JSON); pass them "
+                       "again to tula_ray.train(..., workload_options=...)",
+                       sorted(set(options) - set(kept)))
+    return kept
+
+
+def check_capacity(cluster_sizes: tuple[int, ...], use_gpu: bool) -> None:
     kind = "GPU" if use_gpu else "CPU"
     capacity = int(ray.cluster_resources().get(kind, 0))
     if cluster_sizes[-1] > capacity:

@@ -3,6 +3,8 @@
     tula-ray demo                 a real search on local Ray with the built-in workload
     tula-ray search CONFIG.yaml   a search described in a file (keys = tula_ray.search arguments)
     tula-ray replay PROFILES      re-fit and re-plan offline from recorded profiles (CSV or plan.json)
+    tula-ray train PLAN.json      train the plan's chosen N and B as a Ray Train job (AGS by default)
+    tula-ray demo --train         search, then train the choice
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from tula_ray.cli_train import add_train_command, add_train_options, ray_session, train_and_write
 from tula_ray.perf import MODES
 from tula_ray.plan import Plan, build_plan
 from tula_ray.policy import OBJECTIVES
@@ -67,14 +70,17 @@ def _replay(args: argparse.Namespace) -> None:
 def _demo(args: argparse.Namespace) -> None:
     from tula_ray.api import search  # imports ray: only for the commands that run it
 
-    plan = search("fashion-mnist-cnn", cluster_sizes=tuple(args.cluster_sizes),
-                  min_batch=args.min_batch, max_batch=args.max_batch, mode=args.mode,
-                  objective=args.objective, pricing=args.pricing,
-                  storage_path=str(args.storage_path.resolve()) if args.storage_path else None)
-    _write(plan, args.out)
-    meta = plan.meta
-    print(f"memory probe {meta['probe_wall_s']:.0f} s, profiling {meta['profiling_wall_s']:.0f} s "
-          f"for {meta['trials']} trials")
+    with ray_session(args.train):  # with --train, one Ray for the search and the training
+        plan = search("fashion-mnist-cnn", cluster_sizes=tuple(args.cluster_sizes),
+                      min_batch=args.min_batch, max_batch=args.max_batch, mode=args.mode,
+                      objective=args.objective, pricing=args.pricing,
+                      storage_path=str(args.storage_path.resolve()) if args.storage_path else None)
+        _write(plan, args.out)
+        meta = plan.meta
+        print(f"memory probe {meta['probe_wall_s']:.0f} s, profiling "
+              f"{meta['profiling_wall_s']:.0f} s for {meta['trials']} trials")
+        if args.train:
+            train_and_write(plan, args)
 
 
 def _search_file(args: argparse.Namespace) -> None:
@@ -118,12 +124,17 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument("--storage-path", type=Path, default=None,
                       help="where Tune keeps the trials (default ~/ray_results)")
     _add_plan_options(demo)
+    demo.add_argument("--train", action="store_true",
+                      help="then train the choice as a Ray Train job (metrics CSV in --out)")
+    add_train_options(demo)
     demo.set_defaults(run=_demo)
 
     from_file = commands.add_parser("search", help="a search described in a YAML file")
     from_file.add_argument("config", type=Path)
     from_file.add_argument("--out", type=Path, default=Path("plan"))
     from_file.set_defaults(run=_search_file)
+
+    add_train_command(commands)
     return parser
 
 

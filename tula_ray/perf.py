@@ -252,7 +252,8 @@ def _fit_additive_sync(rows: pd.DataFrame, collective: str) -> tuple[float, floa
     if len(np.unique(b)) < 2:
         return float(np.median(sync / u)), 0.0
     design = np.column_stack([u, u * b]) * weight[:, None]
-    beta0, beta1 = lsq_linear(design, sync * weight, bounds=(0.0, np.inf)).x
+    # bvls solves this 2-column problem exactly (trf stops at its cost tolerance).
+    beta0, beta1 = lsq_linear(design, sync * weight, bounds=(0.0, np.inf), method="bvls").x
     return float(beta0), float(beta1)
 
 

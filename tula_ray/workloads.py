@@ -137,7 +137,7 @@ def torchvision_model(arch: str, num_classes: int = NUM_CLASSES, in_channels: in
 
 # --------------------------------------------------------------------------- registry
 
-def _build(name: str, model_fn: Callable[[], nn.Module], optimizer_fn: Callable, *,
+def _build(name: str, model_fn: Callable[[], nn.Module], default_optimizer_fn: Callable, *,
            data: str = "fashion-mnist", root: str | None = None, train_subset: int | None = None,
            subset_seed: int | None = None, fake_size: int = FAKE_SIZE_DEFAULT,
            **fields: Any) -> Workload:
@@ -161,7 +161,7 @@ def _build(name: str, model_fn: Callable[[], nn.Module], optimizer_fn: Callable,
     if unknown:
         raise ValueError(f"workload option {unknown[0]!r} is unknown; allowed: data, root, "
                          "train_subset, subset_seed, fake_size, loss_fn, optimizer_fn, epochs")
-    fields.setdefault("optimizer_fn", optimizer_fn)
+    fields.setdefault("optimizer_fn", default_optimizer_fn)
     return Workload(name=name, model_fn=model_fn, train_dataset_fn=train_fn,
                     test_dataset_fn=test_fn, train_size=size, **fields)
 

@@ -1,0 +1,76 @@
+"""Smoke tests of the benchmarks that need no Ray: `run(quick=True)` on a tiny grid.
+
+The prediction benchmark's smoke test is in test_search_ray.py: it analyses the full
+search that module already runs.
+
+Quick outputs go to benchmarks/results/*_quick.* (ignored by git); BENCHMARKS.md is not touched.
+"""
+
+import re
+
+import pytest
+from result_checks import finite as _finite
+from result_checks import table_rows as _table_rows
+
+from benchmarks.common import RESULTS_DIR
+
+
+def test_memory_accuracy_quick():
+    from benchmarks import memory_accuracy
+
+    result = memory_accuracy.run(quick=True)
+    assert {"command", "commit", "date", "machine", "declared_device_memory_bytes", "models",
+            "plot"} <= set(result)
+    assert set(result["models"]) == set(memory_accuracy.QUICK_GRIDS)
+    markdown = (RESULTS_DIR / "memory_accuracy_quick.md").read_text()
+    assert (RESULTS_DIR / result["plot"]).stat().st_size > 0
+    table = _table_rows(markdown, "| model | local batch b |")
+    for model, m in result["models"].items():
+        grid = memory_accuracy.QUICK_GRIDS[model]
+        assert [row["local_batch"] for row in m["rows"]] == grid
+        for row in m["rows"]:
+            assert _finite(row["predicted_peak_mem_bytes"], row["peak_mem_bytes"], row["rel_error"])
+            assert row["peak_mem_bytes"] > 0
+        assert _finite(m["median_rel_error"], m["max_rel_error"], m["probe"]["wall_s"],
+                       *m["params"].values())
+        assert m["median_rel_error"] <= m["max_rel_error"]
+        assert m["probe"]["local_batches"] == [memory_accuracy.MIN_LOCAL_BATCH * f
+                                               for f in (1, 2, 4)]
+        bound = m["max_local_batch"]
+        assert 0 < bound["model_headroom"] <= bound["model_no_headroom"]
+        # The true bound is exact: its peak fits the declared memory, the next b's does not.
+        peaks = {s["local_batch"]: s["peak_mem_bytes"] for s in bound["search"]}
+        device_bytes = result["declared_device_memory_bytes"]
+        assert peaks[bound["true"]] <= device_bytes < peaks[bound["true"] + 1]
+        model_rows = [row for row in table if row[0] == model]
+        assert len(model_rows) == len(grid)  # one row per measured batch
+        assert [int(re.match(r"\d+", row[1]).group()) for row in model_rows] == grid
+
+
+def test_batch_finder_quick():
+    pytest.importorskip("lightning")
+    from benchmarks import batch_finder
+
+    result = batch_finder.run(quick=True)
+    assert {"command", "commit", "tula", "lightning", "truth",
+            "declared_device_memory_bytes"} <= set(result)
+    true_b = result["truth"]["bound"]
+    assert true_b > 0
+    tula = result["tula"]
+    assert tula["num_trials"] == 3 and _finite(tula["wall_s"])
+    assert 0 < tula["bound"] <= tula["bound_no_headroom"]
+    power = result["lightning"]["power, max_val"]
+    # On CPU (no OOM) power mode doubles until max_val = true b and returns the next,
+    # untried size; every size it ran was below max_val.
+    assert power["bound"] >= true_b
+    assert all(trial["batch_size"] < true_b and not trial["oom"] for trial in power["trials"])
+    emulated = result["lightning"]["binsearch, emulated OOM"]
+    assert any(trial["oom"] for trial in emulated["trials"])
+    assert 0 < emulated["bound"] <= true_b
+    for run in result["lightning"].values():
+        assert run["num_trials"] == len(run["trials"]) > 0 and _finite(run["wall_s"])
+        assert all(trial["batch_size"] <= true_b or trial["oom"] for trial in run["trials"])
+    markdown = (RESULTS_DIR / "batch_finder_quick.md").read_text()
+    rows = _table_rows(markdown, "| finder |")
+    assert len(rows) == 2 + len(result["lightning"])
+    assert all(_finite(float(row[2])) and int(row[3]) > 0 for row in rows)

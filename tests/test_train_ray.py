@@ -1,0 +1,116 @@
+"""tula_ray.train() on local Ray: the plan's choice as a Ray Train job, checkpoints, recovery.
+
+The plan is built offline (synthetic profiles) so that its choice is N = 2,
+B = 64; the job trains the real CNN on a 1024-image subset of the real
+Fashion-MNIST for 2 epochs, which the plan's meta records as workload options.
+"""
+
+import math
+
+import pytest
+
+import tula_ray
+from tula_ray import SearchSpace, build_plan
+from tula_ray.strategies import build_strategy
+from tula_ray.synthetic import example_params, synthetic_profiles
+from tula_ray.training import restore_state
+from tula_ray.workloads import get_workload
+
+pytestmark = pytest.mark.ray
+
+TRAIN_SUBSET = 1024
+EPOCHS = 2
+CHOSEN_N, CHOSEN_B = 2, 64
+# Each rank's share of the subset in local batches of B / N (drop_last).
+STEPS_PER_EPOCH = TRAIN_SUBSET // CHOSEN_N // (CHOSEN_B // CHOSEN_N)
+
+
+def _plan(cluster_sizes=(CHOSEN_N,), batch_sizes=(32, CHOSEN_B), workload="fashion-mnist-cnn",
+          meta=None):
+    """A plan whose choice (fastest, one N only) is the largest batch."""
+    space = SearchSpace(cluster_sizes, batch_sizes)
+    profiles = synthetic_profiles(space.candidates(), example_params())
+    return build_plan(space, profiles, epochs=EPOCHS, dataset_size=TRAIN_SUBSET, mode="full",
+                      objective="time", workload=workload,
+                      meta={"workload_options": {"train_subset": TRAIN_SUBSET}}
+                      if meta is None else meta)
+
+
+@pytest.fixture(scope="module")
+def plan():
+    plan = _plan()
+    assert (plan.choice.num_workers, plan.choice.global_batch) == (CHOSEN_N, CHOSEN_B)
+    return plan
+
+
+@pytest.fixture(scope="module")
+def trained(ray_session, plan, tmp_path_factory):
+    return tula_ray.train(plan, storage_path=str(tmp_path_factory.mktemp("train")), name="ags")
+
+
+@pytest.fixture(scope="module")
+def recovered(ray_session, plan, tmp_path_factory):
+    return tula_ray.train(plan, storage_path=str(tmp_path_factory.mktemp("recover")),
+                          name="ags-fail", fail_at_epoch=1)
+
+
+def test_train_runs_the_plans_choice_for_its_epochs(trained):
+    metrics = trained.metrics
+    assert list(metrics["epoch"]) == [0, 1]
+    assert (trained.num_workers, trained.global_batch, trained.strategy) == (2, 64, "ags")
+    assert metrics["num_workers"].eq(2).all() and metrics["global_batch"].eq(64).all()
+    assert metrics["resumed_from"].eq(-1).all()  # never restarted
+    # b = 32 leaves no room for AGS's default 32-sample sub-batch: the local gradients serve.
+    assert any("source='local'" in note for note in trained.notes)
+    # The plan's workload options reached the workers: 1024 images, not 60000.
+    assert metrics["steps"].eq(STEPS_PER_EPOCH).all()
+    for column in ("train_loss", "train_accuracy", "test_loss", "test_accuracy",
+                   "scaled_fraction"):
+        assert metrics[column].map(math.isfinite).all(), column
+    assert metrics["train_accuracy"].between(0, 1).all()
+    assert metrics["test_accuracy"].between(0, 1).all()
+    assert metrics["train_loss"].iloc[1] < metrics["train_loss"].iloc[0]  # it learns
+
+
+def test_the_last_checkpoint_loads_into_a_fresh_model_and_optimizer(trained):
+    state = trained.load_checkpoint()
+    assert state["epoch"] == EPOCHS - 1 and state["strategy"] == "ags"
+    workload = get_workload("fashion-mnist-cnn", train_subset=TRAIN_SUBSET)
+    model = workload.model_fn()
+    setup = build_strategy("ags", model, global_batch=CHOSEN_B,
+                           steps_per_epoch=STEPS_PER_EPOCH, epochs=EPOCHS)
+    assert restore_state(state, model, setup) == EPOCHS  # the next epoch to run
+    restored = setup.optimizer.state_dict()
+    assert restored["base"]["state"]  # SGD's momentum buffers
+    assert restored["ags"]["scales"]  # AGS's per-tensor scales
+    assert restored["ags"]["counters"]["steps"] == EPOCHS * STEPS_PER_EPOCH
+
+
+def test_a_worker_failure_resumes_from_the_last_checkpoint(recovered, trained):
+    metrics = recovered.metrics
+    assert list(metrics["epoch"]) == [0, 1]
+    # Epoch 0 ran once, in the first attempt; epoch 1 ran after the restart, from its checkpoint.
+    assert list(metrics["resumed_from"]) == [-1, 0]
+    assert recovered.load_checkpoint()["epoch"] == 1
+    # Same seed, same (seed, epoch) data order: the interrupted run is the uninterrupted one.
+    assert metrics["test_accuracy"].iloc[0] == pytest.approx(
+        trained.metrics["test_accuracy"].iloc[0])
+    assert metrics["train_loss"].iloc[1] == pytest.approx(
+        trained.metrics["train_loss"].iloc[1], rel=1e-3)
+
+
+@pytest.mark.parametrize("plan_kwargs, train_kwargs, message", [
+    ({}, dict(strategy="sgd"), r"strategy 'sgd' is unknown; use one of \('ags', "),
+    ({}, dict(strategy_options={"deltaa": 0.3}), "strategy option 'deltaa' is unknown"),
+    ({}, dict(strategy_options={"s_min": -1.0}), r"s_min=-1.0: need 0 <= s_min"),
+    (dict(workload="synthetic", meta={}), {}, "the plan does not record a workload"),
+    (dict(cluster_sizes=(4,)), {}, "cluster size 4 is larger than the cluster's 2 CPUs"),
+    ({}, dict(epochs=0), "epochs=0; it must be an integer >= 1"),
+    (dict(cluster_sizes=(1,), batch_sizes=(16, 32)), {},
+     "ags takes its small-batch gradient from 32 samples .* needs fewer than 32"),
+])
+def test_bad_input_fails_before_any_worker(ray_session, tmp_path, plan_kwargs, train_kwargs,
+                                           message):
+    with pytest.raises(ValueError, match=message):
+        tula_ray.train(_plan(**plan_kwargs), storage_path=str(tmp_path), **train_kwargs)
+    assert not list(tmp_path.iterdir())  # no Train run was started

@@ -1,0 +1,187 @@
+"""The training loop: one epoch per strategy, evaluation, fit's table, exact resume."""
+
+import dataclasses
+import io
+import math
+
+import pandas as pd
+import pytest
+import torch
+from torch import nn
+
+from tula_ray.strategies import STRATEGIES, build_strategy
+from tula_ray.training import (COLUMNS, checkpoint_state, evaluate, fit, make_loaders,
+                               optimizer_hyperparameters, restore_state, train_epoch)
+from tula_ray.workloads import get_workload
+
+FAKE_SIZE, BATCH = 128, 32  # 4 steps per epoch
+AGS_OPTIONS = {"small_batch": 8}  # the default 32 needs a local batch above 32
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    # The machine is shared: 2 threads on oversubscribed cores run these tiny steps ~10x slower.
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def workload():
+    """FakeData, decoded once for the module (each run would otherwise rebuild it)."""
+    fake = get_workload("fashion-mnist-cnn", data="fake", fake_size=FAKE_SIZE)
+    train, test = fake.train_dataset_fn(), fake.test_dataset_fn()
+    return dataclasses.replace(fake, train_dataset_fn=lambda: train, test_dataset_fn=lambda: test)
+
+
+def _start(workload, strategy, *, epochs, options=None, init_seed=0, data_seed=0):
+    """A fresh (model, setup, train loader, test loader) as a training run builds them."""
+    if strategy == "ags":
+        options = {**AGS_OPTIONS, **(options or {})}
+    torch.manual_seed(init_seed)
+    model = workload.model_fn()
+    train_loader, test_loader = make_loaders(workload, BATCH, seed=data_seed)
+    setup = build_strategy(strategy, model, global_batch=BATCH, steps_per_epoch=len(train_loader),
+                           epochs=epochs, options=options)
+    return model, setup, train_loader, test_loader
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_each_strategy_trains_one_epoch_with_finite_metrics(workload, strategy):
+    model, setup, train_loader, test_loader = _start(workload, strategy, epochs=1)
+    before = [p.detach().clone() for p in model.parameters()]
+    metrics = train_epoch(model, setup, nn.CrossEntropyLoss(), train_loader, "cpu", epoch=0)
+    metrics.update(evaluate(model, test_loader, "cpu", nn.CrossEntropyLoss()))
+    assert metrics["steps"] == FAKE_SIZE // BATCH
+    for key in ("train_loss", "test_loss", "lr", "seconds"):
+        assert math.isfinite(metrics[key]) and metrics[key] > 0, key
+    for key in ("train_accuracy", "test_accuracy"):
+        assert 0.0 <= metrics[key] <= 1.0, key
+    assert any(not torch.equal(a, p) for a, p in zip(before, model.parameters()))
+    if strategy == "ags":
+        assert 0.0 <= metrics["scaled_fraction"] <= 1.0
+        assert len(metrics["variability"]) == metrics["steps"]
+        assert all(isinstance(v, float) for v in metrics["variability"])
+        assert metrics["variability"][0] == math.inf  # the run's first step has no previous norm
+        assert math.isfinite(metrics["variability_median"])
+    else:
+        assert "scaled_fraction" not in metrics and "variability" not in metrics
+
+
+def test_evaluate_counts_every_test_sample_and_keeps_the_mode(workload):
+    model, _, _, test_loader = _start(workload, "lbt", epochs=1)
+    model.train()
+    result = evaluate(model, test_loader, "cpu", nn.CrossEntropyLoss())
+    assert model.training
+    with torch.no_grad():
+        inputs, targets = test_loader.dataset[:]
+        outputs = model.eval()(inputs)
+    expected_loss = nn.functional.cross_entropy(outputs, targets).item()
+    assert result["test_loss"] == pytest.approx(expected_loss)
+    accuracy = (outputs.argmax(1) == targets).float().mean().item()
+    assert result["test_accuracy"] == pytest.approx(accuracy)
+
+
+def test_the_data_order_depends_on_seed_and_epoch_only(workload):
+    def first_labels(seed, epoch):
+        loader, _ = make_loaders(workload, BATCH, seed=seed)
+        loader.sampler.set_epoch(epoch)
+        return next(iter(loader))[1]
+
+    assert torch.equal(first_labels(0, 1), first_labels(0, 1))
+    assert not torch.equal(first_labels(0, 0), first_labels(0, 1))
+    assert not torch.equal(first_labels(0, 1), first_labels(1, 1))
+
+
+@pytest.mark.parametrize("strategy, options", [("ags", {"refresh_every": 3}), ("lrs", None),
+                                               ("lars", None), ("polo", None)])
+def test_a_resumed_run_continues_identically(workload, strategy, options):
+    loss_fn = nn.CrossEntropyLoss()
+    model, setup, loader, _ = _start(workload, strategy, epochs=3, options=options)
+    for epoch in range(3):
+        train_epoch(model, setup, loss_fn, loader, "cpu", epoch=epoch)
+    straight = [p.detach().clone() for p in model.parameters()]
+
+    model, setup, loader, _ = _start(workload, strategy, epochs=3, options=options)
+    for epoch in range(2):
+        train_epoch(model, setup, loss_fn, loader, "cpu", epoch=epoch)
+    buffer = io.BytesIO()
+    torch.save(checkpoint_state(model, setup, epoch=1), buffer)  # a plain, saveable dict
+    del model, setup, loader
+
+    # Rebuilt from scratch, with another initialisation that the checkpoint overrides.
+    model, setup, loader, _ = _start(workload, strategy, epochs=3, options=options, init_seed=7)
+    buffer.seek(0)
+    next_epoch = restore_state(torch.load(buffer, weights_only=False), model, setup)
+    assert next_epoch == 2
+    last = train_epoch(model, setup, loss_fn, loader, "cpu", epoch=next_epoch)
+    resumed = list(model.parameters())
+    assert all(torch.equal(a, b) for a, b in zip(straight, resumed))
+    if strategy == "ags":
+        assert setup.optimizer.telemetry["steps"] == 12 and last["steps"] == 4
+
+
+def test_checkpoint_is_a_snapshot_not_a_live_view(workload):
+    model, setup, loader, _ = _start(workload, "lbt", epochs=2)
+    train_epoch(model, setup, nn.CrossEntropyLoss(), loader, "cpu", epoch=0)
+    state = checkpoint_state(model, setup, epoch=0)
+    saved = {k: v.clone() for k, v in state["model"].items()}
+    train_epoch(model, setup, nn.CrossEntropyLoss(), loader, "cpu", epoch=1)
+    assert all(torch.equal(saved[k], state["model"][k]) for k in saved)
+
+
+def test_restore_refuses_another_strategy_or_a_foreign_dict(workload):
+    model, setup, _, _ = _start(workload, "lrs", epochs=2)
+    state = checkpoint_state(model, setup, epoch=0)
+    other_model, other, _, _ = _start(workload, "lbt", epochs=2)
+    with pytest.raises(ValueError, match="strategy 'lrs' cannot resume a 'lbt' run"):
+        restore_state(state, other_model, other)
+    with pytest.raises(ValueError, match="not a training checkpoint"):
+        restore_state({"model": {}}, model, setup)
+
+
+def test_fit_returns_one_row_per_epoch(workload):
+    seen = []
+    frame = fit(workload, global_batch=BATCH, strategy="ags", epochs=2, seed=3, options=AGS_OPTIONS,
+                on_epoch=lambda metrics, model, setup: seen.append(metrics))
+    assert isinstance(frame, pd.DataFrame) and list(frame.columns) == list(COLUMNS)
+    assert frame["epoch"].tolist() == [0, 1] and set(frame["strategy"]) == {"ags"}
+    assert set(frame["global_batch"]) == {BATCH} and set(frame["seed"]) == {3}
+    assert frame["lr"].tolist() == [0.01, 0.01]  # lr=None: the workload's (paper §IV-B)
+    assert frame["scaled_fraction"].between(0, 1).all()
+    assert frame.drop(columns="strategy").map(math.isfinite).all().all()
+    assert [len(m["variability"]) for m in seen] == [4, 4]
+    assert frame.attrs["notes"] == []
+
+
+def test_fit_baselines_use_the_given_lr_and_report_nan_scaling(workload):
+    frame = fit(workload, global_batch=BATCH, strategy="lbt", epochs=1, lr=0.03)
+    assert frame["lr"].tolist() == [0.03]
+    assert frame["scaled_fraction"].isna().all()
+    again = fit(workload, global_batch=BATCH, strategy="lbt", epochs=1, lr=0.03)
+    pd.testing.assert_frame_equal(frame.drop(columns="seconds"), again.drop(columns="seconds"))
+    polo = fit(workload, global_batch=BATCH, strategy="polo", epochs=1)
+    assert any("world size 1" in note for note in polo.attrs["notes"])
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"global_batch": 0}, "global_batch=0"),
+    ({"global_batch": FAKE_SIZE + 1}, "exceeds the training set"),
+    ({"global_batch": BATCH, "strategy": "sgd"}, "strategy 'sgd' is unknown"),
+    ({"global_batch": BATCH, "options": {"delta": 0.5}, "strategy": "lars"}, "option 'delta'"),
+])
+def test_fit_refuses_bad_inputs(workload, kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        fit(workload, epochs=1, **kwargs)
+
+
+def test_optimizer_hyperparameters_follow_the_workload():
+    assert optimizer_hyperparameters(get_workload("resnet50", data="fake"))["lr"] == 0.05
+    mobilenet = optimizer_hyperparameters(get_workload("mobilenet_v3_small", data="fake"))
+    assert mobilenet == {"lr": 0.01, "momentum": 0.9, "weight_decay": 1e-4}  # paper §IV-B
+    cnn = get_workload("fashion-mnist-cnn", data="fake")
+    custom = dataclasses.replace(cnn, optimizer_fn=lambda params: torch.optim.SGD(params, lr=0.1))
+    assert optimizer_hyperparameters(custom) == {"lr": 0.1, "momentum": 0.0, "weight_decay": 0.0}
+    adam = dataclasses.replace(cnn, optimizer_fn=lambda params: torch.optim.Adam(params, lr=1e-3))
+    assert optimizer_hyperparameters(adam) == {"lr": 1e-3, "momentum": 0.9, "weight_decay": 0.0}

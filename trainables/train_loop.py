@@ -1,0 +1,140 @@
+"""The Ray Train per-worker loop that trains the chosen (N, B) (DESIGN "Data flow" step 6).
+
+Each worker trains its share of the global batch B (local batch B / N) with a
+strategy of `tula_ray.strategies` (AGS by default) for the workload's epochs,
+scores the whole test set every epoch, and reports the metrics with
+`ray.train.report`, so they show in the Ray dashboard. Rank 0 attaches a
+checkpoint every epoch (model, optimizer with the AGS state, scheduler, epoch:
+`tula_ray.training.checkpoint_state`); after a worker failure Ray Train restarts
+the group and the loop resumes from `ray.train.get_checkpoint()`.
+
+The epoch logic is `tula_ray.training`'s, shared with single-process runs: the
+data order is a function of (seed, epoch) only, so a resumed run sees the same
+batches as one that never stopped.
+"""
+
+from __future__ import annotations
+
+import logging
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import ray.train
+import ray.train.torch
+import torch
+
+from tula_ray.strategies import build_strategy
+from tula_ray.training import (checkpoint_state, evaluate, make_loaders,
+                               optimizer_hyperparameters, restore_state, train_epoch)
+from tula_ray.workloads import resolve_workload
+
+logger = logging.getLogger(__name__)
+
+CHECKPOINT_FILE = "state.pt"  # torch.save of `checkpoint_state` inside each checkpoint directory
+NOT_RESUMED = -1  # "resumed_from" of a run that started from scratch
+SEED_DEFAULT = 0
+FAIL_MARKER = "failed-once"  # file under config["fail_marker_dir"]: the injected failure happened
+
+
+class InjectedFailure(RuntimeError):
+    """Raised by `config["fail_at_epoch"]` to test recovery from a worker failure."""
+
+
+def load_checkpoint_state(directory: str | Path, map_location: str | torch.device = "cpu"
+                          ) -> dict[str, Any]:
+    """The `checkpoint_state` dict saved in a checkpoint directory written by this loop."""
+    # weights_only: a checkpoint holds tensors, numbers and strings only; refuse pickled code.
+    return torch.load(Path(directory) / CHECKPOINT_FILE, map_location=map_location,
+                      weights_only=True)
+
+
+def train_loop_per_worker(config: dict[str, Any]) -> None:
+    """Ray Train loop: train `config["global_batch"]` on this worker group, one report per epoch.
+
+    config: workload (name or Workload), workload_options, global_batch, epochs,
+    strategy, strategy_options, seed, lr (optional: the base LR before any
+    strategy scaling; default the workload's), fail_at_epoch + fail_marker_dir
+    (tests only: rank 0 raises once, at the start of that epoch).
+    """
+    context = ray.train.get_context()
+    rank, world_size = context.get_world_rank(), context.get_world_size()
+    global_batch, epochs = int(config["global_batch"]), int(config["epochs"])
+    if global_batch % world_size:
+        raise ValueError(f"global_batch={global_batch} is not divisible by num_workers="
+                         f"{world_size}; B must be a multiple of N")
+    seed = int(config.get("seed", SEED_DEFAULT))
+    workload = resolve_workload(config["workload"], config.get("workload_options"))
+    device = ray.train.torch.get_device()
+
+    torch.manual_seed(seed)  # the same initial weights on every rank (DDP also broadcasts them)
+    train_loader, test_loader = make_loaders(workload, global_batch // world_size, seed=seed,
+                                             num_replicas=world_size, rank=rank)
+    # Our DistributedSampler is kept (seeded, drop_last): Ray only moves batches to the device.
+    train_loader = ray.train.torch.prepare_data_loader(train_loader, add_dist_sampler=False)
+    test_loader = ray.train.torch.prepare_data_loader(test_loader, add_dist_sampler=False)
+    model = ray.train.torch.prepare_model(workload.model_fn())
+    hyper = optimizer_hyperparameters(workload)
+    if config.get("lr") is not None:
+        hyper["lr"] = float(config["lr"])
+    setup = build_strategy(config["strategy"], model, global_batch=global_batch,
+                           steps_per_epoch=len(train_loader), epochs=epochs,
+                           options=config.get("strategy_options"), **hyper)
+    loss_fn = workload.loss_fn()
+
+    start_epoch, resumed_from = 0, NOT_RESUMED
+    checkpoint = ray.train.get_checkpoint()
+    if checkpoint is not None:
+        with checkpoint.as_directory() as directory:
+            state = load_checkpoint_state(directory, map_location=device)
+        start_epoch = restore_state(state, model, setup)
+        resumed_from = start_epoch - 1
+        logger.info("rank %d resumes after epoch %d from %s", rank, resumed_from, checkpoint.path)
+
+    fixed = {"num_workers": world_size, "global_batch": global_batch,
+             "local_batch": global_batch // world_size, "strategy": setup.name, "seed": seed,
+             "resumed_from": resumed_from}
+    for epoch in range(start_epoch, epochs):
+        _maybe_fail(config, epoch, rank)
+        metrics = train_epoch(model, setup, loss_fn, train_loader, device, epoch=epoch)
+        metrics.update(evaluate(model, test_loader, device, loss_fn))
+        row = {"epoch": epoch, **fixed, **_scalars(metrics)}
+        _report(row, checkpoint_state(model, setup, epoch) if rank == 0 else None, epoch)
+
+
+def _scalars(metrics: dict[str, Any]) -> dict[str, Any]:
+    """The per-epoch numbers: per-step lists (AGS "variability") stay out of the report."""
+    return {key: value for key, value in metrics.items()
+            if isinstance(value, (int, float, str, bool)) and not isinstance(value, complex)}
+
+
+def _report(row: dict[str, Any], state: dict[str, Any] | None, epoch: int) -> None:
+    """Every rank reports (it is a barrier); rank 0 alone writes the checkpoint."""
+    if state is None:
+        ray.train.report(row)
+        return
+    with tempfile.TemporaryDirectory() as directory:
+        torch.save(state, Path(directory) / CHECKPOINT_FILE)
+        ray.train.report(row, checkpoint=ray.train.Checkpoint.from_directory(directory),
+                         checkpoint_dir_name=f"checkpoint_epoch_{epoch:04d}")
+
+
+def _maybe_fail(config: dict[str, Any], epoch: int, rank: int) -> None:
+    """Test hook: rank 0 raises at the start of `fail_at_epoch`, once across restarts.
+
+    The marker file must be visible to the restarted rank 0: a directory on a
+    shared file system (on one machine, any local directory).
+    """
+    fail_at = config.get("fail_at_epoch")
+    if fail_at is None or rank != 0 or epoch != int(fail_at):
+        return
+    marker = Path(config["fail_marker_dir"]) / FAIL_MARKER
+    if marker.exists():
+        return
+    marker.parent.mkdir(parents=True, exist_ok=True)
+    marker.write_text(f"failed at epoch {epoch}\n")
+    raise InjectedFailure(f"injected failure at epoch {epoch} (fail_at_epoch={fail_at})")
+
+
+__all__ = ["CHECKPOINT_FILE", "InjectedFailure", "NOT_RESUMED", "load_checkpoint_state",
+           "train_loop_per_worker"]

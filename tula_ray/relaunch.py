@@ -1,0 +1,297 @@
+"""`tula_ray.train()`: relaunch a Plan's chosen (N, B) as a Ray Train job (DESIGN step 6).
+
+    plan = tula_ray.search("fashion-mnist-cnn")
+    result = tula_ray.train(plan, strategy="ags")   # or train("plan/plan.json")
+    result.metrics  # one row per epoch: train loss/accuracy, test accuracy, AGS telemetry
+
+One `TorchTrainer` with N workers runs `trainables.train_loop.train_loop_per_worker`:
+the metrics are reported every epoch (Ray dashboard, Train page), a checkpoint is
+kept every epoch, and after a worker failure the run resumes from the last
+checkpoint, up to `max_failures` times. Every argument is checked before Ray
+starts; a cluster too small for N is refused before any worker is launched.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import shutil
+import tempfile
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import ray
+from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
+from ray.train.torch import TorchTrainer
+from torch import nn
+
+from trainables.profile import worker_resources
+from trainables.train_loop import load_checkpoint_state, train_loop_per_worker
+from tula_ray.ags import SMALL_BATCH_DEFAULT
+from tula_ray.api import check_capacity, ensure_ray
+from tula_ray.plan import Plan
+from tula_ray.strategies import OPTIONS, STRATEGIES, build_strategy
+from tula_ray.strategies import logger as strategies_logger
+from tula_ray.workloads import Workload, resolve_workload
+
+logger = logging.getLogger(__name__)
+
+MAX_FAILURES_DEFAULT = 2  # worker-group restarts from the last checkpoint before giving up
+UNLIMITED_FAILURES = -1  # Ray's FailureConfig value for "retry forever"
+PLAN_OPTIONS_KEY = "workload_options"  # where a plan's meta may record the workload's options
+
+
+@dataclass
+class TrainResult:
+    """What `train` returns.
+
+    metrics: one row per epoch (epoch, resumed_from, train_loss, train_accuracy,
+      test_loss, test_accuracy, lr, seconds, steps; for AGS scaled_fraction,
+      variability_median, scale_mean/min/max), in epoch order.
+    checkpoint_path: the last epoch's checkpoint directory (None if none was kept).
+    result: Ray Train's `Result` (its `path` is the run directory).
+    """
+
+    metrics: pd.DataFrame
+    checkpoint_path: str | None
+    result: Any  # ray.train.Result; Any: its V1/V2 class depends on RAY_TRAIN_V2_ENABLED
+    num_workers: int
+    global_batch: int
+    strategy: str
+    notes: list[str]  # where the run departs from what was asked, and why
+
+    def load_checkpoint(self) -> dict[str, Any]:
+        """The last checkpoint's state: model, optimizer (incl. AGS), scheduler, epoch, ..."""
+        checkpoint = self.result.checkpoint
+        if checkpoint is None:
+            raise FileNotFoundError("the run kept no checkpoint")
+        with checkpoint.as_directory() as directory:  # fetched first when storage is remote
+            return load_checkpoint_state(directory)
+
+
+@dataclass(frozen=True)
+class _Job:
+    """The validated arguments of one `train` call."""
+
+    spec: str | Workload  # what workers rebuild the workload from
+    options: dict[str, Any]
+    workload: Workload
+    num_workers: int
+    global_batch: int
+    epochs: int
+    strategy: str
+    strategy_options: dict[str, Any]
+    notes: tuple[str, ...]
+
+
+def train(
+    plan: Plan | str | Path,
+    strategy: str = "ags",
+    *,
+    workload: str | Workload | None = None,
+    workload_options: dict[str, Any] | None = None,
+    epochs: int | None = None,
+    strategy_options: dict[str, Any] | None = None,
+    storage_path: str | None = None,
+    name: str | None = None,
+    max_failures: int = MAX_FAILURES_DEFAULT,
+    seed: int = 0,
+    use_gpu: bool | None = None,
+    lr: float | None = None,
+    fail_at_epoch: int | None = None,
+) -> TrainResult:
+    """Train the plan's chosen N and B as a Ray Train job and return the per-epoch metrics.
+
+    plan: a Plan, or the path (or JSON text) of one written by `Plan.to_json`.
+    strategy: "ags" (the paper's method) or a baseline, see tula_ray.strategies.STRATEGIES;
+      strategy_options go to tula_ray.strategies.build_strategy.
+    workload, workload_options: default the plan's (its `workload` name, and
+      `meta["workload_options"]` when recorded); required when the plan names no
+      built-in workload (e.g. a replayed or synthetic plan).
+    epochs: default workload_options["epochs"] when given, else the plan's.
+    storage_path, name: where Ray Train keeps checkpoints and results (default ~/ray_results).
+    max_failures: restarts after a worker failure, each from the last checkpoint (-1: no limit).
+    seed: initial weights and data order. lr: the base LR before strategy scaling
+      (default the workload's, paper §IV-B). use_gpu: default whether the cluster has GPUs.
+    fail_at_epoch: tests only: rank 0 raises once at the start of that epoch.
+    Raises ValueError for a bad argument, before any worker starts.
+    """
+    plan = plan if isinstance(plan, Plan) else Plan.from_json(plan)
+    job = _job(plan, strategy, workload, workload_options, epochs, strategy_options)
+    _check_run_arguments(job, max_failures, seed, lr, fail_at_epoch)
+    _dry_run(job)
+    started_ray = ensure_ray()
+    marker_dir = tempfile.mkdtemp(prefix="tula-fail-") if fail_at_epoch is not None else None
+    try:
+        if use_gpu is None:
+            use_gpu = bool(ray.cluster_resources().get("GPU", 0))
+        check_capacity((job.num_workers,), use_gpu)
+        trainer = _trainer(job, storage_path, name, max_failures, seed, use_gpu, lr,
+                           fail_at_epoch, marker_dir)
+        result = trainer.fit()
+    finally:
+        if marker_dir is not None:
+            shutil.rmtree(marker_dir, ignore_errors=True)
+        if started_ray:
+            ray.shutdown()
+    if result.error is not None:  # V2 raises instead; kept for a V1 Result
+        raise result.error
+    return TrainResult(_metrics(result), None if result.checkpoint is None
+                       else result.checkpoint.path, result, job.num_workers,
+                       job.global_batch, job.strategy, list(job.notes))
+
+
+def _job(plan: Plan, strategy: str, workload: str | Workload | None,
+         workload_options: dict[str, Any] | None, epochs: int | None,
+         strategy_options: dict[str, Any] | None) -> _Job:
+    if strategy not in STRATEGIES:
+        raise ValueError(f"strategy {strategy!r} is unknown; use one of {STRATEGIES}")
+    strategy_options = dict(strategy_options or {})
+    unknown = sorted(set(strategy_options) - set(OPTIONS[strategy]))
+    if unknown:
+        raise ValueError(f"strategy option {unknown[0]!r} is unknown for {strategy!r}; "
+                         f"allowed: {list(OPTIONS[strategy]) or 'none'}")
+    if workload is None:
+        spec = plan.workload
+        options = dict(plan.meta.get(PLAN_OPTIONS_KEY) or {})
+        if workload_options is not None:
+            options.update(workload_options)
+        try:
+            resolved = resolve_workload(spec, options)
+        except ValueError as exc:
+            raise ValueError(
+                f"the plan does not record a workload this run can rebuild (it names "
+                f"{spec!r}: {exc}); pass workload= (a built-in name or a "
+                f"tula_ray.workloads.Workload)") from exc
+    else:
+        spec, options = workload, dict(workload_options or {})
+        resolved = resolve_workload(spec, options)
+        if resolved.name != plan.workload:
+            logger.warning("training %s although the plan was made for %s: its (N, B) "
+                           "choice may not fit this workload", resolved.name, plan.workload)
+    if epochs is None:
+        epochs = resolved.epochs if "epochs" in options else plan.epochs
+    if isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 1:
+        raise ValueError(f"epochs={epochs!r}; it must be an integer >= 1")
+    n, b = plan.choice.num_workers, plan.choice.global_batch
+    if b % n:
+        raise ValueError(f"the plan's choice B={b} is not divisible by N={n}; B must be a "
+                         "multiple of N (was the plan edited by hand?)")
+    if b > resolved.dataset_size:
+        raise ValueError(f"the plan's global batch B={b} is larger than the training set of "
+                         f"{resolved.name} ({resolved.dataset_size} samples); pass "
+                         "workload_options with a larger train_subset or fake_size")
+    notes: list[str] = []
+    if strategy == "ags":
+        strategy_options = _ags_options(strategy_options, n, b, notes)
+    return _Job(spec, options, resolved, n, b, epochs, strategy, strategy_options, tuple(notes))
+
+
+def _ags_options(options: dict[str, Any], num_workers: int, global_batch: int,
+                 notes: list[str]) -> dict[str, Any]:
+    """AGS's small-batch gradient must come from fewer samples than a worker holds.
+
+    Source "sub-batch" takes `small_batch` samples of each worker's local batch
+    B / N, so it needs small_batch < B / N. When the default reference batch does
+    not fit and the user chose neither, N >= 2 workers use source "local": each
+    worker's own gradient is a small-batch gradient of B / N <= the default.
+    """
+    local = global_batch // num_workers
+    if options.get("source") == "local":
+        if num_workers < 2:
+            raise ValueError("ags source='local' needs >= 2 workers (the plan chose N=1); "
+                             "use source='sub-batch'")
+        return options
+    small = options.get("small_batch", SMALL_BATCH_DEFAULT)
+    if small < local:
+        return options
+    if num_workers >= 2 and not {"source", "small_batch"} & set(options):
+        notes.append(f"ags: the default reference small batch {small} does not fit in the local "
+                     f"batch B/N = {local}; using source='local' (each worker's gradient, "
+                     f"b = {local}) as the small-batch gradient")
+        logger.warning("%s", notes[-1])
+        return {**options, "source": "local"}
+    hint = f" or source='local' (b = {local})" if num_workers >= 2 else ""
+    raise ValueError(f"ags takes its small-batch gradient from {small} samples of each worker's "
+                     f"local batch of {local} (B={global_batch} / N={num_workers}), which needs "
+                     f"fewer than {local}: pass strategy_options with small_batch < {local}{hint}")
+
+
+def _check_run_arguments(job: _Job, max_failures: int, seed: int, lr: float | None,
+                         fail_at_epoch: int | None) -> None:
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise ValueError(f"seed={seed!r}; it must be an integer")
+    if lr is not None and not lr > 0:
+        raise ValueError(f"lr={lr!r}; the learning rate must be > 0 (or None: the workload's)")
+    if (isinstance(max_failures, bool) or not isinstance(max_failures, int)
+            or max_failures < UNLIMITED_FAILURES):
+        raise ValueError(f"max_failures={max_failures!r}; it must be an integer >= 0 "
+                         f"(or {UNLIMITED_FAILURES} for no limit)")
+    if fail_at_epoch is not None and not 0 <= fail_at_epoch < job.epochs:
+        raise ValueError(f"fail_at_epoch={fail_at_epoch!r}; it must be within [0, "
+                         f"{job.epochs}) for a run of {job.epochs} epochs")
+
+
+def _dry_run(job: _Job) -> None:
+    """Build the strategy once on a stand-in model, so a bad option value fails here and
+    not in every worker, max_failures + 1 times over."""
+    options = dict(job.strategy_options)
+    if options.get("source") == "local":  # needs DDP workers: check the rest as "sub-batch"
+        options.update(source="sub-batch",
+                       small_batch=options.get("small_batch", job.global_batch // job.num_workers))
+    steps = max(1, job.workload.dataset_size // job.global_batch)
+    # Its notes describe one process, not the job's N workers: the workers log the real ones.
+    with _quiet(strategies_logger):
+        build_strategy(job.strategy, nn.Linear(1, 1), global_batch=job.global_batch,
+                       steps_per_epoch=steps, epochs=job.epochs, options=options)
+
+
+@contextlib.contextmanager
+def _quiet(log: logging.Logger):
+    previous = log.level
+    log.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        log.setLevel(previous)
+
+
+def _trainer(job: _Job, storage_path: str | None, name: str | None, max_failures: int,
+             seed: int, use_gpu: bool, lr: float | None, fail_at_epoch: int | None,
+             marker_dir: str | None) -> TorchTrainer:
+    config: dict[str, Any] = {
+        "workload": job.spec, "workload_options": job.options, "global_batch": job.global_batch,
+        "epochs": job.epochs, "strategy": job.strategy, "strategy_options": job.strategy_options,
+        "seed": seed, "lr": lr}
+    if fail_at_epoch is not None:
+        config.update(fail_at_epoch=fail_at_epoch, fail_marker_dir=marker_dir)
+    name = name or (f"tula-train-{job.workload.name}-{job.strategy}-N{job.num_workers}"
+                    f"-B{job.global_batch}-{datetime.now():%Y%m%d-%H%M%S}")
+    logger.info("training %s with %s at N=%d, B=%d for %d epochs (run %s)", job.workload.name,
+                job.strategy, job.num_workers, job.global_batch, job.epochs, name)
+    return TorchTrainer(
+        train_loop_per_worker,
+        train_loop_config=config,
+        scaling_config=ScalingConfig(
+            num_workers=job.num_workers, use_gpu=use_gpu,
+            resources_per_worker=worker_resources(job.num_workers, use_gpu)),
+        run_config=RunConfig(
+            name=name, storage_path=storage_path,
+            failure_config=FailureConfig(max_failures=max_failures),
+            # Keep every epoch's checkpoint: each carries that epoch's metrics row.
+            checkpoint_config=CheckpointConfig(num_to_keep=None)),
+    )
+
+
+def _metrics(result: Any) -> pd.DataFrame:
+    """One row per epoch from the checkpoints' metrics (Train V2 keeps rank 0's with each)."""
+    rows = [metrics for _, metrics in (result.best_checkpoints or [])]
+    if not rows:
+        return pd.DataFrame()
+    frame = pd.DataFrame(rows)
+    # An epoch reported twice (a failure during its checkpoint upload): keep the later run.
+    frame = frame.drop_duplicates(subset="epoch", keep="last").sort_values("epoch")
+    return frame.reset_index(drop=True)
