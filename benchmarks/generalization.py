@@ -1,10 +1,10 @@
 """Issue 4 (and Table I of issue 5): test accuracy of the large-batch strategies.
 
 Fashion-MNIST, a fixed 10k-image train subset, the full 10k test set, the small
-CNN, 20 epochs. A reference run at B=32 (plain SGD) against B=1024 trained with
-each strategy: lbt, lrs, lars, polo, ags (sub-batch source, per-tensor scales),
-ags-local (the DDP-local gradient as g_small) and ags-element (per-element
-scales). Every run is data-parallel on N=2 gloo workers (the embedded default's
+CNN, 20 epochs. A reference run at B=32 (plain SGD) against B = 512, 1024 and 2048
+(Table I's three large batches) trained with each strategy: lbt, lrs, lars, polo,
+ags (sub-batch source, per-tensor scales), ags-local (the DDP-local gradient as
+g_small) and ags-element (per-element scales). Every run is data-parallel on N=2 gloo workers (the embedded default's
 shape), so PoLo really goes local and AGS's local source exists. Each strategy
 comes from `tula_ray.strategies.build_strategy` and each epoch from
 `tula_ray.training.train_epoch`, the code `tula_ray.train()` runs on Ray.
@@ -23,16 +23,19 @@ import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch import nn
 
 from benchmarks.common import RESULTS_DIR, provenance, write_result
+from tula_ray.ags import DELTA_DEFAULT
 
 WORLD_SIZE = 2
 REFERENCE_BATCH = 32  # NOTES-ENV: the best-generalising batch here
 TRAIN_SUBSET, EPOCHS, SEEDS = 10_000, 20, (0, 1, 2)  # issue 4's setup
+LARGE_BATCHES = (512, 1024, 2048)  # issue 5: Table I's three large batches per model
 QUICK = {"train_subset": 2048, "epochs": 1, "seeds": (0,), "batches": (1024,)}
 STRATEGY_RUNS = {  # label -> (strategy, options)
     "lbt": ("lbt", {}),
@@ -111,7 +114,7 @@ def _key(run: dict) -> tuple:
     return (run["label"], run["global_batch"], run["seed"], run["epochs"], run["train_subset"])
 
 
-def run(quick: bool = False, batches: tuple[int, ...] = (1024,)) -> dict:
+def run(quick: bool = False, batches: tuple[int, ...] = LARGE_BATCHES) -> dict:
     name = "generalization" + ("_quick" if quick else "")
     settings = QUICK if quick else {"train_subset": TRAIN_SUBSET, "epochs": EPOCHS,
                                     "seeds": SEEDS, "batches": batches}
@@ -128,11 +131,47 @@ def run(quick: bool = False, batches: tuple[int, ...] = (1024,)) -> dict:
     result = {**provenance(), **{k: list(v) if isinstance(v, tuple) else v
                                  for k, v in settings.items()},
               "world_size": WORLD_SIZE, "reference_batch": REFERENCE_BATCH,
-              "summary": _summary(finished), "runs": finished}
+              "summary": _summary(finished), "runs": finished,
+              "variability_plot": f"{name}_variability.png", "delta": DELTA_DEFAULT}
+    _plot_variability(finished, RESULTS_DIR / result["variability_plot"])
     markdown = _markdown(result)
     write_result(name, result, markdown)
     print(markdown)
     return result
+
+
+def _plot_variability(runs: list[dict], path: Path) -> None:
+    """Fig. 7b/d analog: density over AGS's steps of eq. 5's variability, one panel per
+    large batch; steps left of delta were scaled, the rest applied as they were."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from scipy.stats import gaussian_kde
+
+    groups: dict[int, dict[str, list[float]]] = {}
+    for r in runs:
+        values = [v for e in r["history"] for v in (e.get("variability") or [])
+                  if v is not None and np.isfinite(v) and v > 0]  # the first step's is inf
+        if values:
+            groups.setdefault(r["global_batch"], {}).setdefault(r["label"], []).extend(values)
+    batches = sorted(groups) or [None]
+    figure, axes = plt.subplots(1, len(batches), figsize=(5.0 * len(batches), 3.6), squeeze=False)
+    for axis, batch in zip(axes[0], batches):
+        for label, values in sorted(groups.get(batch, {}).items()):
+            logs = np.log10(values)
+            scaled = float(np.mean(np.asarray(values) < DELTA_DEFAULT))
+            grid = np.linspace(logs.min() - 0.5, logs.max() + 0.5, 300)
+            density = gaussian_kde(logs)(grid) if np.ptp(logs) > 0 else np.zeros_like(grid)
+            axis.plot(grid, density, label=f"{label}: {scaled:.0%} of {len(values)} steps scaled")
+        axis.axvline(np.log10(DELTA_DEFAULT), color="crimson", ls=":",
+                     label=f"delta = {DELTA_DEFAULT} (scaled to its left)")
+        axis.set(xlabel="log10 variability (eq. 5)", ylabel="density over steps",
+                 title=f"B = {batch}")
+        axis.legend(fontsize=7)
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
 
 
 def _read(path: Path) -> list[dict]:
@@ -167,7 +206,7 @@ def _markdown(r: dict) -> str:
                      f"{row['test_accuracy_mean']:.2%} ± {row['test_accuracy_std']:.2%} | "
                      f"{row['seeds']} | {scaled} | {row['wall_s_mean']:.0f} |")
     notes = sorted({n for row in r["summary"] for n in row["notes"]})
-    return f"""### Large-batch generalization: test accuracy per strategy (issue 4; Table I analog)
+    return f"""### Large-batch generalization: test accuracy per strategy (issues 4 and 5; Table I analog)
 
 `{r['command']}` — commit {r['commit']}, {r['date']}, {r['machine']}
 
@@ -180,4 +219,9 @@ epoch, mean ± std over seeds. "scaled" is AGS's fraction of scaled steps.
 {chr(10).join(lines)}
 
 {chr(10).join('- ' + n for n in notes)}
+
+Fig. 7 analog: where AGS's steps fall against delta = {r['delta']} (eq. 5 per step, all
+seeds and epochs; the share left of delta is the share of scaled steps).
+
+![variability of AGS steps](benchmarks/results/{r['variability_plot']})
 """

@@ -11,9 +11,13 @@ workloads train them):
              torch's MemTracker (tensor bytes over 2 training steps), the measure the
              profiling trainable compares with the declared device memory to call a CPU
              candidate "oom"; on CUDA max_memory_allocated.
-  bound:     `memory.max_local_batch` under a declared device memory (512 MiB), with the
-             product's headroom and with none, against the true largest b: the largest local
-             batch whose measured peak fits, found by bracketing and bisecting measured peaks.
+  bound:     under a declared device memory (512 MiB), with the product's headroom and with
+             none: `memory.max_local_batch` of the probe's fit, and the bound the product
+             uses, `memory.verified_max_local_batch` (measured checks near the bound, as
+             `trainables/probe.check_max_local_batch` runs them), against the true largest b:
+             the largest local batch whose measured peak fits, by bracketing and bisection.
+  refit:     eq. 3 refitted on the probe's peaks plus the checks' (what the plan predicts
+             memory with after the check), and its error on the grid.
 Runs without Ray: the core functions are called in this process (a search runs the same
 `_measure` as one Ray task). Paper: median memory error 8-14 %; goal here: <= 5 %.
 Writes memory_accuracy.{json,md,png} (predicted line vs measured points).
@@ -118,6 +122,8 @@ def _measure_model(name: str, grid: list[int], device_bytes: float,
         lambda b: peak_memory_bytes(workload, b, device=device), device_bytes,
         _extrapolated_guess(rows, device_bytes))
     held_out = [r["rel_error"] for r in rows if not r["probed"]]
+    checked, refit = _checked_bounds(workload, params, probe, device_bytes, device)
+    refit_errors = relative_errors(memory.predict_peak_bytes(refit, grid), measured)
     return {
         "model": name, "workload": workload.name, "params": params.to_dict(), "probe": probe,
         "rows": rows,
@@ -128,9 +134,33 @@ def _measure_model(name: str, grid: list[int], device_bytes: float,
             "model_no_headroom": memory.max_local_batch(params, device_bytes, headroom=0.0),
             "true": true_b,
             "search": [{"local_batch": b, "peak_mem_bytes": p} for b, p in sorted(peaks.items())],
+            "checked": checked,
         },
+        "refit": {"params": refit.to_dict(), "median_rel_error": float(np.median(refit_errors)),
+                  "max_rel_error": float(np.max(refit_errors))},
         "wall_s": time.perf_counter() - started,
     }
+
+
+def _checked_bounds(workload: Workload, params: memory.MemoryParams, probe: dict,
+                    device_bytes: float, device: torch.device) -> tuple[dict, memory.MemoryParams]:
+    """The product's checked bound, with its headroom and with none, and eq. 3 refitted on the
+    probe's and the (no-headroom) checks' peaks, as `check_max_local_batch` refits it."""
+    measured = list(zip(probe["local_batches"], probe["peaks_bytes"]))
+    checked = {}
+    for label, headroom in (("headroom", memory.HEADROOM_DEFAULT), ("no_headroom", 0.0)):
+        started = time.perf_counter()
+        bound, checks = memory.verified_max_local_batch(
+            params, lambda b: float(peak_memory_bytes(workload, b, device=device)), device_bytes,
+            headroom=headroom, measured=measured)
+        checked[label] = {"bound": bound, "wall_s": time.perf_counter() - started,
+                          "checks": [{"local_batch": b, "peak_mem_bytes": p} for b, p in checks]}
+    points = measured + [(c["local_batch"], c["peak_mem_bytes"])
+                         for c in checked["no_headroom"]["checks"]]
+    refit = memory.fit([b for b, _ in points], [p for _, p in points],
+                       static_bytes=probe["static_bytes"],
+                       batch_bytes_per_sample=workload.input_bytes_per_sample)
+    return checked, refit
 
 
 def run(quick: bool = False) -> dict:
@@ -181,6 +211,9 @@ def _plot(models: dict, device_bytes: float, path: Path) -> None:
                      label=f"true max b = {bound['true']}")
         axis.axvline(bound["model_no_headroom"], color="tab:blue", ls=":", lw=0.8,
                      label=f"model's max b (no headroom) = {bound['model_no_headroom']}")
+        axis.axvline(bound["checked"]["no_headroom"]["bound"], color="tab:green", ls="--", lw=0.8,
+                     label=f"checked max b (no headroom) = "
+                           f"{bound['checked']['no_headroom']['bound']}")
         axis.set(xscale="log", yscale="log", xlabel="local batch b", ylabel="peak memory (MiB)",
                  title=f"{m['model']}: median error {m['median_rel_error']:.1%}")
         axis.legend(fontsize=7)
@@ -194,6 +227,7 @@ def _markdown(r: dict) -> str:
     summary, rows = [], []
     for m in r["models"].values():
         p, bound = m["params"], m["max_local_batch"]
+        checked = bound["checked"]
         held_out = m["held_out_median_rel_error"]
         summary.append(
             f"| {m['model']} | {', '.join(map(str, m['probe']['local_batches']))} | "
@@ -201,8 +235,11 @@ def _markdown(r: dict) -> str:
             f"{(p['activation_bytes_per_sample'] + p['batch_bytes_per_sample']) / mb:.4f} b | "
             f"{spread([row['rel_error'] for row in m['rows']])} | "
             f"{'-' if held_out is None else f'{held_out:.1%}'} | "
-            f"{bound['model_headroom']} / {bound['model_no_headroom']} | {bound['true']} | "
-            f"{m['probe']['wall_s']:.1f} |")
+            f"{bound['model_headroom']} / {bound['model_no_headroom']} | "
+            f"{checked['headroom']['bound']} / {checked['no_headroom']['bound']} "
+            f"({len(checked['headroom']['checks'])} / {len(checked['no_headroom']['checks'])}) | "
+            f"{bound['true']} | {m['refit']['median_rel_error']:.1%} | "
+            f"{m['probe']['wall_s']:.1f} + {checked['headroom']['wall_s']:.1f} |")
         for row in m["rows"]:
             probed = " (probe)" if row["probed"] else ""
             rows.append(f"| {m['model']} | {row['local_batch']}{probed} | "
@@ -219,12 +256,15 @@ this process without Ray; probe at local batches {MIN_LOCAL_BATCH} x {PROBE_BATC
 then peaks measured ({r['device']}: {'MemTracker tensor bytes' if r['device'] == 'cpu'
 else 'max_memory_allocated'}, 2 steps) at a geometric grid of local batches.
 Goal: median error <= {r['goal_median_rel_error']:.0%} (paper Fig. 11a: 8-14 %).
-Max b under a declared device memory of {device_mib:.0f} MiB: the model's bound with the
-product's {r['headroom']:.0%} headroom / with none, against the true largest b (largest
-local batch whose measured peak fits, by bisection).
+Max b under a declared device memory of {device_mib:.0f} MiB, with the product's
+{r['headroom']:.0%} headroom / with none: the probe's fit alone, and the bound the search
+uses (`memory.verified_max_local_batch`: peaks measured near the predicted bound, secant
+steps; number of checks in brackets), against the true largest b (largest local batch
+whose measured peak fits, by bisection). "Refit error": eq. 3 refitted on the probe's and
+the checks' peaks (what the plan then predicts with), median over the grid.
 
-| model | probe b | fitted peak (MB) = static + overhead + per-sample x b | error median [min, max] | error off the probe's b (median) | max b: model ({r['headroom']:.0%} headroom / none) | max b: true | probe wall (s) |
-|---|---|---|---|---|---|---|---|
+| model | probe b | fitted peak (MB) = static + overhead + per-sample x b | error median [min, max] | error off the probe's b (median) | max b: probe's fit ({r['headroom']:.0%} / none) | max b: checked ({r['headroom']:.0%} / none) (checks) | max b: true | refit error | probe + check wall (s) |
+|---|---|---|---|---|---|---|---|---|---|
 {chr(10).join(summary)}
 
 ![predicted vs measured peak memory](benchmarks/results/{r['plot']})

@@ -42,6 +42,15 @@ def test_memory_accuracy_quick():
         peaks = {s["local_batch"]: s["peak_mem_bytes"] for s in bound["search"]}
         device_bytes = result["declared_device_memory_bytes"]
         assert peaks[bound["true"]] <= device_bytes < peaks[bound["true"] + 1]
+        # The product's checked bound never exceeds the true one, and is close to it here.
+        for label, headroom in (("headroom", 0.1), ("no_headroom", 0.0)):
+            checked = bound["checked"][label]
+            assert 0 < checked["bound"] <= bound["true"]
+            fits = [c for c in checked["checks"]
+                    if c["peak_mem_bytes"] <= device_bytes * (1 - headroom)]
+            assert checked["bound"] == max(c["local_batch"] for c in fits)
+        assert bound["checked"]["no_headroom"]["bound"] >= 0.95 * bound["true"]
+        assert _finite(m["refit"]["median_rel_error"])
         model_rows = [row for row in table if row[0] == model]
         assert len(model_rows) == len(grid)  # one row per measured batch
         assert [int(re.match(r"\d+", row[1]).group()) for row in model_rows] == grid
@@ -74,3 +83,39 @@ def test_batch_finder_quick():
     rows = _table_rows(markdown, "| finder |")
     assert len(rows) == 2 + len(result["lightning"])
     assert all(_finite(float(row[2])) and int(row[3]) > 0 for row in rows)
+
+
+def test_generalization_quick():
+    """Two gloo workers (torch.multiprocessing), one seed, one epoch, every strategy."""
+    from benchmarks import generalization
+
+    result = generalization.run(quick=True)
+    labels = {"reference", *generalization.STRATEGY_RUNS}
+    assert {(row["global_batch"], row["label"]) for row in result["summary"]} == (
+        {(generalization.REFERENCE_BATCH, "reference")}
+        | {(b, label) for b in generalization.QUICK["batches"]
+           for label in generalization.STRATEGY_RUNS})
+    for run in result["runs"]:
+        assert run["label"] in labels and len(run["history"]) == 1
+        assert 0.0 <= run["test_accuracy"] <= 1.0
+        scaled = run["history"][0].get("scaled_fraction")
+        assert (scaled is not None) == run["label"].startswith("ags")
+    assert (RESULTS_DIR / result["variability_plot"]).stat().st_size > 0
+    markdown = (RESULTS_DIR / "generalization_quick.md").read_text()
+    assert len(_table_rows(markdown, "| B | strategy |")) == len(result["summary"])
+
+
+def test_ags_overhead_quick():
+    from benchmarks import ags_overhead
+
+    result = ags_overhead.run(quick=True)
+    assert result["rounds"] == ags_overhead.QUICK_ROUNDS
+    kinds = {"N=1": {"sub-batch/tensor", "sub-batch/element"},
+             "N=2": {"local/tensor", "local/element", "sub-batch/tensor"}}
+    for setup, expected in kinds.items():
+        overheads = result["overhead"][setup]
+        assert set(overheads) == expected
+        assert all(len(v) == result["rounds"] and _finite(*v) and min(v) > -1
+                   for v in overheads.values())
+    markdown = (RESULTS_DIR / "ags_overhead_quick.md").read_text()
+    assert len(_table_rows(markdown, "| setup |")) == 5

@@ -74,3 +74,68 @@ def test_static_memory_of_adam_holds_two_moments():
 def test_params_round_trip():
     params = memory.MemoryParams(1.5e8, -2.0, 1e6, 3136.0)
     assert memory.MemoryParams.from_dict(params.to_dict()) == params
+
+
+# --- the bound check (memory.verified_max_local_batch) ------------------------------------
+
+def _kinked(step_peak: float, base: float, slope: float):
+    """Peak of a model whose optimizer-step peak dominates small b and activations large b
+    (resnet18 on CPU here): a small-b probe sees the flat part only."""
+    calls = []
+
+    def peak(b: int) -> float:
+        calls.append(b)
+        return max(step_peak, base + slope * b) + 0.1 * slope * b
+    return peak, calls
+
+
+def _probe_fit(peak, batches=(16, 32, 64)):
+    measured = [(b, peak(b)) for b in batches]
+    return memory.fit(*zip(*measured)), measured
+
+
+@given(st.floats(1.7, 3.0), st.floats(1e5, 1e6), st.floats(0.0, 0.3))  # kink above b = 64
+def test_the_check_pulls_an_overshooting_bound_under_the_device(step_factor, slope, headroom):
+    base = 1e8
+    peak, calls = _kinked(base * step_factor, base, slope)
+    params, measured = _probe_fit(peak)
+    device = base * step_factor * 4
+    limit = device * (1 - headroom)
+    true_bound = next(b for b in range(1, 10**6) if peak(b + 1) > limit)
+    assert memory.max_local_batch(params, device, headroom) > true_bound  # unchecked: overshoots
+    bound, checks = memory.verified_max_local_batch(params, peak, device, headroom=headroom,
+                                                    measured=measured)
+    assert checks and len(checks) <= memory.MAX_BOUND_CHECKS_DEFAULT
+    assert peak(bound) <= limit  # the bound was measured to fit
+    assert bound >= 0.9 * true_bound  # and is not needlessly low (secant on a line: exact)
+
+
+def test_an_exact_model_costs_one_check():
+    peak, calls = _kinked(0.0, 1e8, 1e6)
+    params, measured = memory.MemoryParams(1e8, 0.0, 1.1e6, 0.0), [(16, peak(16)), (64, peak(64))]
+    bound, checks = memory.verified_max_local_batch(params, peak, 2.1e8, headroom=0.0,
+                                                    measured=measured)
+    assert bound == memory.max_local_batch(params, 2.1e8, headroom=0.0) == 100
+    assert checks == [(100, peak(100))]
+
+
+def test_nothing_above_the_cap_is_measured():
+    peak, calls = _kinked(0.0, 1e8, 1e6)
+    params, measured = memory.MemoryParams(1e8, 0.0, 1.1e6, 0.0), [(16, peak(16)), (64, peak(64))]
+    calls.clear()
+    bound, checks = memory.verified_max_local_batch(params, peak, 2.1e8, headroom=0.0,
+                                                    measured=measured, cap=80)
+    assert (bound, calls) == (80, [80])
+    bound, checks = memory.verified_max_local_batch(params, peak, 2.1e8, headroom=0.0,
+                                                    measured=measured, cap=50)
+    assert (bound, checks) == (50, [])  # the probe already measured more than the cap
+
+
+def test_an_out_of_memory_check_halves_toward_what_fits():
+    def peak(b):  # the device fails above b = 70, below where the model puts its bound
+        return None if b > 70 else 1e8 + 1e6 * b
+    params = memory.MemoryParams(1e8, 0.0, 1e6, 0.0)
+    bound, checks = memory.verified_max_local_batch(params, peak, 2e8, headroom=0.0,
+                                                    measured=[(16, peak(16)), (64, peak(64))])
+    assert checks[0] == (100, None)
+    assert bound <= 70 and all(p is None for b, p in checks if b > 70)

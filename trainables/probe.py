@@ -47,4 +47,43 @@ def probe_memory(workload: str | Workload, options: dict[str, Any], *, min_local
     predicted = memory_model.predict_peak_bytes(params, measured["local_batches"])
     rows = [{"local_batch": b, "peak_mem_bytes": p, "predicted_peak_mem_bytes": float(q)}
             for b, p, q in zip(measured["local_batches"], measured["peaks"], predicted)]
-    return {"params": params, "rows": rows, "device_memory_bytes": measured["device_memory_bytes"]}
+    return {"params": params, "rows": rows, "device_memory_bytes": measured["device_memory_bytes"],
+            "static": measured["static"], "input_bytes_per_sample": measured["input_bytes_per_sample"]}
+
+
+def _peak_or_none(workload: str | Workload, options: dict[str, Any], local_batch: int,
+                  use_gpu: bool) -> float | None:
+    """One probe step's peak at a large local batch; None if the GPU runs out of memory."""
+    workload = resolve_workload(workload, options)
+    try:
+        return float(measure.peak_memory_bytes(workload, local_batch,
+                                               device="cuda" if use_gpu else "cpu"))
+    except torch.OutOfMemoryError:
+        torch.cuda.empty_cache()
+        return None
+
+
+def check_max_local_batch(workload: str | Workload, options: dict[str, Any], probe: dict,
+                          device_bytes: float, *, headroom: float, cap: int | None,
+                          use_gpu: bool) -> dict[str, Any]:
+    """Check the probe's bound by measuring near it (`memory.verified_max_local_batch`),
+    each check one Ray task on a worker, then refit eq. 3 on every measured peak so the
+    plan's memory predictions cover large batches too. Updates and returns `probe`."""
+    task = ray.remote(num_gpus=1 if use_gpu else 0, num_cpus=0 if use_gpu else 1)(_peak_or_none)
+    measured = [(row["local_batch"], row["peak_mem_bytes"]) for row in probe["rows"]]
+    bound, checks = memory_model.verified_max_local_batch(
+        probe["params"], lambda b: ray.get(task.remote(workload, options, b, use_gpu)),
+        device_bytes, headroom=headroom, measured=measured, cap=cap)
+    points = measured + [(b, peak) for b, peak in checks if peak is not None]
+    if checks:
+        probe["params"] = memory_model.fit(
+            [b for b, _ in points], [peak for _, peak in points],
+            static_bytes=probe["static"].total_bytes,
+            batch_bytes_per_sample=probe["input_bytes_per_sample"])
+    predicted = memory_model.predict_peak_bytes(probe["params"], [b for b, _ in points])
+    probe["rows"] = [{"local_batch": b, "peak_mem_bytes": p, "predicted_peak_mem_bytes": float(q),
+                      "bound_check": i >= len(measured)}
+                     for i, ((b, p), q) in enumerate(zip(points, predicted))]
+    probe["bound_checks"] = [{"local_batch": b, "peak_mem_bytes": peak} for b, peak in checks]
+    probe["max_local_batch"] = bound
+    return probe

@@ -18,7 +18,7 @@ from ray import tune
 
 from searchers import TulaSearcher
 from trainables.loop import MEASURE_STEPS_DEFAULT, WARMUP_STEPS_DEFAULT
-from trainables.probe import probe_memory
+from trainables.probe import check_max_local_batch, probe_memory
 from trainables.profile import DRIVER_RESOURCE, profile_candidate, trial_resources
 from tula_ray import memory as memory_model
 from tula_ray.perf import COLLECTIVES, MODES
@@ -203,8 +203,12 @@ def _bounded_space(request: _Request, use_gpu: bool) -> tuple[SearchSpace, dict,
     else:
         device_bytes = (probe["device_memory_bytes"]
                         or CPU_MEMORY_SHARE_DEFAULT * _node_memory_bytes())
-    max_local = memory_model.max_local_batch(probe["params"], device_bytes, request.headroom)
-    probe["max_local_batch"] = max_local
+    # No candidate needs a local batch above max_batch / N_min: nothing larger is measured.
+    largest = min(request.max_batch or request.workload.dataset_size, request.workload.dataset_size)
+    cap = max(1, largest // sizes[0])
+    probe = check_max_local_batch(request.spec, request.options, probe, device_bytes,
+                                  headroom=request.headroom, cap=cap, use_gpu=use_gpu)
+    max_local = probe["max_local_batch"]
     bound = min(max_local * sizes[-1], request.workload.dataset_size)
     if request.max_batch is not None:
         bound = min(bound, request.max_batch)

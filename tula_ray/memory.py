@@ -149,6 +149,76 @@ def max_local_batch(params: MemoryParams, device_bytes: float,
     return max(b, 0)
 
 
+MAX_BOUND_CHECKS_DEFAULT = 3  # measurements near the bound; each is one probe step at large b
+BOUND_TOLERANCE = 0.05  # stop once a secant step would raise the verified bound by less than 5 %
+
+
+def verified_max_local_batch(
+    params: MemoryParams,
+    measure_peak: Callable[[int], float | None],
+    device_bytes: float,
+    *,
+    headroom: float = HEADROOM_DEFAULT,
+    measured: Iterable[tuple[int, float]] = (),
+    cap: int | None = None,
+    max_checks: int = MAX_BOUND_CHECKS_DEFAULT,
+) -> tuple[int, list[tuple[int, float | None]]]:
+    """`max_local_batch`, checked by measuring the peak at the bound it predicts.
+
+    Eq. 3 is linear in b, but a probe at small b can sit where the optimizer step's peak
+    dominates and the activations are still small: its slope then underestimates the
+    growth at large b and the bound overshoots (resnet18 on CPU here: 1867 predicted,
+    1135 true). Each check measures the predicted bound; the next prediction is the
+    secant through the two largest measured batches, the regime near the bound.
+
+    measure_peak(b): peak bytes at local batch b, or None when b ran out of memory.
+    measured: (b, peak) pairs already known (the probe's). cap: no candidate needs a
+    larger local batch, so nothing above it is measured.
+    Returns (bound, checks): the largest checked b whose peak fits, or the model's bound
+    when no check was needed (it is not above a batch already measured to fit, or the
+    cap); checks lists each (b, peak or None) measured here.
+    """
+    limit = device_bytes * (1.0 - headroom)
+    peaks: dict[int, float | None] = {int(b): p for b, p in measured}
+    candidate = max_local_batch(params, device_bytes, headroom)
+    checks: list[tuple[int, float | None]] = []
+    for _ in range(max_checks):
+        fits = max((b for b, p in peaks.items() if p is not None and p <= limit), default=0)
+        over = min((b for b, p in peaks.items() if p is None or p > limit), default=None)
+        if cap is not None:
+            candidate = min(candidate, cap)
+        if over is not None:
+            candidate = min(candidate, over - 1)
+        if candidate <= fits or (checks and candidate <= fits * (1 + BOUND_TOLERANCE)
+                                 and checks[-1][0] == fits):
+            break
+        peak = measure_peak(candidate)
+        checks.append((candidate, peak))
+        peaks[candidate] = peak
+        if candidate == cap and peak is not None and peak <= limit:
+            break
+        candidate = _secant_bound(peaks, limit, candidate)
+    if not checks:
+        return candidate, checks
+    fitting = [b for b, p in checks if p is not None and p <= limit]
+    below = [b for b, p in peaks.items() if p is not None and p <= limit]
+    return (max(fitting) if fitting else max(below, default=0)), checks
+
+
+def _secant_bound(peaks: dict[int, float | None], limit: float, last: int) -> int:
+    """Next bound guess: where the line through the two largest measured batches reaches
+    `limit`; after an out-of-memory (no peak), halfway down from `last`."""
+    known = sorted((b, p) for b, p in peaks.items() if p is not None)
+    if peaks[last] is None or len(known) < 2:
+        fits = max((b for b, p in known if p <= limit), default=0)
+        return (fits + last) // 2
+    (b1, p1), (b2, p2) = known[-2:]
+    slope = (p2 - p1) / (b2 - b1)
+    if slope <= 0:
+        return last  # flat near the bound: nothing better to aim at
+    return int(np.floor(b2 + (limit - p2) / slope))
+
+
 def relative_errors(params: MemoryParams, local_batches, peak_bytes) -> np.ndarray:
     """|predicted - measured| / measured for each measured peak."""
     measured = np.asarray(peak_bytes, dtype=float)
