@@ -4,7 +4,9 @@ Small CNN (`fashion-mnist-cnn`, SGD), one worker, a declared device memory of 51
   tula-ray:  the memory probe (trainables/probe.py `_measure` + `memory.fit`, run in this
              process without Ray; a search runs `_measure` as one Ray task, whose start is
              not counted here): 3 local batches measured with MemTracker, eq. 3 fitted,
-             `memory.max_local_batch` under the declared memory (product headroom, and none).
+             `memory.max_local_batch` under the declared memory (product headroom, and none),
+             then checked as the search checks it (`memory.verified_max_local_batch`:
+             peaks measured near the predicted bound); trials = probes + checks.
   Lightning: `Tuner.scale_batch_size` (the BatchSizeFinder callback) on a LightningModule
              training the same model, optimizer and loss on the real Fashion-MNIST, its default
              3 steps per trial, starting at the probe's smallest local batch:
@@ -104,14 +106,22 @@ def run(quick: bool = False) -> dict:
     device = torch.device("cpu")  # Lightning's CPU run and the probe on the same device
     probe_workload = get_workload(WORKLOAD, data="fake")  # the probe needs shapes, not data
     params, probe = fit_like_probe(probe_workload, device)
-    tula = {"num_trials": len(probe["local_batches"]), "trials": probe["local_batches"],
-            "wall_s": probe["wall_s"], "params": params.to_dict(),
-            "bound": memory.max_local_batch(params, device_bytes),
-            "bound_no_headroom": memory.max_local_batch(params, device_bytes, headroom=0.0)}
+    tula = {"params": params.to_dict(), "probe_trials": probe["local_batches"],
+            "probe_wall_s": probe["wall_s"]}
+    measured = list(zip(probe["local_batches"], probe["peaks_bytes"]))
+    for key, headroom in (("headroom", memory.HEADROOM_DEFAULT), ("no_headroom", 0.0)):
+        # The search's bound: the probe's fit checked by measuring near it (probe.py).
+        started = time.perf_counter()
+        bound, checks = memory.verified_max_local_batch(
+            params, lambda b: float(peak_memory_bytes(probe_workload, b, device=device)),
+            device_bytes, headroom=headroom, measured=measured)
+        tula[key] = {"bound": bound, "checks": [b for b, _ in checks],
+                     "trials": len(measured) + len(checks),
+                     "wall_s": probe["wall_s"] + time.perf_counter() - started}
     started = time.perf_counter()
     true_b, peaks = true_max_local_batch(
         lambda b: peak_memory_bytes(probe_workload, b, device=device), device_bytes,
-        tula["bound_no_headroom"])
+        memory.max_local_batch(params, device_bytes, headroom=0.0))
     truth = {"bound": true_b, "search_wall_s": time.perf_counter() - started,
              "search": [{"local_batch": b, "peak_mem_bytes": p} for b, p in sorted(peaks.items())]}
 
@@ -142,11 +152,12 @@ def _markdown(r: dict) -> str:
                 f"{note} |")
 
     tula = r["tula"]
-    rows = [row("tula-ray memory probe (eq. 3), product headroom", tula["num_trials"],
-                tula["wall_s"], tula["bound"],
-                f"{r['headroom']:.0%} headroom; probes b = {', '.join(map(str, tula['trials']))}"),
-            row("tula-ray memory probe (eq. 3), no headroom", tula["num_trials"], tula["wall_s"],
-                tula["bound_no_headroom"], "same probe and fit")]
+    probes = ", ".join(map(str, tula["probe_trials"]))
+    rows = [row(f"tula-ray memory probe + bound check, {label}", tula[key]["trials"],
+                tula[key]["wall_s"], tula[key]["bound"],
+                f"probes b = {probes}; checks b = {', '.join(map(str, tula[key]['checks']))}")
+            for key, label in (("headroom", f"{r['headroom']:.0%} headroom"),
+                               ("no_headroom", "no headroom"))]
     for label, run in r["lightning"].items():
         tried = ", ".join(f"{t['batch_size']}{' (OOM)' if t['oom'] else ''}" for t in run["trials"])
         largest_run = max(t["batch_size"] for t in run["trials"] if not t["oom"])

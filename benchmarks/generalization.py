@@ -10,7 +10,8 @@ comes from `tula_ray.strategies.build_strategy` and each epoch from
 `tula_ray.training.train_epoch`, the code `tula_ray.train()` runs on Ray.
 
 Runs are appended to a JSON-lines file as they finish, so an interrupted
-benchmark keeps what it measured (`--resume` is implicit: finished runs are skipped).
+benchmark keeps what it measured: `run` skips finished runs, and `report()` rebuilds
+the tables from the runs so far (each row says over how many seeds).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import json
 import os
 import socket
 import statistics
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -114,21 +116,37 @@ def _key(run: dict) -> tuple:
     return (run["label"], run["global_batch"], run["seed"], run["epochs"], run["train_subset"])
 
 
-def run(quick: bool = False, batches: tuple[int, ...] = LARGE_BATCHES) -> dict:
+def _setup(quick: bool, batches: tuple[int, ...]) -> tuple[str, dict, list[dict], Path]:
+    """(name, settings, planned runs, the runs' log) of one benchmark variant."""
     name = "generalization" + ("_quick" if quick else "")
     settings = QUICK if quick else {"train_subset": TRAIN_SUBSET, "epochs": EPOCHS,
                                     "seeds": SEEDS, "batches": batches}
-    runs = _plan_runs(**settings)
+    return name, settings, _plan_runs(**settings), RESULTS_DIR / f"{name}.runs.jsonl"
+
+
+def run(quick: bool = False, batches: tuple[int, ...] = LARGE_BATCHES) -> dict:
+    _, _, runs, log = _setup(quick, batches)
     RESULTS_DIR.mkdir(parents=True, exist_ok=True)
-    log = RESULTS_DIR / f"{name}.runs.jsonl"
     if quick and log.exists():
         log.unlink()
     done = {_key(r) for r in _read(log)}
     todo = [r for r in runs if _key(r) not in done]
     if todo:
         mp.spawn(_worker, args=(_free_port(), todo, str(log)), nprocs=WORLD_SIZE, join=True)
+    return report(quick, batches)
+
+
+def report(quick: bool = False, batches: tuple[int, ...] = LARGE_BATCHES) -> dict:
+    """Tables and plot from the runs finished so far (`run` resumes the rest): an
+    interrupted benchmark still reports what it measured, with its seed counts."""
+    name, settings, runs, log = _setup(quick, batches)
     finished = [r for r in _read(log) if _key(r) in {_key(p) for p in runs}]
-    result = {**provenance(), **{k: list(v) if isinstance(v, tuple) else v
+    # The runs came from `run` (possibly over several sessions and commits: the log
+    # resumes); the command is the one that runs them, whoever rebuilds the table.
+    command = f"{Path(sys.executable).name} -m benchmarks generalization" + (
+        " --quick" if quick else "")
+    result = {**provenance(), "command": command, "name": name,
+              "planned_runs": len(runs), **{k: list(v) if isinstance(v, tuple) else v
                                  for k, v in settings.items()},
               "world_size": WORLD_SIZE, "reference_batch": REFERENCE_BATCH,
               "summary": _summary(finished), "runs": finished,
@@ -208,7 +226,9 @@ def _markdown(r: dict) -> str:
     notes = sorted({n for row in r["summary"] for n in row["notes"]})
     return f"""### Large-batch generalization: test accuracy per strategy (issues 4 and 5; Table I analog)
 
-`{r['command']}` — commit {r['commit']}, {r['date']}, {r['machine']}
+`{r['command']}` — table written at commit {r['commit']}, {r['date']}, {r['machine']};
+{len(r['runs'])} of {r['planned_runs']} planned runs finished (the runs' log,
+`{r['name']}.runs.jsonl`, resumes across sessions: a row with fewer seeds than planned is not finished)
 
 Fashion-MNIST, {r['train_subset']}-image train subset, full test set, small CNN,
 {r['epochs']} epochs, N={r['world_size']} gloo workers; accuracy after the last

@@ -17,7 +17,8 @@ the metric is the objective's (training time; cost; training time for the knee, 
 signed: a knee is not a minimum, so a choice can train faster than the oracle's knee).
 Search cost: the profile rows do not record each trial's wall time, so the partial search's
 cost is measured by running one (full run only). Paper goal: partial / full <= 0.25.
-Writes prediction.{json,md} and one prediction_<workload>.png per workload.
+Writes prediction.{json,md}, and per workload prediction_<workload>.png and the full
+search's plan, prediction_<workload>.plan.json (`tula_ray.Plan.from_json`).
 """
 
 from __future__ import annotations
@@ -137,6 +138,11 @@ def _one_workload(name: str, settings: dict, quick: bool, scratch: Path, full=No
     if full is None:
         full = tula_ray.search(name, mode="full", storage_path=str(scratch / f"{name}-full"),
                                **options)
+    suffix = "_quick" if quick else ""
+    # The full search's plan (profiles, fits, measurements): selection and fits can be
+    # re-analysed from it without profiling again.
+    plan_json = f"{NAME}_{name}{suffix}.plan.json"
+    full.to_json(RESULTS_DIR / plan_json)
     table, accuracy = _accuracy(full)
     cost = {"full": {k: full.meta[k] for k in WALL_KEYS},
             "partial": None, "partial_over_full": None, "goal": GOAL_COST_RATIO}
@@ -148,7 +154,7 @@ def _one_workload(name: str, settings: dict, quick: bool, scratch: Path, full=No
                            "vs_full_measured_median_rel_error": float(np.median(errors)),
                            "vs_full_measured_spread": spread(errors)}
         cost["partial_over_full"] = partial.meta["profiling_wall_s"] / full.meta["profiling_wall_s"]
-    plot = f"{NAME}_{name}" + ("_quick" if quick else "") + ".png"
+    plot = f"{NAME}_{name}{suffix}.png"
     _plot(full, table, RESULTS_DIR / plot)
     columns = ["num_workers", "global_batch", "local_batch", "corner", "measured_step_time_s",
                "step_time_s_full", "step_time_s_partial", "measured_total_time_s",
@@ -157,7 +163,8 @@ def _one_workload(name: str, settings: dict, quick: bool, scratch: Path, full=No
             "dataset_size": full.dataset_size, "max_local_batch": full.meta.get("max_local_batch"),
             "batch_sizes": sorted(full.table["global_batch"].unique().tolist()),
             "per_candidate": table[columns].to_dict("records"), "accuracy": accuracy,
-            "selection": _selection(full), "search_cost": cost, "plot": plot}
+            "selection": _selection(full), "search_cost": cost, "plot": plot,
+            "plan_json": plan_json}
 
 
 def run(quick: bool = False, full_plans: dict | None = None) -> dict:

@@ -84,3 +84,15 @@ def test_bad_plan_inputs():
         make_plan(epochs=0)
     with pytest.raises(ValueError, match="objective 'slow' is unknown"):
         make_plan(objective="slow")
+
+
+@pytest.mark.parametrize("dataset_size", [3333, 10000, 60000])
+def test_the_knee_does_not_depend_on_rounding_steps_per_epoch(dataset_size):
+    # T = E ceil(D/B) t_step is a sawtooth in B on the dense grid; Kneedle took its first
+    # ripple for the knee (resnet18 here: B~34 instead of ~139). On the smooth curve the
+    # knee depends on the model only, not on D.
+    profiles = synthetic_profiles(SPACE.candidates(), example_params(), noise=0.0)
+    reference = build_plan(SPACE, profiles, epochs=5, dataset_size=10**9, mode="full")
+    plan = build_plan(SPACE, profiles, epochs=5, dataset_size=dataset_size, mode="full")
+    assert reference.choice.knee_global_batch > SPACE.batch_sizes[0]
+    assert plan.choice.knee_global_batch == pytest.approx(reference.choice.knee_global_batch)

@@ -174,6 +174,9 @@ def test_prediction_benchmark_quick_on_the_full_search(full_plan):
     markdown = (RESULTS_DIR / "prediction_quick.md").read_text()
     for name, w in result["workloads"].items():
         assert (RESULTS_DIR / w["plot"]).stat().st_size > 0
+        saved = tula_ray.Plan.from_json(RESULTS_DIR / w["plan_json"])
+        assert saved.table[["num_workers", "global_batch"]].equals(
+            full_plan.table[["num_workers", "global_batch"]])
         candidates = {(c["num_workers"], c["global_batch"]) for c in w["per_candidate"]}
         assert candidates == {(n, b) for n in prediction.SEARCH["cluster_sizes"]
                               for b in w["batch_sizes"]}  # one row per candidate, all measured

@@ -151,14 +151,14 @@ def fit_memory_from_profiles(profiles: pd.DataFrame) -> memory_model.MemoryParam
 
 def _predict(space_frame: pd.DataFrame, params: perf.PerfParams,
              memory: memory_model.MemoryParams | None, pricing: Pricing,
-             epochs: int, dataset_size: int) -> pd.DataFrame:
+             epochs: int, dataset_size: int, whole_steps: bool = True) -> pd.DataFrame:
     frame = space_frame.copy()
     n, b = frame["num_workers"].to_numpy(float), frame["local_batch"].to_numpy(float)
     frame["compute_time_s"] = perf.predict_compute_s(params, n, b)
     frame["step_time_s"] = perf.predict_step_s(params, n, b)
     frame["sync_time_s"] = frame["step_time_s"] - frame["compute_time_s"]
     frame["total_time_s"] = perf.training_time_s(
-        frame["step_time_s"], epochs, dataset_size, frame["global_batch"])
+        frame["step_time_s"], epochs, dataset_size, frame["global_batch"], whole_steps)
     frame["peak_mem_bytes"] = (np.nan if memory is None
                                else memory_model.predict_peak_bytes(memory, b))
     frame["cost_usd"] = pricing.cost_usd(
@@ -256,7 +256,9 @@ def _dense_curve(space, params, memory, pricing, epochs, dataset_size, oom_local
     grid = pd.DataFrame([(n, b) for n in space.cluster_sizes for b in batches],
                         columns=["num_workers", "global_batch"])
     grid["local_batch"] = grid["global_batch"] / grid["num_workers"]
-    dense = _predict(grid, params, memory, pricing, epochs, dataset_size)
+    # Unrounded steps per epoch: the knee is a property of the smooth curve (eq. 4a);
+    # snapping to a candidate afterwards uses the candidate table's rounded times.
+    dense = _predict(grid, params, memory, pricing, epochs, dataset_size, whole_steps=False)
     feasible = (dense["local_batch"] < oom_local) & (dense["local_batch"] >= 1)
     if max_local_batch is not None:
         feasible &= dense["local_batch"] <= max_local_batch
