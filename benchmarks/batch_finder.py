@@ -41,6 +41,7 @@ from benchmarks.memory_accuracy import (
     DEVICE_MEMORY_BYTES,
     MIN_LOCAL_BATCH,
     QUICK_DEVICE_MEMORY_BYTES,
+    checked_bounds,
     fit_like_probe,
     true_max_local_batch,
 )
@@ -108,16 +109,12 @@ def run(quick: bool = False) -> dict:
     params, probe = fit_like_probe(probe_workload, device)
     tula = {"params": params.to_dict(), "probe_trials": probe["local_batches"],
             "probe_wall_s": probe["wall_s"]}
-    measured = list(zip(probe["local_batches"], probe["peaks_bytes"]))
-    for key, headroom in (("headroom", memory.HEADROOM_DEFAULT), ("no_headroom", 0.0)):
-        # The search's bound: the probe's fit checked by measuring near it (probe.py).
-        started = time.perf_counter()
-        bound, checks = memory.verified_max_local_batch(
-            params, lambda b: float(peak_memory_bytes(probe_workload, b, device=device)),
-            device_bytes, headroom=headroom, measured=measured)
-        tula[key] = {"bound": bound, "checks": [b for b, _ in checks],
-                     "trials": len(measured) + len(checks),
-                     "wall_s": probe["wall_s"] + time.perf_counter() - started}
+    # The search's bound: the probe's fit checked by measuring near it (probe.py).
+    for key, bound in checked_bounds(probe_workload, params, probe, device_bytes, device).items():
+        checks = [c["local_batch"] for c in bound["checks"]]
+        tula[key] = {"bound": bound["bound"], "checks": checks,
+                     "trials": len(probe["local_batches"]) + len(checks),
+                     "wall_s": probe["wall_s"] + bound["wall_s"]}
     started = time.perf_counter()
     true_b, peaks = true_max_local_batch(
         lambda b: peak_memory_bytes(probe_workload, b, device=device), device_bytes,

@@ -140,7 +140,8 @@ def report(quick: bool = False, batches: tuple[int, ...] = LARGE_BATCHES) -> dic
     """Tables and plot from the runs finished so far (`run` resumes the rest): an
     interrupted benchmark still reports what it measured, with its seed counts."""
     name, settings, runs, log = _setup(quick, batches)
-    finished = [r for r in _read(log) if _key(r) in {_key(p) for p in runs}]
+    planned = {_key(p) for p in runs}
+    finished = [r for r in _read(log) if _key(r) in planned]
     # The runs came from `run` (possibly over several sessions and commits: the log
     # resumes); the command is the one that runs them, whoever rebuilds the table.
     command = f"{Path(sys.executable).name} -m benchmarks generalization" + (

@@ -122,7 +122,8 @@ def _measure_model(name: str, grid: list[int], device_bytes: float,
         lambda b: peak_memory_bytes(workload, b, device=device), device_bytes,
         _extrapolated_guess(rows, device_bytes))
     held_out = [r["rel_error"] for r in rows if not r["probed"]]
-    checked, refit = _checked_bounds(workload, params, probe, device_bytes, device)
+    checked = checked_bounds(workload, params, probe, device_bytes, device)
+    refit = _refit(workload, probe, checked["no_headroom"]["checks"])
     refit_errors = relative_errors(memory.predict_peak_bytes(refit, grid), measured)
     return {
         "model": name, "workload": workload.name, "params": params.to_dict(), "probe": probe,
@@ -142,10 +143,11 @@ def _measure_model(name: str, grid: list[int], device_bytes: float,
     }
 
 
-def _checked_bounds(workload: Workload, params: memory.MemoryParams, probe: dict,
-                    device_bytes: float, device: torch.device) -> tuple[dict, memory.MemoryParams]:
-    """The product's checked bound, with its headroom and with none, and eq. 3 refitted on the
-    probe's and the (no-headroom) checks' peaks, as `check_max_local_batch` refits it."""
+def checked_bounds(workload: Workload, params: memory.MemoryParams, probe: dict,
+                   device_bytes: float, device: torch.device) -> dict[str, dict]:
+    """The product's checked bound (`memory.verified_max_local_batch`, the checks measured
+    in this process) with its headroom and with none: {"headroom" | "no_headroom":
+    {"bound", "wall_s" of the checks, "checks": [{"local_batch", "peak_mem_bytes"}]}}."""
     measured = list(zip(probe["local_batches"], probe["peaks_bytes"]))
     checked = {}
     for label, headroom in (("headroom", memory.HEADROOM_DEFAULT), ("no_headroom", 0.0)):
@@ -155,12 +157,16 @@ def _checked_bounds(workload: Workload, params: memory.MemoryParams, probe: dict
             headroom=headroom, measured=measured)
         checked[label] = {"bound": bound, "wall_s": time.perf_counter() - started,
                           "checks": [{"local_batch": b, "peak_mem_bytes": p} for b, p in checks]}
-    points = measured + [(c["local_batch"], c["peak_mem_bytes"])
-                         for c in checked["no_headroom"]["checks"]]
-    refit = memory.fit([b for b, _ in points], [p for _, p in points],
-                       static_bytes=probe["static_bytes"],
-                       batch_bytes_per_sample=workload.input_bytes_per_sample)
-    return checked, refit
+    return checked
+
+
+def _refit(workload: Workload, probe: dict, checks: list[dict]) -> memory.MemoryParams:
+    """Eq. 3 on the probe's and the checks' peaks, as `check_max_local_batch` refits it."""
+    points = list(zip(probe["local_batches"], probe["peaks_bytes"])) + [
+        (c["local_batch"], c["peak_mem_bytes"]) for c in checks]
+    return memory.fit([b for b, _ in points], [p for _, p in points],
+                      static_bytes=probe["static_bytes"],
+                      batch_bytes_per_sample=workload.input_bytes_per_sample)
 
 
 def run(quick: bool = False) -> dict:

@@ -209,9 +209,7 @@ def _bounded_space(request: _Request, use_gpu: bool) -> tuple[SearchSpace, dict,
     probe = check_max_local_batch(request.spec, request.options, probe, device_bytes,
                                   headroom=request.headroom, cap=cap, use_gpu=use_gpu)
     max_local = probe["max_local_batch"]
-    bound = min(max_local * sizes[-1], request.workload.dataset_size)
-    if request.max_batch is not None:
-        bound = min(bound, request.max_batch)
+    bound = min(max_local * sizes[-1], largest)
     if bound < request.min_batch:
         raise ValueError(
             f"min_batch={request.min_batch} does not fit: the memory model allows at most a "

@@ -200,9 +200,9 @@ def verified_max_local_batch(
         candidate = _secant_bound(peaks, limit, candidate)
     if not checks:
         return candidate, checks
-    fitting = [b for b, p in checks if p is not None and p <= limit]
-    below = [b for b, p in peaks.items() if p is not None and p <= limit]
-    return (max(fitting) if fitting else max(below, default=0)), checks
+    # A batch is only checked above every batch known to fit, so the largest fitting one
+    # is a check when any check fitted, else the largest measured batch that fits.
+    return max((b for b, p in peaks.items() if p is not None and p <= limit), default=0), checks
 
 
 def _secant_bound(peaks: dict[int, float | None], limit: float, last: int) -> int:
