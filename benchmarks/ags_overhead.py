@@ -13,8 +13,6 @@ rounds of (AGS epoch / base epoch) - 1, printed with its spread.
 
 from __future__ import annotations
 
-import os
-import socket
 import statistics
 import tempfile
 import time
@@ -23,10 +21,9 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from torch import nn
 
-from benchmarks.common import provenance, spread, write_result
+from benchmarks.common import provenance, spawn_gloo, spread, write_result
 from tula_ray.ags import TulaOptimizer, backward_with_refresh
 from tula_ray.measure import synthetic_batch
 from tula_ray.workloads import FashionCNN, sgd
@@ -78,23 +75,11 @@ def _measure(kinds: list[str], local_batch: int, rounds: int, wrap=lambda m: m) 
     return {"steps_per_epoch": steps, "local_batch": local_batch, "epoch_seconds": seconds}
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def _ddp_worker(rank: int, port: int, rounds: int, out: str) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    torch.set_num_threads(1)  # 2 workers on 2 cores, as Ray Train places them here
-    dist.init_process_group("gloo", rank=rank, world_size=2)
-    try:
-        result = _measure(["base", "local/tensor", "local/element", "sub-batch/tensor"],
-                          GLOBAL_BATCH // 2, rounds, wrap=nn.parallel.DistributedDataParallel)
-        if rank == 0:
-            torch.save(result, out)
-    finally:
-        dist.destroy_process_group()
+def _ddp_worker(rank: int, rounds: int, out: str) -> None:
+    result = _measure(["base", "local/tensor", "local/element", "sub-batch/tensor"],
+                      GLOBAL_BATCH // 2, rounds, wrap=nn.parallel.DistributedDataParallel)
+    if rank == 0:
+        torch.save(result, out)
 
 
 def _overheads(result: dict) -> dict[str, list[float]]:
@@ -108,7 +93,7 @@ def run(quick: bool = False) -> dict:
     single = _measure(["base", "sub-batch/tensor", "sub-batch/element"], GLOBAL_BATCH, rounds)
     with tempfile.TemporaryDirectory() as scratch:
         out = str(Path(scratch, "ddp.pt"))
-        mp.spawn(_ddp_worker, args=(_free_port(), rounds, out), nprocs=2, join=True)
+        spawn_gloo(_ddp_worker, 2, rounds, out)
         ddp = torch.load(out)
     result = {**provenance(), "rounds": rounds, "global_batch": GLOBAL_BATCH,
               "small_batch": SMALL_BATCH, "n1": single, "n2": ddp,

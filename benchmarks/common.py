@@ -5,12 +5,13 @@ from __future__ import annotations
 import json
 import os
 import platform
+import socket
 import subprocess
 import sys
 from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import numpy as np
 
@@ -61,6 +62,33 @@ def local_ray() -> Iterator[None]:
             import ray
 
             ray.shutdown()
+
+
+def spawn_gloo(worker: Callable[..., None], world_size: int, *args: Any) -> None:
+    """Run worker(rank, *args) in world_size processes joined by a local gloo group, one
+    torch thread each (N workers on N cores, as Ray Train places them here)."""
+    import torch.multiprocessing as mp
+
+    with socket.socket() as sock:  # a free port for the rendezvous
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    mp.spawn(_gloo_rank, args=(worker, world_size, port, args), nprocs=world_size, join=True)
+
+
+def _gloo_rank(rank: int, worker: Callable[..., None], world_size: int, port: int,
+               args: tuple) -> None:
+    import torch
+    import torch.distributed as dist
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=world_size)
+    try:
+        worker(rank, *args)
+        # No rank tears the group down while a peer may still be in a collective with it.
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
 
 
 def cross_search_errors(partial_plan, full_plan):

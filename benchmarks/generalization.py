@@ -17,8 +17,6 @@ the tables from the runs so far (each row says over how many seeds).
 from __future__ import annotations
 
 import json
-import os
-import socket
 import statistics
 import sys
 import time
@@ -27,11 +25,9 @@ from typing import Any
 
 import numpy as np
 import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
 from torch import nn
 
-from benchmarks.common import RESULTS_DIR, provenance, write_result
+from benchmarks.common import RESULTS_DIR, provenance, spawn_gloo, write_result
 from tula_ray.ags import DELTA_DEFAULT
 
 WORLD_SIZE = 2
@@ -48,12 +44,6 @@ STRATEGY_RUNS = {  # label -> (strategy, options)
     "ags-local": ("ags", {"source": "local"}),
     "ags-element": ("ags", {"granularity": "element"}),
 }
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _run_one(run: dict[str, Any], rank: int) -> dict[str, Any]:
@@ -83,20 +73,14 @@ def _run_one(run: dict[str, Any], rank: int) -> dict[str, Any]:
             "test_accuracy": history[-1]["test_accuracy"]}
 
 
-def _worker(rank: int, port: int, runs: list[dict], out: str) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    torch.set_num_threads(1)  # 2 workers on 2 cores
-    dist.init_process_group("gloo", rank=rank, world_size=WORLD_SIZE)
-    try:
-        for run in runs:
-            started = time.perf_counter()
-            result = _run_one(run, rank)
-            if rank == 0:
-                result["wall_s"] = time.perf_counter() - started
-                with open(out, "a") as stream:
-                    stream.write(json.dumps(result, default=float) + "\n")
-    finally:
-        dist.destroy_process_group()
+def _worker(rank: int, runs: list[dict], out: str) -> None:
+    for run in runs:
+        started = time.perf_counter()
+        result = _run_one(run, rank)
+        if rank == 0:
+            result["wall_s"] = time.perf_counter() - started
+            with open(out, "a") as stream:
+                stream.write(json.dumps(result, default=float) + "\n")
 
 
 def _plan_runs(train_subset: int, epochs: int, seeds, batches) -> list[dict[str, Any]]:
@@ -132,7 +116,7 @@ def run(quick: bool = False, batches: tuple[int, ...] = LARGE_BATCHES) -> dict:
     done = {_key(r) for r in _read(log)}
     todo = [r for r in runs if _key(r) not in done]
     if todo:
-        mp.spawn(_worker, args=(_free_port(), todo, str(log)), nprocs=WORLD_SIZE, join=True)
+        spawn_gloo(_worker, WORLD_SIZE, todo, str(log))
     return report(quick, batches)
 
 
