@@ -216,7 +216,11 @@ def _secant_bound(peaks: dict[int, float | None], limit: float, last: int) -> in
     slope = (p2 - p1) / (b2 - b1)
     if slope <= 0:
         return last  # flat near the bound: nothing better to aim at
-    return int(np.floor(b2 + (limit - p2) / slope))
+    bound = int(np.floor(b2 + (limit - p2) / slope))
+    # Rounding can land the floor on a b whose peak on the line is a hair over the limit.
+    while bound > 0 and p2 + slope * (bound - b2) > limit:
+        bound -= 1
+    return bound
 
 
 def relative_errors(params: MemoryParams, local_batches, peak_bytes) -> np.ndarray:
