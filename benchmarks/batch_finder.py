@@ -1,8 +1,8 @@
 """Issue 5 figure (part 4): max-batch discovery, tula-ray's memory probe vs Lightning's finder.
 
 Small CNN (`fashion-mnist-cnn`, SGD), one worker, a declared device memory of 512 MiB.
-  tula-ray:  the memory probe (trainables/probe.py `_measure` + `memory.fit`, run in this
-             process without Ray; a search runs `_measure` as one Ray task, whose start is
+  tula-ray:  the memory probe (`measure.probe_peaks` + `memory.fit_probe`, run in this
+             process without Ray; a search runs `probe_peaks` as one Ray task, whose start is
              not counted here): 3 local batches measured with MemTracker, eq. 3 fitted,
              `memory.max_local_batch` under the declared memory (product headroom, and none),
              then checked as the search checks it (`memory.verified_max_local_batch`:
@@ -109,7 +109,7 @@ def run(quick: bool = False) -> dict:
     params, probe = fit_like_probe(probe_workload, device)
     tula = {"params": params.to_dict(), "probe_trials": probe["local_batches"],
             "probe_wall_s": probe["wall_s"]}
-    # The search's bound: the probe's fit checked by measuring near it (probe.py).
+    # The search's bound: the probe's fit checked by measuring near it (trainables/memory_probe.py).
     for key, bound in checked_bounds(probe_workload, params, probe, device_bytes, device).items():
         checks = [c["local_batch"] for c in bound["checks"]]
         tula[key] = {"bound": bound["bound"], "checks": checks,

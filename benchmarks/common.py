@@ -8,10 +8,9 @@ import platform
 import socket
 import subprocess
 import sys
-from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 import numpy as np
 
@@ -46,22 +45,6 @@ def spread(values) -> str:
     """median [min, max] of a sample, for printing beside a figure."""
     values = np.asarray(values, float)
     return f"{np.median(values):.1%} [{values.min():.1%}, {values.max():.1%}]"
-
-
-@contextmanager
-def local_ray() -> Iterator[None]:
-    """One local Ray session for a benchmark's searches (none if Ray is already up, as under
-    a test's fixture); shut down on exit only if this call started it."""
-    from tula_ray.api import ensure_ray
-
-    started_ray = ensure_ray()
-    try:
-        yield
-    finally:
-        if started_ray:
-            import ray
-
-            ray.shutdown()
 
 
 def spawn_gloo(worker: Callable[..., None], world_size: int, *args: Any) -> None:

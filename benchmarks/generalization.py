@@ -6,7 +6,7 @@ CNN, 20 epochs. A reference run at B=32 (plain SGD) against B = 512, 1024 and 20
 ags (sub-batch source, per-tensor scales), ags-local (the DDP-local gradient as
 g_small) and ags-element (per-element scales). Every run is data-parallel on N=2 gloo workers (the embedded default's
 shape), so PoLo really goes local and AGS's local source exists. Each strategy
-comes from `tula_ray.strategies.build_strategy` and each epoch from
+comes from `tula_ray.training_strategies.build_strategy` and each epoch from
 `tula_ray.training.train_epoch`, the code `tula_ray.train()` runs on Ray.
 
 Runs are appended to a JSON-lines file as they finish, so an interrupted
@@ -47,7 +47,7 @@ STRATEGY_RUNS = {  # label -> (strategy, options)
 
 
 def _run_one(run: dict[str, Any], rank: int) -> dict[str, Any]:
-    from tula_ray.strategies import build_strategy
+    from tula_ray.training_strategies import build_strategy
     from tula_ray.training import evaluate, make_loaders, train_epoch
     from tula_ray.workloads import get_workload
 

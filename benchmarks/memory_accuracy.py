@@ -2,9 +2,9 @@
 
 For the small CNN and resnet18 (both on 1 x 28 x 28 Fashion-MNIST inputs, SGD as the
 workloads train them):
-  fit:       exactly the product's memory probe (trainables/probe.py): `_measure`, the
+  fit:       the product's memory probe (trainables/memory_probe.py): `measure.probe_peaks`, the
              function the probe ships to a Ray task (static memory + peaks at the probe's
-             local batches, min_local_batch x PROBE_BATCH_FACTORS), then `memory.fit` with
+             local batches, `memory.probe_batches`), then `memory.fit_probe` with
              the arguments `probe_memory` passes. min_local_batch is the default search's
              (min_batch 32 over cluster sizes (1, 2) = 16).
   measured:  `measure.peak_memory_bytes` at a geometric grid of local batches: on CPU
@@ -14,12 +14,12 @@ workloads train them):
   bound:     under a declared device memory (512 MiB), with the product's headroom and with
              none: `memory.max_local_batch` of the probe's fit, and the bound the product
              uses, `memory.verified_max_local_batch` (measured checks near the bound, as
-             `trainables/probe.check_max_local_batch` runs them), against the true largest b:
+             `trainables/memory_probe.check_max_local_batch` runs them), against the true largest b:
              the largest local batch whose measured peak fits, by bracketing and bisection.
   refit:     eq. 3 refitted on the probe's peaks plus the checks' (what the plan predicts
              memory with after the check), and its error on the grid.
 Runs without Ray: the core functions are called in this process (a search runs the same
-`_measure` as one Ray task). Paper: median memory error 8-14 %; goal here: <= 5 %.
+`probe_peaks` as one Ray task). Paper: median memory error 8-14 %; goal here: <= 5 %.
 Writes memory_accuracy.{json,md,png} (predicted line vs measured points).
 """
 
@@ -34,9 +34,8 @@ import numpy as np
 import torch
 
 from benchmarks.common import RESULTS_DIR, provenance, relative_errors, spread, write_result
-from trainables.probe import PROBE_BATCH_FACTORS, _measure
 from tula_ray import memory
-from tula_ray.measure import peak_memory_bytes
+from tula_ray.measure import peak_memory_bytes, probe_peaks
 from tula_ray.space import MIN_BATCH_DEFAULT
 from tula_ray.workloads import Workload, get_workload
 
@@ -53,13 +52,13 @@ QUICK_GRIDS = {"fashion-mnist-cnn": [16, 64, 256]}
 
 
 def fit_like_probe(workload: Workload, device: torch.device) -> tuple[memory.MemoryParams, dict]:
-    """The memory probe's measurements and fit, in this process (trainables/probe.py)."""
-    local_batches = [MIN_LOCAL_BATCH * factor for factor in PROBE_BATCH_FACTORS]
+    """The memory probe's measurements and fit, in this process (trainables/memory_probe.py
+    runs the same two calls as a Ray task)."""
+    local_batches = memory.probe_batches(MIN_LOCAL_BATCH)
     started = time.perf_counter()
-    measured = _measure(workload, {}, local_batches, device.type == "cuda")
-    params = memory.fit(measured["local_batches"], measured["peaks"],
-                        static_bytes=measured["static"].total_bytes,
-                        batch_bytes_per_sample=measured["input_bytes_per_sample"])
+    measured = probe_peaks(workload, local_batches, device)
+    params = memory.fit_probe(zip(measured["local_batches"], measured["peaks"]),
+                              measured["static"], measured["input_bytes_per_sample"])
     probe = {"local_batches": local_batches, "peaks_bytes": measured["peaks"],
              "static_bytes": measured["static"].total_bytes,
              "wall_s": time.perf_counter() - started}
@@ -257,8 +256,8 @@ def _markdown(r: dict) -> str:
 `{r['command']}` — commit {r['commit']}, {r['date']}, {r['machine']}; load average
 (1 min) {r['load_avg_1min'][0]:.1f} before / {r['load_avg_1min'][1]:.1f} after (shared machine)
 
-Eq. 3 fitted exactly as the memory probe does (its `_measure` and `memory.fit`, run in
-this process without Ray; probe at local batches {MIN_LOCAL_BATCH} x {PROBE_BATCH_FACTORS}),
+Eq. 3 fitted exactly as the memory probe does (`measure.probe_peaks` and `memory.fit_probe`, run in
+this process without Ray; probe at local batches {memory.probe_batches(MIN_LOCAL_BATCH)}),
 then peaks measured ({r['device']}: {'MemTracker tensor bytes' if r['device'] == 'cpu'
 else 'max_memory_allocated'}, 2 steps) at a geometric grid of local batches.
 Goal: median error <= {r['goal_median_rel_error']:.0%} (paper Fig. 11a: 8-14 %).

@@ -30,7 +30,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from benchmarks.common import (RESULTS_DIR, cross_search_errors, local_ray, provenance,
+from benchmarks.common import (RESULTS_DIR, cross_search_errors, provenance,
                                relative_errors, spread, write_result)
 from tula_ray.pricing import (USD_PER_GB_HOUR_DEFAULT, USD_PER_NODE_HOUR_DEFAULT, FixedRate,
                               MemoryRate)
@@ -177,8 +177,10 @@ def run(quick: bool = False, full_plans: dict | None = None) -> dict:
         workloads = {name: {"max_batch": int(plan.table["global_batch"].max()),
                             "train_subset": plan.meta["workload_options"].get("train_subset")}
                      for name, plan in full_plans.items()}
+    from tula_ray.cluster import ray_session
+
     load_before = os.getloadavg()[0]  # the machine is shared: wall times depend on its load
-    with tempfile.TemporaryDirectory() as scratch, local_ray():
+    with tempfile.TemporaryDirectory() as scratch, ray_session():
         results = {name: _one_workload(name, settings, quick, Path(scratch),
                                        (full_plans or {}).get(name))
                    for name, settings in workloads.items()}

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from benchmarks.common import (cross_search_errors, local_ray, provenance, relative_errors,
+from benchmarks.common import (cross_search_errors, provenance, relative_errors,
                                spread, write_result)
 
 DEMO_MAX_BATCH = 2048  # the demo's default upper bound
@@ -44,6 +44,7 @@ def run(quick: bool = False, plans: dict | None = None) -> dict:
     """plans: {"partial": Plan, "full": Plan} of searches already run, analysed instead of
     searching again (quick only: the test suite hands in its own); the demo is then not timed."""
     import tula_ray
+    from tula_ray.cluster import ray_session
 
     if plans and not quick:
         raise ValueError("plans is for quick runs only; a full run times its own searches")
@@ -55,7 +56,7 @@ def run(quick: bool = False, plans: dict | None = None) -> dict:
         with tempfile.TemporaryDirectory() as scratch:
             scratch = Path(scratch)
             demo_s = _time_demo(max_batch, scratch / "demo", scratch / "ray_demo")
-            with local_ray():
+            with ray_session():
                 plans = {mode: tula_ray.search(**options, mode=mode,
                                                storage_path=str(scratch / mode))
                          for mode in ("partial", "full")}

@@ -19,8 +19,9 @@ import pandas as pd  # noqa: E402
 import ray  # noqa: E402
 from ray import tune  # noqa: E402
 
-from trainables.profile import DRIVER_RESOURCE, trainable_with_resources  # noqa: E402
-from tula_ray.profiles import PROFILE_COLUMNS  # noqa: E402
+from trainables.profiling_trial import trainable_with_resources  # noqa: E402
+from tula_ray.cluster import DRIVER_RESOURCE, LOCAL_NODE_IP  # noqa: E402
+from tula_ray.profile_table import PROFILE_COLUMNS  # noqa: E402
 
 
 def main() -> None:
@@ -35,8 +36,8 @@ def main() -> None:
     # Loopback address Ray does not rewrite; trials hold `train_driver`, not a CPU.
     # address="local": a new instance even if another Ray runs on this machine
     # (a bare ray.init() joins the most recently started cluster).
-    ray.init(address="local", _node_ip_address="127.0.0.2", resources={DRIVER_RESOURCE: 4},
-             include_dashboard=True, dashboard_host="127.0.0.2", log_to_driver=False)
+    ray.init(address="local", _node_ip_address=LOCAL_NODE_IP, resources={DRIVER_RESOURCE: 4},
+             include_dashboard=True, dashboard_host=LOCAL_NODE_IP, log_to_driver=False)
     try:
         storage = tempfile.mkdtemp(prefix="tula-smoke-")
         tuner = tune.Tuner(

@@ -18,7 +18,7 @@ from typing import Any, Iterable
 from ray.tune.search import Searcher
 
 from tula_ray.perf import MODES
-from tula_ray.profiles import STATUS_OK, STATUS_OOM, profile_row
+from tula_ray.profile_table import STATUS_OK, STATUS_OOM, profile_row
 from tula_ray.space import Candidate
 
 logger = logging.getLogger(__name__)

@@ -15,8 +15,7 @@ def ray_session():
     """One local Ray session per test module that asks for it, on loopback only."""
     import ray
 
-    from trainables.profile import DRIVER_RESOURCE
-    from tula_ray.api import LOCAL_NODE_IP
+    from tula_ray.cluster import DRIVER_RESOURCE, LOCAL_NODE_IP
 
     ray.init(address="local", num_cpus=2, _node_ip_address=LOCAL_NODE_IP, resources={DRIVER_RESOURCE: 4},
              include_dashboard=True, log_to_driver=False)

@@ -3,8 +3,8 @@
 import subprocess
 import sys
 
-CORE = ["space", "profiles", "perf", "memory", "pricing", "policy", "plan", "plotting",
-        "synthetic", "datasets", "workloads", "measure", "ags", "strategies", "training"]
+CORE = ["space", "profile_table", "perf", "memory", "pricing", "policy", "plan", "plotting",
+        "synthetic", "datasets", "workloads", "measure", "ags", "training_strategies", "training"]
 
 
 def test_core_modules_do_not_import_ray():
@@ -27,3 +27,21 @@ def test_the_check_itself_sees_ray():
     """Guard against a check that cannot fail: the Ray-facing searcher does load ray."""
     code = "import sys, searchers; sys.exit(0 if 'ray' in sys.modules else 1)"
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0
+
+
+def test_the_entry_points_stay_functions_and_never_import_each_other():
+    """`tula_ray.search` / `tula_ray.train` are functions even after their modules (same
+    names) are imported; the search entry and the training entry are independent."""
+    code = (
+        "import sys\n"
+        "from tula_ray.search import search as search_fn\n"
+        "assert 'tula_ray.train' not in sys.modules, 'the search entry imported tula_ray.train'\n"
+        "import tula_ray\n"
+        "assert tula_ray.search is search_fn, tula_ray.search\n"
+        "del sys.modules['tula_ray.search']\n"
+        "from tula_ray.train import train as train_fn\n"
+        "assert 'tula_ray.search' not in sys.modules, 'the training entry imported tula_ray.search'\n"
+        "assert tula_ray.train is train_fn, tula_ray.train\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr

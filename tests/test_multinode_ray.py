@@ -7,7 +7,7 @@ from ray.cluster_utils import Cluster
 from ray.util.state import list_actors
 
 import tula_ray
-from trainables.profile import DRIVER_RESOURCE
+from tula_ray.cluster import DRIVER_RESOURCE
 
 pytestmark = pytest.mark.ray
 

@@ -4,7 +4,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from tula_ray import perf
-from tula_ray.profiles import profile_frame
+from tula_ray.profile_table import profile_frame
 from tula_ray.space import SearchSpace
 from tula_ray.synthetic import synthetic_profiles
 

@@ -10,13 +10,9 @@ ray = pytest.importorskip("ray")
 from ray import tune  # noqa: E402
 from ray.tune.search import BasicVariantGenerator  # noqa: E402
 
-from trainables.loop import empty_row  # noqa: E402
-from trainables.profile import (  # noqa: E402
-    DRIVER_RESOURCE,
-    trainable_with_resources,
-    worker_resources,
-)
-from tula_ray.profiles import PROFILE_COLUMNS, profile_frame  # noqa: E402
+from trainables.profiling_trial import trainable_with_resources  # noqa: E402
+from tula_ray.cluster import DRIVER_RESOURCE, worker_resources  # noqa: E402
+from tula_ray.profile_table import PROFILE_COLUMNS, empty_row, profile_frame  # noqa: E402
 
 pytestmark = pytest.mark.ray
 

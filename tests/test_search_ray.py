@@ -5,6 +5,7 @@ the model and the loop are the real ones), N in {1, 2}, B in {32, 64, 128}.
 """
 
 import dataclasses
+import importlib
 
 import numpy as np
 import pytest
@@ -101,7 +102,7 @@ def _optimistic(probe_memory):
 
 def test_the_bound_check_catches_an_optimistic_memory_model(ray_session):
     """The check measures the predicted bound on a worker and pulls it back under the device."""
-    from trainables.probe import check_max_local_batch, probe_memory
+    from trainables.memory_probe import check_max_local_batch, probe_memory
 
     low, high = _peaks(64, 128)
     device = (low + high) / 2
@@ -126,17 +127,17 @@ def test_out_of_memory_candidate_is_infeasible_and_the_search_goes_on(
     """The memory bound is too optimistic and its check misses it (on a GPU a trial's
     peak can exceed the probe's: fragmentation, workspaces): B = 128 enters the space,
     runs out of memory when profiled, and partial search falls back inward."""
-    from tula_ray import api
+    search_module = importlib.import_module("tula_ray.search")
 
     low, high = _peaks(64, 128)
-    monkeypatch.setattr(api, "probe_memory", _optimistic(api.probe_memory))
+    monkeypatch.setattr(search_module, "probe_memory", _optimistic(search_module.probe_memory))
 
     def unchecked(workload, options, probe, device_bytes, *, headroom, **_):
         probe["max_local_batch"] = memory_model.max_local_batch(probe["params"], device_bytes,
                                                                 headroom)
         return probe
 
-    monkeypatch.setattr(api, "check_max_local_batch", unchecked)
+    monkeypatch.setattr(search_module, "check_max_local_batch", unchecked)
     plan = tula_ray.search(**WORKLOAD, **QUICK, cluster_sizes=(1,), mode="partial",
                            objective="time", device_memory_gb=(low + high) / 2 / 1e9,
                            headroom=0.0, storage_path=str(tmp_path))

@@ -11,7 +11,7 @@ import pytest
 
 import tula_ray
 from tula_ray import SearchSpace, build_plan
-from tula_ray.strategies import build_strategy
+from tula_ray.training_strategies import build_strategy
 from tula_ray.synthetic import example_params, synthetic_profiles
 from tula_ray.training import restore_state
 from tula_ray.workloads import get_workload

@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch import nn
 
-from tula_ray.strategies import STRATEGIES, build_strategy
+from tula_ray.training_strategies import STRATEGIES, build_strategy
 from tula_ray.training import (COLUMNS, checkpoint_state, evaluate, fit, make_loaders,
                                optimizer_hyperparameters, restore_state, train_epoch)
 from tula_ray.workloads import get_workload

@@ -134,3 +134,34 @@ def _cpu_peak(model, optimizer, loss_fn, sample_shape, num_classes, local_batch,
                 tracker.reset_mod_stats()
     peak = tracker.get_tracker_snapshot("peak")
     return int(sum(snapshot["Total"] for snapshot in peak.values()))
+
+
+def probe_peaks(workload: Workload, local_batches: list[int],
+                device: torch.device | str = "cpu") -> dict:
+    """The memory probe's measurements (DESIGN step 1), on this process's `device`.
+
+    Returns {"local_batches", "peaks": peak bytes at each, "static": eq. 3's static
+    terms (`memory.static_memory`), "input_bytes_per_sample", "device_memory_bytes":
+    the GPU's size, None on CPU}.
+    """
+    from tula_ray import memory  # eq. 3's static terms
+
+    device = torch.device(device)
+    static = memory.static_memory(workload.model_fn(), workload.optimizer_fn)
+    peaks = [peak_memory_bytes(workload, b, device=device) for b in local_batches]
+    total = torch.cuda.get_device_properties(device).total_memory if device.type == "cuda" \
+        else None
+    return {"local_batches": list(local_batches), "peaks": peaks, "static": static,
+            "input_bytes_per_sample": workload.input_bytes_per_sample,
+            "device_memory_bytes": total}
+
+
+def peak_or_none(workload: Workload, local_batch: int,
+                 device: torch.device | str = "cpu") -> float | None:
+    """One probe step's peak at `local_batch`; None if the device runs out of memory."""
+    try:
+        return float(peak_memory_bytes(workload, local_batch, device=device))
+    except torch.OutOfMemoryError:
+        if torch.device(device).type == "cuda":
+            torch.cuda.empty_cache()
+        return None

@@ -19,6 +19,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
+PROBE_BATCH_FACTORS = (1, 2, 4)  # probe local batches: two identify eq. 3, the third checks it
 # Keep this share of the device free: allocator fragmentation and the model's
 # own error (the paper reports 8-14 % median memory error, §IV-C3).
 HEADROOM_DEFAULT = 0.1
@@ -126,6 +127,28 @@ def predict_peak_bytes(params: MemoryParams, local_batch) -> np.ndarray:
     """Eq. 3: predicted peak memory of one worker at local batch b."""
     b = np.asarray(local_batch, dtype=float)
     return params.static_bytes + params.overhead_bytes + params.bytes_per_sample * b
+
+
+def probe_batches(min_local_batch: int) -> list[int]:
+    """The local batches the memory probe measures: min_local_batch x PROBE_BATCH_FACTORS."""
+    return [min_local_batch * factor for factor in PROBE_BATCH_FACTORS]
+
+
+def peak_rows(params: MemoryParams, points: Iterable[tuple[int, float]]) -> list[dict]:
+    """One row per measured (local batch, peak) with eq. 3's prediction beside it."""
+    points = list(points)
+    predicted = predict_peak_bytes(params, [b for b, _ in points])
+    return [{"local_batch": b, "peak_mem_bytes": peak, "predicted_peak_mem_bytes": float(q)}
+            for (b, peak), q in zip(points, predicted)]
+
+
+def fit_probe(points: Iterable[tuple[int, float]], static: StaticMemory,
+              input_bytes_per_sample: float) -> MemoryParams:
+    """Eq. 3 from the probe's (local batch, peak) points: the static terms measured on the
+    model and optimizer (`static_memory`), M_batch from the input size, M_act fitted."""
+    points = list(points)
+    return fit([b for b, _ in points], [peak for _, peak in points],
+               static_bytes=static.total_bytes, batch_bytes_per_sample=input_bytes_per_sample)
 
 
 def max_local_batch(params: MemoryParams, device_bytes: float,

@@ -1,6 +1,6 @@
 """Parallel performance model: per-step time = compute(b) + sync(N) (paper §III-A2).
 
-Fitted from profile rows (see `tula_ray.profiles`); predicts the step time and
+Fitted from profile rows (see `tula_ray.profile_table`); predicts the step time and
 the training time of every (N, B). Fitting is separate from predicting, and both
 are pure functions of arrays (the shape of AdaptDL's goodput model).
 
@@ -31,7 +31,7 @@ import numpy as np
 import pandas as pd
 from scipy.optimize import least_squares, lsq_linear
 
-from tula_ray.profiles import usable
+from tula_ray.profile_table import usable
 
 logger = logging.getLogger(__name__)
 

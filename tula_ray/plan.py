@@ -21,7 +21,7 @@ from tula_ray import memory as memory_model
 from tula_ray import perf
 from tula_ray.policy import Choice, choose
 from tula_ray.pricing import Pricing, parse_pricing, pricing_from_dict, pricing_to_dict
-from tula_ray.profiles import profile_frame, usable
+from tula_ray.profile_table import profile_frame, usable
 from tula_ray.space import SearchSpace
 
 PLAN_FORMAT = 1

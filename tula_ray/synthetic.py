@@ -10,7 +10,7 @@ import numpy as np
 import pandas as pd
 
 from tula_ray import perf
-from tula_ray.profiles import profile_frame
+from tula_ray.profile_table import profile_frame
 from tula_ray.space import Candidate
 
 

@@ -1,6 +1,6 @@
 """The training loop shared by single-process runs (`fit`) and Ray Train workers.
 
-`train_epoch` runs one pass of a strategy from `tula_ray.strategies`, `evaluate`
+`train_epoch` runs one pass of a strategy from `tula_ray.training_strategies`, `evaluate`
 scores the test set, and `checkpoint_state` / `restore_state` save and resume
 a run so that it continues exactly as if it had not stopped. Under
 torch.distributed every rank returns the same metrics (sums and means are
@@ -27,7 +27,7 @@ from torch import nn
 from torch.utils.data import DataLoader, DistributedSampler, Subset
 
 from tula_ray.measure import StepTimer
-from tula_ray.strategies import StrategySetup, base_optimizer, build_strategy
+from tula_ray.training_strategies import StrategySetup, base_optimizer, build_strategy
 from tula_ray.workloads import (LR_DEFAULT, MOMENTUM_DEFAULT, WEIGHT_DECAY_DEFAULT, Workload,
                                 resolve_workload)
 
@@ -222,7 +222,7 @@ def fit(workload: str | Workload, *, global_batch: int, strategy: str = "ags",
     Args:
         workload: a Workload or a built-in name (`tula_ray.workloads.get_workload`).
         global_batch: samples per optimizer step.
-        strategy, options: see `tula_ray.strategies.build_strategy`.
+        strategy, options: see `tula_ray.training_strategies.build_strategy`.
         epochs: default the workload's.
         seed: seeds the model initialisation and the data order.
         lr: the base LR before any strategy scaling; None = the workload's (paper: 0.01).

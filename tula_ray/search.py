@@ -1,12 +1,12 @@
 """`tula_ray.search()`: memory probe -> bounded space -> Tune trials -> Plan (DESIGN "Data flow").
 
-This is the Ray-facing entry point; the models it feeds live in the core modules.
+The search entry point (Ray-facing); the models it feeds live in the core modules,
+cluster concerns in `tula_ray.cluster`. It never imports the training entry point.
 """
 
 from __future__ import annotations
 
 import logging
-import os
 import time
 from dataclasses import dataclass
 from datetime import datetime
@@ -17,48 +17,21 @@ import ray
 from ray import tune
 
 from searchers import TulaSearcher
-from trainables.loop import MEASURE_STEPS_DEFAULT, WARMUP_STEPS_DEFAULT
-from trainables.probe import check_max_local_batch, probe_memory
-from trainables.profile import DRIVER_RESOURCE, profile_candidate, trial_resources
+from trainables.memory_probe import check_max_local_batch, probe_memory
+from trainables.profiling_loop import MEASURE_STEPS_DEFAULT, WARMUP_STEPS_DEFAULT
+from trainables.profiling_trial import trainable_with_resources
 from tula_ray import memory as memory_model
+from tula_ray.cluster import (CPU_MEMORY_SHARE_DEFAULT, check_capacity, ensure_ray,
+                              node_memory_bytes, use_gpu_default)
 from tula_ray.perf import COLLECTIVES, MODES
 from tula_ray.plan import Plan, build_plan
 from tula_ray.policy import OBJECTIVES
 from tula_ray.pricing import Pricing, parse_pricing
-from tula_ray.profiles import profile_frame, profile_row
+from tula_ray.profile_table import profile_frame, profile_row
 from tula_ray.space import MIN_BATCH_DEFAULT, SearchSpace, check_positive_ints
 from tula_ray.workloads import Workload, resolve_workload
 
 logger = logging.getLogger(__name__)
-
-LOCAL_NODE_IP = "127.0.0.2"  # loopback that Ray does not rewrite (NOTES-ENV): nothing exposed
-CPU_MEMORY_SHARE_DEFAULT = 0.25  # of the node's RAM per worker, when the user declares none
-
-
-def _node_memory_bytes() -> int:
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-
-
-def ensure_ray() -> bool:
-    """Start a local Ray on loopback unless the user already called `ray.init(...)`.
-
-    Returns True when this call started Ray (and so should shut it down).
-    """
-    if ray.is_initialized():
-        return False
-    ray.init(
-        # "local": always a new local Ray; a bare ray.init() would join any Ray
-        # cluster already running on this machine (someone else's, or a test's).
-        address="local",
-        _node_ip_address=LOCAL_NODE_IP,
-        # Trials hold this instead of a CPU, so N workers can use all N CPUs.
-        resources={DRIVER_RESOURCE: 4},
-        include_dashboard=True,
-        dashboard_host=LOCAL_NODE_IP,
-        log_to_driver=False,
-    )
-    return True
-
 
 def _validate(r: "_Request") -> None:
     check_positive_ints("cluster_sizes", r.cluster_sizes)
@@ -149,7 +122,7 @@ def search(
     _validate(request)
     started_ray = ensure_ray()
     try:
-        use_gpu = bool(ray.cluster_resources().get("GPU", 0))
+        use_gpu = use_gpu_default()
         check_capacity(request.cluster_sizes, use_gpu)
         started = time.perf_counter()
         space, probe, device_bytes = _bounded_space(request, use_gpu)
@@ -185,14 +158,6 @@ def _json_options(options: dict[str, Any]) -> dict[str, Any]:
     return kept
 
 
-def check_capacity(cluster_sizes: tuple[int, ...], use_gpu: bool) -> None:
-    kind = "GPU" if use_gpu else "CPU"
-    capacity = int(ray.cluster_resources().get(kind, 0))
-    if cluster_sizes[-1] > capacity:
-        raise ValueError(f"cluster size {cluster_sizes[-1]} is larger than the cluster's "
-                         f"{capacity} {kind}s; allowed cluster sizes are <= {capacity}")
-
-
 def _bounded_space(request: _Request, use_gpu: bool) -> tuple[SearchSpace, dict, float]:
     """DESIGN step 1-2: the memory probe on one worker bounds B; the space up to it."""
     sizes = request.cluster_sizes
@@ -202,7 +167,7 @@ def _bounded_space(request: _Request, use_gpu: bool) -> tuple[SearchSpace, dict,
         device_bytes = request.device_memory_gb * 1e9
     else:
         device_bytes = (probe["device_memory_bytes"]
-                        or CPU_MEMORY_SHARE_DEFAULT * _node_memory_bytes())
+                        or CPU_MEMORY_SHARE_DEFAULT * node_memory_bytes())
     # No candidate needs a local batch above max_batch / N_min: nothing larger is measured.
     largest = min(request.max_batch or request.workload.dataset_size, request.workload.dataset_size)
     cap = max(1, largest // sizes[0])
@@ -229,7 +194,7 @@ def _profile(request: _Request, space: SearchSpace, use_gpu: bool,
     searcher = TulaSearcher(space.candidates(), request.mode, fixed)
     name = request.name or f"tula-{request.workload.name}-{datetime.now():%Y%m%d-%H%M%S}"
     tuner = tune.Tuner(
-        tune.with_resources(profile_candidate, trial_resources()),
+        trainable_with_resources(),
         tune_config=tune.TuneConfig(search_alg=searcher, num_samples=-1, max_concurrent_trials=1,
                                     metric="step_time_s", mode="min"),
         run_config=tune.RunConfig(storage_path=request.storage_path, name=name, verbose=1),

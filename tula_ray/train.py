@@ -1,10 +1,11 @@
-"""`tula_ray.train()`: relaunch a Plan's chosen (N, B) as a Ray Train job (DESIGN step 6).
+"""`tula_ray.train()`: train a Plan's chosen (N, B) as a Ray Train job (DESIGN step 7).
 
     plan = tula_ray.search("fashion-mnist-cnn")
     result = tula_ray.train(plan, strategy="ags")   # or train("plan/plan.json")
     result.metrics  # one row per epoch: train loss/accuracy, test accuracy, AGS telemetry
 
-One `TorchTrainer` with N workers runs `trainables.train_loop.train_loop_per_worker`:
+The training entry point (Ray-facing); it never imports the search entry point.
+One `TorchTrainer` with N workers runs `trainables.training_loop.train_loop_per_worker`:
 the metrics are reported every epoch (Ray dashboard, Train page), a checkpoint is
 kept every epoch, and after a worker failure the run resumes from the last
 checkpoint, up to `max_failures` times. Every argument is checked before Ray
@@ -28,13 +29,12 @@ from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
 from ray.train.torch import TorchTrainer
 from torch import nn
 
-from trainables.profile import worker_resources
-from trainables.train_loop import load_checkpoint_state, train_loop_per_worker
+from trainables.training_loop import load_checkpoint_state, train_loop_per_worker
 from tula_ray.ags import SMALL_BATCH_DEFAULT
-from tula_ray.api import check_capacity, ensure_ray
+from tula_ray.cluster import check_capacity, ensure_ray, use_gpu_default, worker_resources
 from tula_ray.plan import Plan
-from tula_ray.strategies import OPTIONS, STRATEGIES, build_strategy
-from tula_ray.strategies import logger as strategies_logger
+from tula_ray.training_strategies import OPTIONS, STRATEGIES, build_strategy
+from tula_ray.training_strategies import logger as strategies_logger
 from tula_ray.workloads import Workload, resolve_workload
 
 logger = logging.getLogger(__name__)
@@ -106,8 +106,8 @@ def train(
     """Train the plan's chosen N and B as a Ray Train job and return the per-epoch metrics.
 
     plan: a Plan, or the path (or JSON text) of one written by `Plan.to_json`.
-    strategy: "ags" (the paper's method) or a baseline, see tula_ray.strategies.STRATEGIES;
-      strategy_options go to tula_ray.strategies.build_strategy.
+    strategy: "ags" (the paper's method) or a baseline, see tula_ray.training_strategies.STRATEGIES;
+      strategy_options go to tula_ray.training_strategies.build_strategy.
     workload, workload_options: default the plan's (its `workload` name, and
       `meta["workload_options"]` when recorded); required when the plan names no
       built-in workload (e.g. a replayed or synthetic plan).
@@ -127,7 +127,7 @@ def train(
     marker_dir = tempfile.mkdtemp(prefix="tula-fail-") if fail_at_epoch is not None else None
     try:
         if use_gpu is None:
-            use_gpu = bool(ray.cluster_resources().get("GPU", 0))
+            use_gpu = use_gpu_default()
         check_capacity((job.num_workers,), use_gpu)
         trainer = _trainer(job, storage_path, name, max_failures, seed, use_gpu, lr,
                            fail_at_epoch, marker_dir)

@@ -30,7 +30,7 @@ import torch.distributed as dist
 from torch.utils.data import DataLoader
 
 from tula_ray.measure import StepTimer, peak_memory_bytes, train_step
-from tula_ray.profiles import PROFILE_COLUMNS, STATUS_OK, STATUS_OOM
+from tula_ray.profile_table import MAX_ERROR_CHARS, STATUS_OK, STATUS_OOM, empty_row
 from tula_ray.workloads import resolve_workload
 
 logger = logging.getLogger(__name__)
@@ -38,20 +38,6 @@ logger = logging.getLogger(__name__)
 WARMUP_STEPS_DEFAULT = 3
 MEASURE_STEPS_DEFAULT = 8
 SEED_DEFAULT = 0
-MAX_ERROR_CHARS = 2000  # keep a traceback-sized message out of every results table
-
-
-def empty_row(num_workers: int, global_batch: int, status: str = STATUS_OK,
-              error: str = "") -> dict[str, Any]:
-    """A profile row with every PROFILE_COLUMNS field: NaN where nothing was measured.
-
-    Every field is always present: Tune rejects results that lack the search metric.
-    """
-    row: dict[str, Any] = {column: math.nan for column in PROFILE_COLUMNS}
-    row.update(num_workers=num_workers, global_batch=global_batch,
-               local_batch=global_batch // num_workers if num_workers else 0,
-               status=status, error=error[-MAX_ERROR_CHARS:])
-    return row
 
 
 def _cycle(loader: DataLoader) -> Iterator:

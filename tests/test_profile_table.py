@@ -1,6 +1,6 @@
 """profile_row: the one place a trial's report becomes a profile row."""
 
-from tula_ray.profiles import STATUS_ERROR, profile_frame, profile_row
+from tula_ray.profile_table import STATUS_ERROR, profile_frame, profile_row
 
 
 def test_a_reported_row_keeps_its_measurements_and_takes_n_b_from_the_config():

@@ -11,7 +11,7 @@ import torch.multiprocessing as mp
 from torch import nn
 from torch.utils.data import TensorDataset
 
-from tula_ray.strategies import (BASE_BATCH_DEFAULT, OPTIONS, STRATEGIES, WARMUP_EPOCHS_DEFAULT,
+from tula_ray.training_strategies import (BASE_BATCH_DEFAULT, OPTIONS, STRATEGIES, WARMUP_EPOCHS_DEFAULT,
                                  base_optimizer, build_strategy, linear_scaled_lr)
 from tula_ray.workloads import FashionCNN, get_workload
 

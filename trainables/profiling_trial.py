@@ -4,14 +4,13 @@ Train V2 (the default in Ray 2.60) does not accept `Tuner(trainer)`; the
 supported pattern is a Tune function trainable that builds and fits a
 TorchTrainer and forwards the workers' reports to Tune with
 `TuneReportCallback`. The trial itself holds no CPU but one unit of the custom
-`train_driver` resource: a trial holding a CPU leaves N = 2 workers on a 2-CPU
-node waiting forever (NOTES-ENV), and Tune refuses a bare {"CPU": 0}.
+`train_driver` resource (`tula_ray.cluster.trial_resources`).
 
     tune.Tuner(trainable_with_resources(), param_space={"num_workers": 2,
                "global_batch": 256, "workload": "fashion-mnist-cnn"}, ...)
 
 Whatever happens, the trial reports exactly one row with every
-`tula_ray.profiles.PROFILE_COLUMNS` field; failures are rows with status
+`tula_ray.profile_table.PROFILE_COLUMNS` field; failures are rows with status
 "oom" or "error", never a crashed search.
 """
 
@@ -20,61 +19,25 @@ from __future__ import annotations
 import logging
 from typing import Any, Callable
 
-import ray
 from ray import tune
 from ray.train import FailureConfig, RunConfig, ScalingConfig
 from ray.train.torch import TorchTrainer
 from ray.tune.integration.ray_train import TuneReportCallback
 
-from trainables.loop import empty_row, profile_loop_per_worker
-from tula_ray.profiles import STATUS_ERROR, STATUS_OOM
+from trainables.profiling_loop import profile_loop_per_worker
+from tula_ray.cluster import trial_resources, use_gpu_default, worker_resources
+from tula_ray.profile_table import STATUS_ERROR, STATUS_OOM, empty_row
 from tula_ray.workloads import resolve_workload
 
 logger = logging.getLogger(__name__)
 
-# Custom resource a trial's driver holds instead of a CPU; `ray.init(resources=
-# {DRIVER_RESOURCE: k})` allows k concurrent trials. Cluster nodes declare it in cluster.yaml.
-DRIVER_RESOURCE = "train_driver"
 # Keys of a trial config read by the trial itself; the rest go to the worker loop.
 TRIAL_KEYS = ("num_workers", "use_gpu", "cpus_per_worker", "storage_path")
-
-
-def trial_resources() -> dict[str, float]:
-    """Resources of one profiling trial's driver: no CPU, one `train_driver`.
-
-    When Ray is running without that resource (someone else's `ray.init`), the
-    trial takes one CPU instead, so it is scheduled rather than pending forever.
-    """
-    if ray.is_initialized() and not ray.cluster_resources().get(DRIVER_RESOURCE):
-        logger.warning("the Ray cluster has no %r resource; profiling trials take 1 CPU each "
-                       "(start Ray with resources={%r: 4} to keep every CPU for workers)",
-                       DRIVER_RESOURCE, DRIVER_RESOURCE)
-        return {"CPU": 1}
-    return {"CPU": 0, DRIVER_RESOURCE: 1}
 
 
 def trainable_with_resources() -> Callable:
     """`profile_candidate` wrapped with `trial_resources()`, ready for `tune.Tuner`."""
     return tune.with_resources(profile_candidate, trial_resources())
-
-
-def worker_resources(num_workers: int, use_gpu: bool,
-                     cpus_per_worker: float | None = None) -> dict[str, float]:
-    """Resources of one Train worker.
-
-    GPU: one GPU (ScalingConfig's default) and one CPU. CPU: the node's CPUs
-    shared out, at most one each: min(1, CPUs / N), so N = 4 workers run on 2
-    CPUs at 0.5 each (oversubscribed, measured to work).
-    """
-    if cpus_per_worker is None:
-        cpus_per_worker = 1.0 if use_gpu else min(
-            1.0, ray.cluster_resources().get("CPU", 1.0) / num_workers)
-    if cpus_per_worker <= 0:
-        raise ValueError(f"cpus_per_worker={cpus_per_worker!r}; it must be > 0")
-    resources = {"CPU": float(cpus_per_worker)}
-    if use_gpu:
-        resources["GPU"] = 1.0
-    return resources
 
 
 def build_trainer(config: dict[str, Any], callbacks: list | None = None) -> TorchTrainer:
@@ -88,7 +51,7 @@ def build_trainer(config: dict[str, Any], callbacks: list | None = None) -> Torc
     num_workers = int(config["num_workers"])
     use_gpu = config.get("use_gpu")
     if use_gpu is None:
-        use_gpu = bool(ray.cluster_resources().get("GPU", 0))
+        use_gpu = use_gpu_default()
     resources = worker_resources(num_workers, bool(use_gpu), config.get("cpus_per_worker"))
     loop_config = {k: v for k, v in config.items() if k not in TRIAL_KEYS}
     loop_config["cpus_per_worker"] = resources["CPU"]  # reported with the row

@@ -1,7 +1,7 @@
 """The Ray Train per-worker loop that trains the chosen (N, B) (DESIGN "Data flow" step 6).
 
 Each worker trains its share of the global batch B (local batch B / N) with a
-strategy of `tula_ray.strategies` (AGS by default) for the workload's epochs,
+strategy of `tula_ray.training_strategies` (AGS by default) for the workload's epochs,
 scores the whole test set every epoch, and reports the metrics with
 `ray.train.report`, so they show in the Ray dashboard. Rank 0 attaches a
 checkpoint every epoch (model, optimizer with the AGS state, scheduler, epoch:
@@ -24,7 +24,7 @@ import ray.train
 import ray.train.torch
 import torch
 
-from tula_ray.strategies import build_strategy
+from tula_ray.training_strategies import build_strategy
 from tula_ray.training import (checkpoint_state, evaluate, make_loaders,
                                optimizer_hyperparameters, restore_state, train_epoch)
 from tula_ray.workloads import resolve_workload

@@ -7,7 +7,8 @@ medians over the measured steps, in seconds.
 
 from __future__ import annotations
 
-from typing import Iterable, Mapping
+import math
+from typing import Any, Iterable, Mapping
 
 import pandas as pd
 
@@ -29,6 +30,20 @@ PROFILE_COLUMNS = (
     "error",
 )
 NUMERIC_COLUMNS = PROFILE_COLUMNS[:8]
+MAX_ERROR_CHARS = 2000  # keep a traceback-sized message out of every results table
+
+
+def empty_row(num_workers: int, global_batch: int, status: str = STATUS_OK,
+              error: str = "") -> dict[str, Any]:
+    """A profile row with every PROFILE_COLUMNS field: NaN where nothing was measured.
+
+    Every field is always present: Tune rejects results that lack the search metric.
+    """
+    row: dict[str, Any] = {column: math.nan for column in PROFILE_COLUMNS}
+    row.update(num_workers=num_workers, global_batch=global_batch,
+               local_batch=global_batch // num_workers if num_workers else 0,
+               status=status, error=error[-MAX_ERROR_CHARS:])
+    return row
 
 
 def profile_frame(rows: Iterable[Mapping] = ()) -> pd.DataFrame:
