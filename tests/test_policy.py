@@ -1,7 +1,6 @@
 import numpy as np
 import pandas as pd
 import pytest
-from kneed import KneeLocator
 
 from tula_ray.policy import choose, envelope, find_knee
 
@@ -45,25 +44,41 @@ def test_infeasible_rows_are_never_chosen():
     assert (choice.num_workers, choice.global_batch) == (2, 128)
 
 
+LOW_B, HIGH_B, DENSE_POINTS = 32, 8192, 200
+
+
 def dense_curve():
-    batches = np.geomspace(32, 8192, 200)
+    batches = np.geomspace(LOW_B, HIGH_B, DENSE_POINTS)
     time = 1000.0 / batches + 2.0  # convex, decreasing, flattening: a clear knee
     return pd.DataFrame({"num_workers": 1, "global_batch": batches, "total_time_s": time,
                          "cost_usd": time, "feasible": True})
 
 
-def test_knee_is_kneedles_answer_on_the_dense_curve():
+def kneedle_knee_by_hand() -> float:
+    """Kneedle's knee of y = 1000 / B + 2 over x = log2(B), solved analytically.
+
+    Kneedle (Satopaa et al., paper [32]) normalises x and y to [0, 1] and, for a
+    convex decreasing curve, takes the point farthest below the chord from (0, 1) to
+    (1, 0): the minimum of x_n + y_n. With x_n = (x - x0) / (x1 - x0) and
+    y_n = (1000 * 2^-x - 1000 * 2^-x1) / (1000 * (2^-x0 - 2^-x1)), setting the derivative
+    to 0 gives 2^-x = (2^-x0 - 2^-x1) / ((x1 - x0) * ln 2).
+    """
+    x0, x1 = np.log2(LOW_B), np.log2(HIGH_B)
+    return float(((2.0**-x0 - 2.0**-x1) / ((x1 - x0) * np.log(2))) ** -1)  # B = 2^x
+
+
+def test_knee_is_kneedles_on_the_dense_curve():
     dense = dense_curve()
-    expected = KneeLocator(np.log2(dense["global_batch"]), dense["total_time_s"],
-                           curve="convex", direction="decreasing").knee
-    assert find_knee(dense["global_batch"], dense["total_time_s"]) == pytest.approx(2**expected)
+    expected = kneedle_knee_by_hand()  # ~178
+    grid_step = (HIGH_B / LOW_B) ** (1 / (DENSE_POINTS - 1))  # ratio between dense points
+    knee = find_knee(dense["global_batch"], dense["total_time_s"])
+    assert expected / grid_step <= knee <= expected * grid_step
     candidates = table([(1, b, 1000.0 / b + 2.0, 1.0) for b in (32, 64, 128, 256, 512, 1024,
                                                               2048, 4096, 8192)])
     choice = choose(candidates, "knee", dense=dense)
-    assert choice.knee_global_batch == pytest.approx(2**expected)
-    # The choice is the candidate nearest the knee in log2(B).
-    distance = np.abs(np.log2(candidates["global_batch"]) - expected)
-    assert choice.global_batch == candidates["global_batch"][distance.idxmin()]
+    assert choice.knee_global_batch == pytest.approx(knee)
+    # The choice is the candidate nearest the knee in log2(B): 178 is nearer 128 than 256.
+    assert choice.global_batch == 128
     assert "Kneedle" in choice.reason
 
 

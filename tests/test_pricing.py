@@ -3,6 +3,7 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 
+from tula_ray import pricing as pricing_module
 from tula_ray.pricing import (FixedRate, MemoryRate, PerSecondBilling, Pricing, parse_pricing,
                               pricing_from_dict, pricing_to_dict, register_pricing)
 
@@ -36,10 +37,16 @@ class Spot:
                 "discount": self.discount}
 
 
+@pytest.fixture
+def spot_registered(monkeypatch):
+    """Spot registered for one test only: the registry is restored afterwards."""
+    monkeypatch.setattr(pricing_module, "PRICINGS", dict(pricing_module.PRICINGS))
+    register_pricing("spot-test", Spot)
+
+
 @pytest.mark.parametrize("pricing", [FixedRate(1.0), MemoryRate(0.2), PerSecondBilling(3.0, 10.0),
                                      Spot(2.48, 0.7)])
-def test_round_trip_through_dicts(pricing):
-    register_pricing("spot-test", Spot)
+def test_round_trip_through_dicts(pricing, spot_registered):
     assert isinstance(pricing, Pricing)
     assert pricing_from_dict(pricing_to_dict(pricing)) == pricing
 
@@ -55,3 +62,9 @@ def test_parse_pricing_forms_and_errors():
         parse_pricing("fixed:-1")
     with pytest.raises(ValueError, match="pricing kind 'moon' is not registered"):
         pricing_from_dict({"kind": "moon"})
+
+
+def test_a_registered_kind_is_gone_after_the_test_that_registered_it():
+    assert "spot-test" not in pricing_module.PRICINGS
+    with pytest.raises(ValueError, match="pricing kind 'spot-test' is not registered"):
+        pricing_from_dict(Spot(2.48, 0.7).to_dict())

@@ -101,14 +101,14 @@ class PerSecondBilling:
         return {"kind": "per-second", **asdict(self)}
 
 
-_REGISTRY: dict[str, type] = {
+PRICINGS: dict[str, type] = {  # kind (in to_dict) -> class; `register_pricing` adds one
     "fixed": FixedRate, "memory": MemoryRate, "per-second": PerSecondBilling,
 }
 
 
 def register_pricing(kind: str, cls: type) -> None:
     """Let `pricing_from_dict` rebuild `cls` from its `to_dict()` (which must say this kind)."""
-    _REGISTRY[kind] = cls
+    PRICINGS[kind] = cls
 
 
 def pricing_to_dict(pricing: Pricing) -> dict[str, Any]:
@@ -121,10 +121,10 @@ def pricing_to_dict(pricing: Pricing) -> dict[str, Any]:
 def pricing_from_dict(data: dict[str, Any]) -> Pricing:
     fields = dict(data)
     kind = fields.pop("kind", None)
-    if kind not in _REGISTRY:
-        raise ValueError(f"pricing kind {kind!r} is not registered; known: {sorted(_REGISTRY)} "
+    if kind not in PRICINGS:
+        raise ValueError(f"pricing kind {kind!r} is not registered; known: {sorted(PRICINGS)} "
                          "(register_pricing(kind, cls) adds one)")
-    return _REGISTRY[kind](**fields)
+    return PRICINGS[kind](**fields)
 
 
 def parse_pricing(spec: Pricing | dict | str) -> Pricing:
