@@ -178,3 +178,21 @@ def test_failed_rows_are_ignored_by_the_fit():
 def test_params_round_trip_through_dicts():
     fitted = perf.fit(synthetic_profiles(SPACE.candidates(), truth(2e-3, 2e-4, 0.02, 0.3)))
     assert perf.PerfParams.from_dict(fitted.to_dict()) == fitted
+
+
+def test_the_overlap_form_is_the_p_norm_by_hand():
+    """AdaptDL's overlap: (t_c^p + t_s^p)^(1/p); 5-12-13 at p = 2, the paper's sum at p = 1."""
+    assert float(perf.combine_step_s(5.0, 12.0, 2.0)) == pytest.approx(13.0)
+    assert float(perf.combine_step_s(5.0, 12.0, 1.0)) == pytest.approx(17.0)
+    # (1 + 8)^(1/3) = 9^(1/3): one compute second, two sync seconds, p = 3
+    assert float(perf.combine_step_s(1.0, 2.0, 3.0)) == pytest.approx(2.080083823)
+
+
+def test_compute_between_profiled_cluster_sizes_is_interpolated_in_log2_n():
+    """N = 4 lies halfway between N = 2 and N = 8 in log2(N) (1, 2, 3): its compute time is
+    the mean of theirs, not the value a third of the way (linear in N); beyond the
+    profiled sizes it is held constant."""
+    params = perf.PerfParams({2: perf.ComputeCurve(0.0, 1.0), 8: perf.ComputeCurve(0.0, 3.0)},
+                             perf.ComputeCurve(0.0, 1.0), 0.0, "ring")
+    predicted = perf.predict_compute_s(params, [2, 4, 8, 1, 16], 10)
+    np.testing.assert_allclose(predicted, [10.0, 20.0, 30.0, 10.0, 30.0])
