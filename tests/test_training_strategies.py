@@ -90,9 +90,9 @@ def test_warmup_longer_than_the_run_is_clamped_with_a_note():
 def test_ags_options_reach_the_optimizer():
     setup = _build("ags", options={"delta": 0.3, "small_batch": 16, "refresh_every": 5,
                                    "granularity": "element", "s_max": 3.0, "s_min": 0.1})
-    opt = setup.optimizer
-    assert (opt.delta, opt.small_batch, opt.refresh_every, opt.granularity, opt.s_max,
-            opt.s_min) == (0.3, 16, 5, "element", 3.0, 0.1)
+    opt, group = setup.optimizer, setup.optimizer.param_groups[0]
+    assert (group["delta"], opt.small_batch, opt.refresh_every, opt.granularity, group["s_max"],
+            group["s_min"]) == (0.3, 16, 5, "element", 3.0, 0.1)
 
 
 @pytest.mark.parametrize("name, kwargs, message", [
