@@ -4,7 +4,8 @@ import subprocess
 import sys
 
 CORE = ["space", "profile_table", "perf", "memory", "pricing", "policy", "plan", "plotting",
-        "synthetic", "datasets", "workloads", "measure", "ags", "training_strategies", "training"]
+        "synthetic", "datasets", "workloads", "measure", "ags", "strategy_base", "ags_strategy", "training_strategies",
+        "training"]
 
 
 def test_core_modules_do_not_import_ray():

@@ -101,7 +101,7 @@ def test_a_worker_failure_resumes_from_the_last_checkpoint(recovered, trained):
 
 @pytest.mark.parametrize("plan_kwargs, train_kwargs, message", [
     ({}, dict(strategy="sgd"), r"strategy 'sgd' is unknown; use one of \('ags', "),
-    ({}, dict(strategy_options={"deltaa": 0.3}), "strategy option 'deltaa' is unknown"),
+    ({}, dict(strategy_options={"deltaa": 0.3}), "option 'deltaa' is unknown for strategy 'ags'"),
     ({}, dict(strategy_options={"s_min": -1.0}), r"s_min=-1.0: need 0 <= s_min"),
     (dict(workload="synthetic", meta={}), {}, "the plan does not record a workload"),
     (dict(cluster_sizes=(4,)), {}, "cluster size 4 is larger than the cluster's 2 CPUs"),
