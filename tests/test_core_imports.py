@@ -4,7 +4,7 @@ import subprocess
 import sys
 
 CORE = ["space", "profile_table", "perf", "memory", "pricing", "policy", "plan", "plotting",
-        "synthetic", "datasets", "workloads", "measure", "ags", "strategy_base", "ags_strategy", "training_strategies",
+        "synthetic", "datasets", "workloads", "measure", "ags", "ags_sources", "strategy_base", "ags_strategy", "training_strategies",
         "training"]
 
 
