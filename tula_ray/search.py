@@ -168,6 +168,11 @@ def _bounded_space(request: _Request, use_gpu: bool) -> tuple[SearchSpace, dict,
     else:
         device_bytes = (probe["device_memory_bytes"]
                         or CPU_MEMORY_SHARE_DEFAULT * node_memory_bytes())
+    # What the probe (one process, no DDP) cannot see: the CUDA context, DDP's gradient
+    # buckets and NCCL's buffers. Budgeted for the largest N, so it holds for every N.
+    device_bytes = memory_model.device_budget_bytes(
+        device_bytes, grad_bytes=probe["static"].grad_bytes, num_workers=sizes[-1],
+        in_use_bytes=probe["device_in_use_bytes"], nccl=use_gpu)
     # No candidate needs a local batch above max_batch / N_min: nothing larger is measured.
     largest = min(request.max_batch or request.workload.dataset_size, request.workload.dataset_size)
     cap = max(1, largest // sizes[0])
