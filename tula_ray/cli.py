@@ -213,7 +213,7 @@ def main(argv: list[str] | None = None) -> int:
                         format="%(levelname)s %(name)s: %(message)s")
     try:
         args.run(args)
-    except (ValueError, FileNotFoundError) as error:
+    except (ValueError, TypeError, FileNotFoundError) as error:  # bad input: no traceback
         print(f"tula-ray: error: {error}", file=sys.stderr)
         return 2
     return 0
