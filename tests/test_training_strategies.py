@@ -2,15 +2,13 @@
 
 import dataclasses
 import os
-import socket
 
 import pytest
 import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
 from torch import nn
 from torch.utils.data import TensorDataset
 
+from benchmarks.common import spawn_gloo
 from tula_ray.training_strategies import (BASE_BATCH_DEFAULT, OPTIONS, STRATEGIES, WARMUP_EPOCHS_DEFAULT,
                                  base_optimizer, build_strategy, linear_scaled_lr)
 from tula_ray.workloads import FashionCNN, get_workload
@@ -129,12 +127,6 @@ def test_every_strategy_lists_its_options():
 
 # --------------------------------------------------------------------------- two gloo ranks
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def _flat(model: nn.Module) -> torch.Tensor:
     return torch.cat([p.detach().reshape(-1).clone() for p in model.parameters()])
 
@@ -153,60 +145,54 @@ def _polo_steps(model, setup, data: torch.Generator, steps: int) -> list[torch.T
     return params
 
 
-def _two_rank_worker(rank: int, port: int, out_dir: str) -> None:
+def _two_rank_worker(rank: int, out_dir: str) -> None:
     from tula_ray.training import (checkpoint_state, evaluate, make_loaders, restore_state,
                                    train_epoch)
 
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=2)
-    try:
-        # PoLo: synchronous for 1 epoch of 4 steps, then local, averaging every 2 steps.
-        polo_kwargs = {"global_batch": 16, "steps_per_epoch": 4, "epochs": 3,
-                       "options": {"switch_epoch": 1, "averages_per_epoch": 2, "warmup_epochs": 1}}
-        torch.manual_seed(0)
-        model = nn.parallel.DistributedDataParallel(FashionCNN())
-        setup = build_strategy("polo", model, **polo_kwargs)
-        data = torch.Generator().manual_seed(100 + rank)  # different data per rank
-        params = _polo_steps(model, setup, data, 9)
-        state = checkpoint_state(model, setup, epoch=1)
-        polo = {"params": params, "notes": setup.notes, "comm_iter": setup.comm_state.iter,
-                "checkpoint": state}
-        # Two more steps straight on, and the same two after a rebuild + restore.
-        data_state = data.get_state()
-        polo["straight"] = _polo_steps(model, setup, data, 2)
-        torch.manual_seed(5)
-        model = nn.parallel.DistributedDataParallel(FashionCNN())
-        setup = build_strategy("polo", model, **polo_kwargs)
-        restore_state(state, model, setup)
-        polo["resumed_counters"] = (setup.comm_state.iter, setup.optimizer.averager.step)
-        polo["resumed"] = _polo_steps(model, setup, data.set_state(data_state), 2)
+    # PoLo: synchronous for 1 epoch of 4 steps, then local, averaging every 2 steps.
+    polo_kwargs = {"global_batch": 16, "steps_per_epoch": 4, "epochs": 3,
+                   "options": {"switch_epoch": 1, "averages_per_epoch": 2, "warmup_epochs": 1}}
+    torch.manual_seed(0)
+    model = nn.parallel.DistributedDataParallel(FashionCNN())
+    setup = build_strategy("polo", model, **polo_kwargs)
+    data = torch.Generator().manual_seed(100 + rank)  # different data per rank
+    params = _polo_steps(model, setup, data, 9)
+    state = checkpoint_state(model, setup, epoch=1)
+    polo = {"params": params, "notes": setup.notes, "comm_iter": setup.comm_state.iter,
+            "checkpoint": state}
+    # Two more steps straight on, and the same two after a rebuild + restore.
+    data_state = data.get_state()
+    polo["straight"] = _polo_steps(model, setup, data, 2)
+    torch.manual_seed(5)
+    model = nn.parallel.DistributedDataParallel(FashionCNN())
+    setup = build_strategy("polo", model, **polo_kwargs)
+    restore_state(state, model, setup)
+    polo["resumed_counters"] = (setup.comm_state.iter, setup.optimizer.averager.step)
+    polo["resumed"] = _polo_steps(model, setup, data.set_state(data_state), 2)
 
-        # train_epoch/evaluate over 2 ranks: AGS with the DDP-local gradient as g_small.
-        # Random tensors instead of FakeData: spares each rank torchvision's import (seconds).
-        data = torch.Generator().manual_seed(0)
-        train = TensorDataset(torch.randn(128, 1, 28, 28, generator=data),
-                              torch.randint(0, 10, (128,), generator=data))
-        test = TensorDataset(torch.randn(32, 1, 28, 28, generator=data),
-                             torch.randint(0, 10, (32,), generator=data))
-        workload = dataclasses.replace(get_workload("fashion-mnist-cnn", data="fake"),
-                                       train_dataset_fn=lambda: train, test_dataset_fn=lambda: test)
-        train_loader, test_loader = make_loaders(workload, 16, seed=0, num_replicas=2, rank=rank)
-        torch.manual_seed(1)
-        model = nn.parallel.DistributedDataParallel(FashionCNN())
-        setup = build_strategy("ags", model, global_batch=32, steps_per_epoch=len(train_loader),
-                               epochs=1, options={"source": "local"})
-        metrics = train_epoch(model, setup, nn.CrossEntropyLoss(), train_loader, "cpu", epoch=0)
-        metrics.update(evaluate(model, test_loader, "cpu", nn.CrossEntropyLoss()))
-        ags = {"metrics": metrics, "params": _flat(model.module),
-               "small_batch": setup.optimizer.small_batch, "test_samples": len(test_loader.dataset)}
-        torch.save({"polo": polo, "ags": ags}, os.path.join(out_dir, f"{rank}.pt"))
-    finally:
-        dist.destroy_process_group()
+    # train_epoch/evaluate over 2 ranks: AGS with the DDP-local gradient as g_small.
+    # Random tensors instead of FakeData: spares each rank torchvision's import (seconds).
+    data = torch.Generator().manual_seed(0)
+    train = TensorDataset(torch.randn(128, 1, 28, 28, generator=data),
+                          torch.randint(0, 10, (128,), generator=data))
+    test = TensorDataset(torch.randn(32, 1, 28, 28, generator=data),
+                         torch.randint(0, 10, (32,), generator=data))
+    workload = dataclasses.replace(get_workload("fashion-mnist-cnn", data="fake"),
+                                   train_dataset_fn=lambda: train, test_dataset_fn=lambda: test)
+    train_loader, test_loader = make_loaders(workload, 16, seed=0, num_replicas=2, rank=rank)
+    torch.manual_seed(1)
+    model = nn.parallel.DistributedDataParallel(FashionCNN())
+    setup = build_strategy("ags", model, global_batch=32, steps_per_epoch=len(train_loader),
+                           epochs=1, options={"source": "local"})
+    metrics = train_epoch(model, setup, nn.CrossEntropyLoss(), train_loader, "cpu", epoch=0)
+    metrics.update(evaluate(model, test_loader, "cpu", nn.CrossEntropyLoss()))
+    ags = {"metrics": metrics, "params": _flat(model.module),
+           "small_batch": setup.optimizer.small_batch, "test_samples": len(test_loader.dataset)}
+    torch.save({"polo": polo, "ags": ags}, os.path.join(out_dir, f"{rank}.pt"))
 
 
 def test_two_gloo_ranks_polo_averages_and_metrics_agree(tmp_path):
-    mp.spawn(_two_rank_worker, args=(_free_port(), str(tmp_path)), nprocs=2, join=True)
+    spawn_gloo(_two_rank_worker, 2, str(tmp_path))
     rank0, rank1 = (torch.load(tmp_path / f"{rank}.pt", weights_only=False) for rank in (0, 1))
 
     polo0, polo1 = rank0["polo"], rank1["polo"]

@@ -18,13 +18,26 @@ gradient comes from one of two `SOURCES`:
       gradients itself.
 Workers then average their scales, so the replicas stay identical.
 
-Choices the paper leaves open (NOTES-ENV), made here and documented:
-  - the first step has no previous norm: it counts as sensitive (unscaled);
-  - the scales start at 1 (Algorithm 1's input) and the first refresh happens at
-    the first step, so epoch 1 is already scaled;
-  - weight decay is added inside the base optimizer's step, so it is not scaled;
-  - line 16 is computed as |g_small| / (|g_large| + eps), which equals
-    |g_small / (g_large + eps)| up to where eps goes and never divides by zero.
+Algorithm 1 as printed, and where this implementation departs from it (each
+departure is also commented where it is made; tests/test_ags.py holds the optimizer
+step for step against a plain re-implementation of Algorithm 1):
+  - line 10: scales computed at a refresh act from the NEXT step (`step()` installs
+    them after the base optimizer's update), as in the paper;
+  - lines 13-14: the extra forward/backward on the sub-batch runs in training mode
+    and leaves every buffer (BatchNorm running statistics) as it found it;
+  - refresh frequency: Algorithm 1 refreshes every iteration, §IV-A once per epoch
+    "by default, although this frequency is configurable": `refresh_every`, default
+    "epoch" (the first step of each epoch refreshes);
+  - the first step has no previous norm (eq. 5 is undefined): it counts as sensitive;
+  - the scales start at 1 (Algorithm 1's input); the first refresh is at the first step;
+  - line 16 per element is computed literally, |g_small / (g_large + eps)|; 0/0 (a
+    gradient of exactly -eps) counts as 0. Per tensor ("tensor" granularity, one
+    reading of "per-parameter") it is |g_small| / (|g_large| + eps) with norms;
+  - line 13's sub-batch is the first `small_batch` samples of the (shuffled) local batch;
+  - line 9 is the wrapped optimizer's step (SGD with momentum in the paper's
+    experiments), which adds weight decay itself: weight decay is not scaled;
+  - under data parallelism each worker computes scales from its own sub-batch and
+    the scales are averaged over the workers, so every replica applies the same ones.
 """
 
 from __future__ import annotations
@@ -72,7 +85,8 @@ def scale_factor(g_small: torch.Tensor, g_large: torch.Tensor, *, s_max: float,
     "tensor": one scale for the whole tensor (a 0-dim tensor), the ratio of the norms.
     """
     if granularity == "element":
-        ratio = g_small.abs() / (g_large.abs() + eps)
+        # Literally |g_small / (g_large + eps)|; 0/0 (g_large == -eps exactly) counts as 0.
+        ratio = torch.nan_to_num((g_small / (g_large + eps)).abs(), nan=0.0)
     elif granularity == "tensor":
         ratio = torch.linalg.vector_norm(g_small) / (torch.linalg.vector_norm(g_large) + eps)
     else:
@@ -142,6 +156,7 @@ class TulaOptimizer(torch.optim.Optimizer):
         self.s_min, self.eps, self.source = float(s_min), eps, source
         self.process_group = process_group
         self.scales: dict[nn.Parameter, torch.Tensor] = {}  # absent = 1 (Algorithm 1's input)
+        self._pending_scales: dict[nn.Parameter, torch.Tensor] | None = None
         self._previous_norm_sq: float | None = None
         self._counters = {"steps": 0, "scaled_steps": 0, "refreshes": 0, "steps_since_refresh": 0}
         self._epoch_pending = False
@@ -204,7 +219,8 @@ class TulaOptimizer(torch.optim.Optimizer):
                   for p, g_small in zip(params, small_grads)
                   if g_small is not None and p.grad is not None}
         _average_over_ranks(list(scales.values()), self.process_group)
-        self.scales = scales
+        # Algorithm 1 line 10: the new scales act from the NEXT step, installed by step().
+        self._pending_scales = scales
         flat = torch.cat([s.reshape(-1).float() for s in scales.values()]) if scales \
             else torch.ones(1)
         self._scale_stats = {"scale_mean": flat.mean().item(), "scale_min": flat.min().item(),
@@ -237,6 +253,8 @@ class TulaOptimizer(torch.optim.Optimizer):
                         p.grad.mul_(scale)
             self._previous_norm_sq = norm_sq  # eq. 5 compares unscaled large-batch norms
         self.base.step()
+        if self._pending_scales is not None:  # line 10, after the weight update of line 9
+            self.scales, self._pending_scales = self._pending_scales, None
         self._counters["steps"] += 1
         self._counters["scaled_steps"] += int(scaled)
         self._counters["steps_since_refresh"] += 1
@@ -338,10 +356,17 @@ def backward_with_refresh(model: nn.Module, optimizer: torch.optim.Optimizer, lo
     if optimizer.small_batch >= len(inputs):
         raise ValueError(f"small_batch={optimizer.small_batch} must be smaller than the local "
                          f"batch ({len(inputs)} samples) to sample a sub-batch from it")
-    # Lines 13-14: a sub-batch of the (shuffled) local batch, kept out of DDP's all-reduce.
+    # Lines 13-14: a sub-batch of the (shuffled) local batch, kept out of DDP's all-reduce,
+    # in training mode (eval-mode BatchNorm would change the gradient) but with every
+    # buffer (BatchNorm running statistics) restored afterwards: Algorithm 1 computes a
+    # gradient here, it does not train the statistics on an extra batch.
+    buffers = [b.detach().clone() for b in model.buffers()]
     with model.no_sync() if _is_ddp(model) else contextlib.nullcontext():
         loss_fn(model(inputs[: optimizer.small_batch]),
                 targets[: optimizer.small_batch]).backward()
+    with torch.no_grad():
+        for buffer, saved in zip(model.buffers(), buffers):
+            buffer.copy_(saved)
     small = _take_grads(params)
     outputs = model(inputs)
     loss = loss_fn(outputs, targets)
