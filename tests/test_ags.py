@@ -183,6 +183,74 @@ def test_lr_schedulers_drive_the_wrapped_optimizer_and_survive_a_reload():
     assert optimizer.param_groups is optimizer.base.param_groups
 
 
+def test_it_is_a_torch_optimizer_hooks_groups_and_state_work_as_on_any_other():
+    model = _model()
+    optimizer = TulaOptimizer(torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9),
+                              large_batch=16, small_batch=4, delta=0.3)
+    calls = []
+    optimizer.register_step_pre_hook(lambda opt, args, kwargs: calls.append("pre"))
+    optimizer.register_step_post_hook(lambda opt, args, kwargs: calls.append("post"))
+    _train(model, optimizer, _batches(2))
+    assert calls == ["pre", "post", "pre", "post"]
+    # Hyper-parameters of both in the one list of groups; scales per parameter in state.
+    group = optimizer.param_groups[0]
+    assert optimizer.param_groups is optimizer.base.param_groups
+    assert (group["lr"], group["momentum"], group["delta"], group["s_max"]) == (0.1, 0.9, 0.3, 2.0)
+    assert set(optimizer.state) == set(model.parameters())
+    assert all(state["scale"].shape == () for state in optimizer.state.values())
+    assert all("momentum_buffer" in optimizer.base.state[p] for p in model.parameters())
+    # A group added later reaches the base optimizer, with AGS's defaults.
+    extra = nn.Parameter(torch.zeros(3))
+    optimizer.add_param_group({"params": [extra], "lr": 0.5})
+    assert optimizer.base.param_groups[-1]["params"] == [extra]
+    assert optimizer.param_groups[-1]["delta"] == 0.3 and optimizer.param_groups[-1]["momentum"] == 0.9
+    with pytest.raises(ValueError, match="delta=-2"):
+        optimizer.add_param_group({"params": [nn.Parameter(torch.zeros(1))], "delta": -2})
+
+
+def test_a_scheduler_drives_delta_and_swalr_drives_the_lr():
+    model = _model()
+    optimizer = TulaOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), large_batch=16,
+                              small_batch=4, delta=10.0)
+    swa = torch.optim.swa_utils.SWALR(optimizer, swa_lr=0.05, anneal_epochs=1)
+    _train(model, optimizer, _batches(3))  # 10 > every variability: steps 1, 2 scaled
+    assert optimizer.telemetry["scaled_steps"] == 2
+    swa.step()
+    assert optimizer.base.param_groups[0]["lr"] == pytest.approx(0.05)
+    for group in optimizer.param_groups:  # the gate off by the group's hyper-parameter
+        group["delta"] = 0.0
+    _train(model, optimizer, _batches(3, seed=4))
+    assert optimizer.telemetry["scaled_steps"] == 2
+
+
+def test_state_dict_round_trips_with_adam_and_refuses_the_old_format():
+    batches = _batches(10, seed=6)
+
+    def make(model):
+        return TulaOptimizer(torch.optim.Adam(model.parameters(), lr=1e-2), large_batch=16,
+                             small_batch=4, delta=0.8, refresh_every=3)
+
+    straight = _model()
+    _train(straight, make(straight), batches)
+    first = _model()
+    optimizer = make(first)
+    _train(first, optimizer, batches[:5])
+    buffer = io.BytesIO()
+    torch.save({"model": first.state_dict(), "optimizer": optimizer.state_dict()}, buffer)
+    buffer.seek(0)
+    saved = torch.load(buffer)
+    assert set(saved["optimizer"]) == {"state", "param_groups", "base_state", "ags"}
+    resumed = _model(seed=99)
+    resumed.load_state_dict(saved["model"])
+    optimizer = make(resumed)
+    optimizer.load_state_dict(saved["optimizer"])
+    assert optimizer.param_groups is optimizer.base.param_groups
+    _train(resumed, optimizer, batches[5:])
+    assert torch.equal(_flat(straight), _flat(resumed))
+    with pytest.raises(ValueError, match="format before"):
+        optimizer.load_state_dict({"base": {}, "ags": {}})
+
+
 @pytest.mark.parametrize("kwargs, message", [
     ({"small_batch": 64}, "0 < small_batch < large_batch"),
     ({"delta": -1.0}, "delta=-1.0"),

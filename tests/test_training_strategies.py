@@ -9,8 +9,10 @@ from torch import nn
 from torch.utils.data import TensorDataset
 
 from benchmarks.common import spawn_gloo
-from tula_ray.training_strategies import (BASE_BATCH_DEFAULT, OPTIONS, STRATEGIES, WARMUP_EPOCHS_DEFAULT,
-                                 base_optimizer, build_strategy, linear_scaled_lr)
+from tula_ray.training_strategies import (BASE_BATCH_DEFAULT, STRATEGIES, WARMUP_EPOCHS_DEFAULT,
+                                          BaseStrategy, StrategySetup, base_optimizer,
+                                          build_strategy, get_strategy, linear_scaled_lr,
+                                          register_strategy, unregister_strategy)
 from tula_ray.workloads import FashionCNN, get_workload
 
 
@@ -90,9 +92,9 @@ def test_warmup_longer_than_the_run_is_clamped_with_a_note():
 def test_ags_options_reach_the_optimizer():
     setup = _build("ags", options={"delta": 0.3, "small_batch": 16, "refresh_every": 5,
                                    "granularity": "element", "s_max": 3.0, "s_min": 0.1})
-    opt = setup.optimizer
-    assert (opt.delta, opt.small_batch, opt.refresh_every, opt.granularity, opt.s_max,
-            opt.s_min) == (0.3, 16, 5, "element", 3.0, 0.1)
+    opt, group = setup.optimizer, setup.optimizer.param_groups[0]
+    assert (group["delta"], opt.small_batch, opt.refresh_every, opt.granularity, group["s_max"],
+            group["s_min"]) == (0.3, 16, 5, "element", 3.0, 0.1)
 
 
 @pytest.mark.parametrize("name, kwargs, message", [
@@ -121,8 +123,74 @@ def test_bad_inputs_name_the_value_and_what_is_allowed(name, kwargs, message):
         _build(name, **kwargs)
 
 
-def test_every_strategy_lists_its_options():
-    assert set(OPTIONS) == set(STRATEGIES)
+def test_the_registry_holds_the_five_and_each_names_its_options():
+    assert list(STRATEGIES) == ["ags", "lbt", "lrs", "lars", "polo"]
+    assert STRATEGIES["lbt"].options == () and "trust_coefficient" in STRATEGIES["lars"].options
+    assert "trust_coefficient" not in STRATEGIES["lrs"].options
+    with pytest.raises(ValueError, match="'ags' is registered already"):
+        register_strategy(STRATEGIES["ags"])
+    with pytest.raises(TypeError, match="not a TrainingStrategy"):
+        register_strategy(object())
+
+
+@pytest.mark.parametrize("n, b, options, expected, note", [
+    (2, 1024, {}, {}, None),  # 32 < 512: the sub-batch fits
+    (2, 64, {}, {"source": "local"}, "does not fit in the local batch B/N = 32"),
+    (4, 64, {"small_batch": 8}, {"small_batch": 8}, None),
+    (2, 64, {"source": "local"}, {"source": "local"}, None),
+])
+def test_ags_checks_its_sub_batch_against_the_local_batch(n, b, options, expected, note):
+    checked, notes = STRATEGIES["ags"].check(n, b, options)
+    assert checked == expected
+    assert (note is None and notes == []) or (len(notes) == 1 and note in notes[0])
+
+
+@pytest.mark.parametrize("n, b, options, message", [
+    (1, 32, {}, "from 32 samples of each worker's local batch of 32 .* small_batch < 32$"),
+    (2, 64, {"small_batch": 32}, r"small_batch < 32 or source='local' \(b = 32\)"),
+    (1, 64, {"source": "local"}, "needs >= 2 workers"),
+    (2, 64, {"warmup_epochs": 1}, "option 'warmup_epochs' is unknown for strategy 'ags'"),
+])
+def test_ags_refuses_what_cannot_run_before_any_worker(n, b, options, message):
+    with pytest.raises(ValueError, match=message):
+        STRATEGIES["ags"].check(n, b, options)
+
+
+def test_polo_notes_that_one_worker_has_nothing_to_average():
+    assert STRATEGIES["polo"].check(2, 64, {}) == ({}, [])
+    options, notes = STRATEGIES["polo"].check(1, 64, {"switch_epoch": 2})
+    assert options == {"switch_epoch": 2} and "N=1 is plain SGD" in notes[0]
+
+
+class _AdamStrategy(BaseStrategy):
+    """A user's fifth strategy: Adam at a fixed LR, with one option."""
+
+    name, options = "adam-user", ("lr_scale",)
+
+    def build(self, model, *, global_batch, steps_per_epoch, epochs, lr, momentum, weight_decay,
+              options):
+        scale = options.get("lr_scale", 0.1)
+        return StrategySetup(self.name, torch.optim.Adam(model.parameters(), lr=lr * scale))
+
+
+def test_a_user_registers_a_fifth_strategy_and_fit_trains_with_it():
+    from tula_ray.training import fit
+
+    workload = get_workload("fashion-mnist-cnn", data="fake", fake_size=64)
+    register_strategy(_AdamStrategy())
+    try:
+        assert get_strategy("adam-user").name == "adam-user"
+        frame = fit(workload, global_batch=32, strategy="adam-user", epochs=1,
+                    options={"lr_scale": 0.5})
+        assert frame["strategy"].tolist() == ["adam-user"] and frame["lr"].tolist() == [0.005]
+        with pytest.raises(ValueError, match="option 'delta' is unknown for strategy 'adam-user'"):
+            fit(workload, global_batch=32, strategy="adam-user", epochs=1, options={"delta": 1})
+    finally:
+        unregister_strategy("adam-user")
+    assert "adam-user" not in STRATEGIES
+    # The object itself works without registration (how it reaches Ray workers).
+    assert fit(workload, global_batch=32, strategy=_AdamStrategy(), epochs=1)["lr"].tolist() \
+        == [0.001]
 
 
 # --------------------------------------------------------------------------- two gloo ranks

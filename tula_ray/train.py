@@ -30,10 +30,9 @@ from ray.train.torch import TorchTrainer
 from torch import nn
 
 from trainables.training_loop import load_checkpoint_state, train_loop_per_worker
-from tula_ray.ags import SMALL_BATCH_DEFAULT
 from tula_ray.cluster import check_capacity, ensure_ray, use_gpu_default, worker_resources
 from tula_ray.plan import Plan
-from tula_ray.training_strategies import OPTIONS, STRATEGIES, build_strategy
+from tula_ray.training_strategies import TrainingStrategy, build_strategy, get_strategy
 from tula_ray.training_strategies import logger as strategies_logger
 from tula_ray.workloads import Workload, resolve_workload
 
@@ -82,14 +81,18 @@ class _Job:
     num_workers: int
     global_batch: int
     epochs: int
-    strategy: str
+    strategy: str | TrainingStrategy  # what workers resolve: a registered name or the object
     strategy_options: dict[str, Any]
     notes: tuple[str, ...]
+
+    @property
+    def strategy_name(self) -> str:
+        return get_strategy(self.strategy).name
 
 
 def train(
     plan: Plan | str | Path,
-    strategy: str = "ags",
+    strategy: str | TrainingStrategy = "ags",
     *,
     workload: str | Workload | None = None,
     workload_options: dict[str, Any] | None = None,
@@ -106,8 +109,10 @@ def train(
     """Train the plan's chosen N and B as a Ray Train job and return the per-epoch metrics.
 
     plan: a Plan, or the path (or JSON text) of one written by `Plan.to_json`.
-    strategy: "ags" (the paper's method) or a baseline, see tula_ray.training_strategies.STRATEGIES;
-      strategy_options go to tula_ray.training_strategies.build_strategy.
+    strategy: "ags" (the paper's method) or a baseline, a name registered in
+      tula_ray.training_strategies.STRATEGIES, or a TrainingStrategy object (a strategy
+      of your own reaches the workers that way); strategy_options: its options, checked
+      by the strategy against N and B before any worker starts.
     workload, workload_options: default the plan's (its `workload` name, and
       `meta["workload_options"]` when recorded); required when the plan names no
       built-in workload (e.g. a replayed or synthetic plan).
@@ -141,19 +146,13 @@ def train(
         raise result.error
     return TrainResult(_metrics(result), None if result.checkpoint is None
                        else result.checkpoint.path, result, job.num_workers,
-                       job.global_batch, job.strategy, list(job.notes))
+                       job.global_batch, job.strategy_name, list(job.notes))
 
 
-def _job(plan: Plan, strategy: str, workload: str | Workload | None,
+def _job(plan: Plan, strategy: str | TrainingStrategy, workload: str | Workload | None,
          workload_options: dict[str, Any] | None, epochs: int | None,
          strategy_options: dict[str, Any] | None) -> _Job:
-    if strategy not in STRATEGIES:
-        raise ValueError(f"strategy {strategy!r} is unknown; use one of {STRATEGIES}")
-    strategy_options = dict(strategy_options or {})
-    unknown = sorted(set(strategy_options) - set(OPTIONS[strategy]))
-    if unknown:
-        raise ValueError(f"strategy option {unknown[0]!r} is unknown for {strategy!r}; "
-                         f"allowed: {list(OPTIONS[strategy]) or 'none'}")
+    resolved_strategy = get_strategy(strategy)
     if workload is None:
         spec = plan.workload
         options = dict(plan.meta.get(PLAN_OPTIONS_KEY) or {})
@@ -184,40 +183,11 @@ def _job(plan: Plan, strategy: str, workload: str | Workload | None,
         raise ValueError(f"the plan's global batch B={b} is larger than the training set of "
                          f"{resolved.name} ({resolved.dataset_size} samples); pass "
                          "workload_options with a larger train_subset or fake_size")
-    notes: list[str] = []
-    if strategy == "ags":
-        strategy_options = _ags_options(strategy_options, n, b, notes)
+    # The strategy's own option and N/B checks (e.g. AGS's sub-batch < B/N), in the driver.
+    strategy_options, notes = resolved_strategy.check(n, b, dict(strategy_options or {}))
+    for note in notes:
+        logger.warning("%s", note)
     return _Job(spec, options, resolved, n, b, epochs, strategy, strategy_options, tuple(notes))
-
-
-def _ags_options(options: dict[str, Any], num_workers: int, global_batch: int,
-                 notes: list[str]) -> dict[str, Any]:
-    """AGS's small-batch gradient must come from fewer samples than a worker holds.
-
-    Source "sub-batch" takes `small_batch` samples of each worker's local batch
-    B / N, so it needs small_batch < B / N. When the default reference batch does
-    not fit and the user chose neither, N >= 2 workers use source "local": each
-    worker's own gradient is a small-batch gradient of B / N <= the default.
-    """
-    local = global_batch // num_workers
-    if options.get("source") == "local":
-        if num_workers < 2:
-            raise ValueError("ags source='local' needs >= 2 workers (the plan chose N=1); "
-                             "use source='sub-batch'")
-        return options
-    small = options.get("small_batch", SMALL_BATCH_DEFAULT)
-    if small < local:
-        return options
-    if num_workers >= 2 and not {"source", "small_batch"} & set(options):
-        notes.append(f"ags: the default reference small batch {small} does not fit in the local "
-                     f"batch B/N = {local}; using source='local' (each worker's gradient, "
-                     f"b = {local}) as the small-batch gradient")
-        logger.warning("%s", notes[-1])
-        return {**options, "source": "local"}
-    hint = f" or source='local' (b = {local})" if num_workers >= 2 else ""
-    raise ValueError(f"ags takes its small-batch gradient from {small} samples of each worker's "
-                     f"local batch of {local} (B={global_batch} / N={num_workers}), which needs "
-                     f"fewer than {local}: pass strategy_options with small_batch < {local}{hint}")
 
 
 def _check_run_arguments(job: _Job, max_failures: int, seed: int, lr: float | None,
@@ -245,7 +215,7 @@ def _dry_run(job: _Job) -> None:
     steps = max(1, job.workload.dataset_size // job.global_batch)
     # Its notes describe one process, not the job's N workers: the workers log the real ones.
     with _quiet(strategies_logger):
-        build_strategy(job.strategy, nn.Linear(1, 1), global_batch=job.global_batch,
+        build_strategy(get_strategy(job.strategy), nn.Linear(1, 1), global_batch=job.global_batch,
                        steps_per_epoch=steps, epochs=job.epochs, options=options)
 
 
@@ -268,10 +238,10 @@ def _trainer(job: _Job, storage_path: str | None, name: str | None, max_failures
         "seed": seed, "lr": lr}
     if fail_at_epoch is not None:
         config.update(fail_at_epoch=fail_at_epoch, fail_marker_dir=marker_dir)
-    name = name or (f"tula-train-{job.workload.name}-{job.strategy}-N{job.num_workers}"
+    name = name or (f"tula-train-{job.workload.name}-{job.strategy_name}-N{job.num_workers}"
                     f"-B{job.global_batch}-{datetime.now():%Y%m%d-%H%M%S}")
     logger.info("training %s with %s at N=%d, B=%d for %d epochs (run %s)", job.workload.name,
-                job.strategy, job.num_workers, job.global_batch, job.epochs, name)
+                job.strategy_name, job.num_workers, job.global_batch, job.epochs, name)
     return TorchTrainer(
         train_loop_per_worker,
         train_loop_config=config,
