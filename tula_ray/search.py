@@ -54,6 +54,9 @@ def _validate(r: "_Request") -> None:
                          "max_batch must be >= min_batch")
     if r.device_memory_gb is not None and not r.device_memory_gb > 0:
         raise ValueError(f"device_memory_gb={r.device_memory_gb!r}; it must be positive")
+    if isinstance(r.epochs, bool) or not isinstance(r.epochs, int) or r.epochs < 1:
+        raise ValueError(f"epochs={r.epochs!r}; it must be an integer >= 1 (or None: the "
+                         "workload's)")
     if r.min_batch > r.workload.dataset_size:
         raise ValueError(f"min_batch={r.min_batch} is larger than the dataset "
                          f"({r.workload.dataset_size} samples)")
@@ -80,6 +83,7 @@ class _Request:
     measure_steps: int
     storage_path: str | None
     name: str | None
+    epochs: int
 
 
 def search(
@@ -100,6 +104,7 @@ def search(
     storage_path: str | None = None,
     name: str | None = None,
     workload_options: dict[str, Any] | None = None,
+    epochs: int | None = None,
 ) -> Plan:
     """Profile candidates on Ray, fit the models, and return the Plan with the choice.
 
@@ -113,12 +118,18 @@ def search(
     device_memory_gb: memory of one device; GPUs report theirs, on CPU this is the
       share of RAM a worker may use (default 25 % of the node's RAM).
     storage_path, name: where Ray Tune keeps the experiment (default ~/ray_results).
+    epochs: E of eq. 4a, the training the plan predicts (default the workload's).
     """
     options = dict(workload_options or {})
+    # A user's Workload is completed and checked here, in the driver (its sample shape and
+    # class count from its data and model): a wrong shape fails now, naming the field.
+    resolved = resolve_workload(workload, options).with_shapes()
+    spec = resolved if isinstance(workload, Workload) else workload
     request = _Request(
-        workload, options, resolve_workload(workload, options), tuple(sorted(set(cluster_sizes))),
+        spec, options, resolved, tuple(sorted(set(cluster_sizes))),
         min_batch, max_batch, objective, mode, parse_pricing(pricing), weight_time,
-        device_memory_gb, headroom, collective, warmup_steps, measure_steps, storage_path, name)
+        device_memory_gb, headroom, collective, warmup_steps, measure_steps, storage_path, name,
+        resolved.epochs if epochs is None else epochs)
     _validate(request)
     started_ray = ensure_ray()
     try:
@@ -127,17 +138,17 @@ def search(
         started = time.perf_counter()
         space, probe, device_bytes = _bounded_space(request, use_gpu)
         probe_s = time.perf_counter() - started
-        profiles, experiment = _profile(request, space, use_gpu, device_bytes)
+        profiles, experiment_path = _profile(request, space, use_gpu, device_bytes)
         meta = {"probe_wall_s": probe_s,
                 "profiling_wall_s": time.perf_counter() - started - probe_s,
                 "trials": len(profiles), "device_memory_bytes": device_bytes,
                 "max_local_batch": probe["max_local_batch"], "use_gpu": use_gpu,
-                "ray_version": ray.__version__, "experiment": experiment,
+                "ray_version": ray.__version__, "experiment_path": experiment_path,
                 "memory_probe": probe["rows"],
                 "workload_options": _json_options(request.options)}
         workload = request.workload
         return build_plan(
-            space, profiles, epochs=workload.epochs, dataset_size=workload.dataset_size,
+            space, profiles, epochs=request.epochs, dataset_size=workload.dataset_size,
             mode=request.mode, objective=request.objective, pricing=request.pricing,
             memory=probe["params"], max_local_batch=probe["max_local_batch"],
             weight_time=request.weight_time, collective=request.collective,
@@ -193,18 +204,31 @@ def _profile(request: _Request, space: SearchSpace, use_gpu: bool,
              device_bytes: float) -> tuple[pd.DataFrame, str]:
     """DESIGN step 3: one Tune trial per candidate, one at a time (concurrent trials
     would share the CPUs or the network and distort each other's step times)."""
-    fixed = {"workload": request.spec, "workload_options": request.options, "use_gpu": use_gpu,
-             "warmup_steps": request.warmup_steps, "measure_steps": request.measure_steps,
-             "device_memory_bytes": device_bytes}
-    searcher = TulaSearcher(space.candidates(), request.mode, fixed)
+    # What every trial shares goes in the param space, which Tune merges into each
+    # suggested config (as for Ray's own searchers): the searcher's state stays JSON.
+    constants = {"workload": request.spec, "workload_options": request.options,
+                 "use_gpu": use_gpu, "warmup_steps": request.warmup_steps,
+                 "measure_steps": request.measure_steps, "device_memory_bytes": device_bytes}
+    searcher = TulaSearcher(space.candidates(), request.mode)
     name = request.name or f"tula-{request.workload.name}-{datetime.now():%Y%m%d-%H%M%S}"
     tuner = tune.Tuner(
         trainable_with_resources(),
+        param_space=constants,
         tune_config=tune.TuneConfig(search_alg=searcher, num_samples=-1, max_concurrent_trials=1,
-                                    metric="step_time_s", mode="min"),
+                                    metric="step_time_s", mode="min",
+                                    trial_name_creator=trial_name,
+                                    trial_dirname_creator=trial_name),
         run_config=tune.RunConfig(storage_path=request.storage_path, name=name, verbose=1),
     )
-    return profile_frame(_rows(tuner.fit())), name
+    results = tuner.fit()
+    return profile_frame(_rows(results)), results.experiment_path
+
+
+def trial_name(trial: Any) -> str:
+    """A short trial name (and directory) from the searched keys only: Tune's default
+    spells out the whole config, a user's Workload object included."""
+    config = trial.config
+    return f"profile_N{config.get('num_workers')}_B{config.get('global_batch')}_{trial.trial_id}"
 
 
 def _rows(results: tune.ResultGrid) -> list[dict[str, Any]]:
