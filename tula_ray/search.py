@@ -100,6 +100,7 @@ def search(
     storage_path: str | None = None,
     name: str | None = None,
     workload_options: dict[str, Any] | None = None,
+    address: str | None = None,
 ) -> Plan:
     """Profile candidates on Ray, fit the models, and return the Plan with the choice.
 
@@ -113,6 +114,9 @@ def search(
     device_memory_gb: memory of one device; GPUs report theirs, on CPU this is the
       share of RAM a worker may use (default 25 % of the node's RAM).
     storage_path, name: where Ray Tune keeps the experiment (default ~/ray_results).
+    address: the Ray cluster to join ("auto": the one this machine belongs to); default
+      $RAY_ADDRESS, else a new local Ray on loopback (see tula_ray.cluster.ensure_ray).
+      A Ray this process already initialised is used as it is.
     """
     options = dict(workload_options or {})
     request = _Request(
@@ -120,7 +124,7 @@ def search(
         min_batch, max_batch, objective, mode, parse_pricing(pricing), weight_time,
         device_memory_gb, headroom, collective, warmup_steps, measure_steps, storage_path, name)
     _validate(request)
-    started_ray = ensure_ray()
+    started_ray = ensure_ray(address)
     try:
         use_gpu = use_gpu_default()
         check_capacity(request.cluster_sizes, use_gpu)
