@@ -105,6 +105,7 @@ def search(
     name: str | None = None,
     workload_options: dict[str, Any] | None = None,
     epochs: int | None = None,
+    address: str | None = None,
 ) -> Plan:
     """Profile candidates on Ray, fit the models, and return the Plan with the choice.
 
@@ -119,6 +120,9 @@ def search(
       share of RAM a worker may use (default 25 % of the node's RAM).
     storage_path, name: where Ray Tune keeps the experiment (default ~/ray_results).
     epochs: E of eq. 4a, the training the plan predicts (default the workload's).
+    address: the Ray cluster to join ("auto": the one this machine belongs to); default
+      $RAY_ADDRESS, else a new local Ray on loopback (see tula_ray.cluster.ensure_ray).
+      A Ray this process already initialised is used as it is.
     """
     options = dict(workload_options or {})
     # A user's Workload is completed and checked here, in the driver (its sample shape and
@@ -131,7 +135,7 @@ def search(
         device_memory_gb, headroom, collective, warmup_steps, measure_steps, storage_path, name,
         resolved.epochs if epochs is None else epochs)
     _validate(request)
-    started_ray = ensure_ray()
+    started_ray = ensure_ray(address)
     try:
         use_gpu = use_gpu_default()
         check_capacity(request.cluster_sizes, use_gpu)

@@ -105,6 +105,7 @@ def train(
     use_gpu: bool | None = None,
     lr: float | None = None,
     fail_at_epoch: int | None = None,
+    address: str | None = None,
 ) -> TrainResult:
     """Train the plan's chosen N and B as a Ray Train job and return the per-epoch metrics.
 
@@ -122,13 +123,15 @@ def train(
     seed: initial weights and data order. lr: the base LR before strategy scaling
       (default the workload's, paper §IV-B). use_gpu: default whether the cluster has GPUs.
     fail_at_epoch: tests only: rank 0 raises once at the start of that epoch.
+    address: the Ray cluster to join ("auto": the one this machine belongs to); default
+      $RAY_ADDRESS, else a new local Ray on loopback (see tula_ray.cluster.ensure_ray).
     Raises ValueError for a bad argument, before any worker starts.
     """
     plan = plan if isinstance(plan, Plan) else Plan.from_json(plan)
     job = _job(plan, strategy, workload, workload_options, epochs, strategy_options)
     _check_run_arguments(job, max_failures, seed, lr, fail_at_epoch)
     _dry_run(job)
-    started_ray = ensure_ray()
+    started_ray = ensure_ray(address)
     marker_dir = tempfile.mkdtemp(prefix="tula-fail-") if fail_at_epoch is not None else None
     try:
         if use_gpu is None:
