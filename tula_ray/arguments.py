@@ -8,8 +8,11 @@ clear error"). No Ray, no torch here (core module).
 
 from __future__ import annotations
 
+import functools
 import math
-from typing import Any, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping, TypeVar
+
+T = TypeVar("T")
 
 
 def _is_int(value: Any) -> bool:
@@ -105,3 +108,22 @@ def check_mapping(name: str, value: Any, *, allowed_keys: Iterable[str] | None =
             raise ValueError(f"{name} has the unknown key {unknown[0]!r}; allowed: "
                              f"{list(allowed) or 'none'}")
     return dict(value)
+
+
+def named_arguments(function: Callable[..., T], *names: str) -> Callable[..., T]:
+    """`function`, whose ValueError or TypeError then names the arguments its input came from.
+
+    For checks that live elsewhere (a workload's options, a strategy's options): their
+    message names the option, this adds the argument the user passed it in.
+    """
+    @functools.wraps(function)
+    def call(*args: Any, **kwargs: Any) -> T:
+        try:
+            return function(*args, **kwargs)
+        except (ValueError, TypeError) as error:
+            if all(name in str(error) for name in names):
+                raise
+            kind = TypeError if isinstance(error, TypeError) else ValueError
+            raise kind(f"{', '.join(names)}: {error}") from error
+
+    return call
