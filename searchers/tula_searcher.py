@@ -29,12 +29,16 @@ def _key(num_workers: int, global_batch: int) -> str:
 
 
 class TulaSearcher(Searcher):
-    """Suggests candidates as Tune configs {"num_workers": N, "global_batch": B, **fixed}.
+    """Suggests candidates as Tune configs {"num_workers": N, "global_batch": B}.
+
+    What every trial shares (the workload, step counts, ...) belongs in the Tuner's
+    `param_space`: Tune merges it into each suggested config, as with Ray's own
+    searchers, so this searcher's state stays plain JSON (a user's Workload object
+    never enters it).
 
     Args:
         candidates: the (N, B) grid of the search space.
         search_mode: "full" (every candidate) or "partial" (the extremes).
-        fixed_config: config entries every trial gets (workload, steps, ...).
         metric, mode: as in every Tune searcher (step time, minimised).
     """
 
@@ -42,7 +46,6 @@ class TulaSearcher(Searcher):
         self,
         candidates: Iterable[Candidate],
         search_mode: str = "partial",
-        fixed_config: dict[str, Any] | None = None,
         metric: str = "step_time_s",
         mode: str = "min",
     ):
@@ -53,7 +56,6 @@ class TulaSearcher(Searcher):
         if not self._candidates:
             raise ValueError("TulaSearcher needs at least one candidate")
         self._search_mode = search_mode
-        self._fixed = dict(fixed_config or {})
         self._running: dict[str, str] = {}  # trial id -> candidate key
         self._rows: dict[str, dict[str, Any]] = {}  # candidate key -> profile row
 
@@ -96,8 +98,7 @@ class TulaSearcher(Searcher):
         if todo:
             candidate = todo[0]
             self._running[trial_id] = _key(candidate.num_workers, candidate.global_batch)
-            return {**self._fixed, "num_workers": candidate.num_workers,
-                    "global_batch": candidate.global_batch}
+            return {"num_workers": candidate.num_workers, "global_batch": candidate.global_batch}
         if self._running:
             return None  # wait: a running candidate may fail and need a fallback
         return Searcher.FINISHED
@@ -126,12 +127,11 @@ class TulaSearcher(Searcher):
         return list(self._rows.values())
 
     def get_state(self) -> dict:
-        return {"search_mode": self._search_mode, "fixed": self._fixed, "rows": self._rows,
+        return {"search_mode": self._search_mode, "rows": self._rows,
                 "candidates": [[c.num_workers, c.global_batch] for c in self._candidates]}
 
     def set_state(self, state: dict) -> None:
         self._search_mode = state["search_mode"]
-        self._fixed = state["fixed"]
         self._rows = state["rows"]
         self._candidates = [Candidate(n, b) for n, b in state["candidates"]]
         # Trials that were running when the search stopped did not finish: they

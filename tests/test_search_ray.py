@@ -1,14 +1,20 @@
-"""tula_ray.search() on local Ray: partial and full search, OOM handling, bad input.
-
-The CNN on real Fashion-MNIST (a 2048-image subset: the data budget is tiny,
-the model and the loop are the real ones), N in {1, 2}, B in {32, 64, 128}.
+"""tula_ray.search() on local Ray, with a Workload defined here as a user would: own model,
+own data (3-channel 16 x 16 images, no sample_shape or num_classes given). Partial and full
+search, OOM handling, bad input, restoring the searcher, and `tula_ray.train` on the plan.
 """
 
 import dataclasses
 import importlib
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
+from ray import cloudpickle  # Ray serialises functions with its own copy
+from torch import nn
+from torch.utils.data import TensorDataset
 
 from result_checks import finite, table_rows
 
@@ -16,11 +22,40 @@ import tula_ray
 from benchmarks.common import RESULTS_DIR
 from tula_ray import measure
 from tula_ray import memory as memory_model
-from tula_ray.workloads import get_workload
+from tula_ray.workloads import Workload
 
 pytestmark = pytest.mark.ray
 
-WORKLOAD = dict(workload="fashion-mnist-cnn", workload_options={"train_subset": 2048})
+# Ray workers cannot import this test module: its functions travel by value, as a
+# driver script's do.
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def user_model() -> nn.Module:
+    return nn.Sequential(
+        nn.Conv2d(3, 16, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Conv2d(16, 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Flatten(), nn.Linear(32 * 4 * 4, 5))
+
+
+def user_images(count: int, seed: int) -> TensorDataset:
+    generator = torch.Generator().manual_seed(seed)
+    return TensorDataset(torch.randn((count, 3, 16, 16), generator=generator),
+                         torch.randint(0, 5, (count,), generator=generator))
+
+
+def user_train_data() -> TensorDataset:
+    return user_images(1024, seed=0)
+
+
+def user_test_data() -> TensorDataset:
+    return user_images(256, seed=1)
+
+
+USER_WORKLOAD = Workload("user-rgb-cnn", user_model, user_train_data, user_test_data, epochs=3)
+WORKLOAD = dict(workload=USER_WORKLOAD)
 QUICK = dict(warmup_steps=2, measure_steps=5, min_batch=32, max_batch=128)
 # The partial model extrapolates from 4 noisy corners to B = 64 from 3-step
 # medians on a shared 2-core machine: NOTES-ENV measured ~15 % (up to ~50 %)
@@ -37,7 +72,7 @@ def full_plan(ray_session, tmp_path_factory):
 @pytest.fixture(scope="module")
 def partial_plan(ray_session, tmp_path_factory):
     return tula_ray.search(**WORKLOAD, **QUICK, cluster_sizes=(1, 2), mode="partial",
-                           objective="knee", storage_path=str(tmp_path_factory.mktemp("partial")))
+                           objective="knee", epochs=2, storage_path=str(tmp_path_factory.mktemp("partial")))
 
 
 def test_partial_search_profiles_the_corners_and_predicts_every_candidate(partial_plan):
@@ -57,7 +92,7 @@ def test_partial_search_profiles_the_corners_and_predicts_every_candidate(partia
     assert measured.loc[measured["num_workers"] == 1, "measured_sync_time_s"].eq(0).all()
     assert partial_plan.choice.objective == "knee"
     assert partial_plan.meta["trials"] == 4
-    assert partial_plan.meta["workload_options"] == {"train_subset": 2048}  # for tula_ray.train
+    assert partial_plan.epochs == 2  # search(epochs=...) over the workload's 3
 
 
 def test_full_search_measures_every_candidate(full_plan):
@@ -84,7 +119,7 @@ def test_plan_round_trips_and_plots(partial_plan, tmp_path):
 
 
 def _peaks(*local_batches):
-    workload = get_workload("fashion-mnist-cnn", train_subset=2048)
+    workload = USER_WORKLOAD.with_shapes()
     return [measure.peak_memory_bytes(workload, b, device="cpu") for b in local_batches]
 
 
@@ -106,11 +141,11 @@ def test_the_bound_check_catches_an_optimistic_memory_model(ray_session):
 
     low, high = _peaks(64, 128)
     device = (low + high) / 2
-    probe = _optimistic(probe_memory)(WORKLOAD["workload"], WORKLOAD["workload_options"],
-                                      min_local_batch=16, use_gpu=False)
+    workload = USER_WORKLOAD.with_shapes()
+    probe = _optimistic(probe_memory)(workload, {}, min_local_batch=16, use_gpu=False)
     assert memory_model.max_local_batch(probe["params"], device, 0.0) >= 128  # overshoots
-    checked = check_max_local_batch(WORKLOAD["workload"], WORKLOAD["workload_options"], probe,
-                                    device, headroom=0.0, cap=128, use_gpu=False)
+    checked = check_max_local_batch(workload, {}, probe, device, headroom=0.0, cap=128,
+                                    use_gpu=False)
     first = checked["bound_checks"][0]
     assert first["local_batch"] == 128 and first["peak_mem_bytes"] > device  # the cap, measured
     bound = checked["max_local_batch"]
@@ -138,7 +173,8 @@ def test_out_of_memory_candidate_is_infeasible_and_the_search_goes_on(
         return probe
 
     monkeypatch.setattr(search_module, "check_max_local_batch", unchecked)
-    plan = tula_ray.search(**WORKLOAD, **QUICK, cluster_sizes=(1,), mode="partial",
+    no_test_data = dataclasses.replace(USER_WORKLOAD, test_dataset_fn=None)  # a search needs none
+    plan = tula_ray.search(no_test_data, **QUICK, cluster_sizes=(1,), mode="partial",
                            objective="time", device_memory_gb=(low + high) / 2 / 1e9,
                            headroom=0.0, storage_path=str(tmp_path))
     table = plan.table.set_index("global_batch")
@@ -151,27 +187,75 @@ def test_out_of_memory_candidate_is_infeasible_and_the_search_goes_on(
 @pytest.mark.parametrize("kwargs, message", [
     (dict(workload="imagenet-vit"), "workload 'imagenet-vit' is unknown"),
     (dict(cluster_sizes=(1, 4)), "cluster size 4 is larger than the cluster's 2 CPUs"),
-    (dict(objective="fastest"), "objective 'fastest' is unknown"),
-    (dict(mode="half"), "mode 'half' is unknown"),
+    (dict(objective="fastest"), "objective='fastest' is not allowed"),
+    (dict(mode="half"), "mode='half' is not allowed"),
     (dict(min_batch=0), "min_batch=0; it must be an integer >= 1"),
     (dict(min_batch=64, max_batch=32), "max_batch=32 is below min_batch=64"),
     (dict(device_memory_gb=1e-6), "min_batch=32 does not fit"),
+    (dict(epochs=0), "epochs=0"),
+    (dict(workload=dataclasses.replace(USER_WORKLOAD, sample_shape=(1, 28, 28)),
+          workload_options=None), r"sample_shape=\(1, 28, 28\)"),
+    (dict(workload=dataclasses.replace(USER_WORKLOAD, num_classes=7), workload_options=None),
+     "num_classes=7, but the model outputs 5"),
 ])
 def test_bad_input_fails_before_any_trial(ray_session, tmp_path, kwargs, message):
-    options = {**WORKLOAD, "cluster_sizes": (1, 2), "storage_path": str(tmp_path), **kwargs}
+    options = {"workload": "fashion-mnist-cnn", "workload_options": {"train_subset": 2048},
+               "cluster_sizes": (1, 2), "storage_path": str(tmp_path), **kwargs}
     with pytest.raises(ValueError, match=message):
         tula_ray.search(**options)
     assert not list(tmp_path.iterdir())  # no Tune experiment was started
 
 
-@pytest.mark.ray
+def test_the_users_workload_is_completed_from_its_data(partial_plan):
+    """No sample_shape or num_classes was given: the memory probe ran on the data's shape."""
+    assert partial_plan.workload == "user-rgb-cnn"
+    assert partial_plan.memory is not None and partial_plan.table["peak_mem_bytes"].gt(0).all()
+
+
+def test_the_searcher_state_is_json_and_a_restored_searcher_repeats_nothing(full_plan, tmp_path):
+    """Tune saved the searcher at its experiment checkpoints (the Workload is in the param
+    space, not in the searcher's state); a searcher restored from them is done."""
+    from ray.tune.search import Searcher
+
+    from searchers import TulaSearcher
+
+    experiment = full_plan.meta["experiment_path"]
+    restored = TulaSearcher([tula_ray.Candidate(1, 32)], "partial")
+    restored.restore_from_dir(str(experiment))
+    assert len(restored.profiles) == len(full_plan.table)
+    assert restored.suggest("again") == Searcher.FINISHED
+
+
+def test_train_accepts_the_same_user_workload(partial_plan, tmp_path):
+    result = tula_ray.train(partial_plan, "lbt", workload=USER_WORKLOAD, epochs=1,
+                            storage_path=str(tmp_path))
+    assert list(result.metrics["epoch"]) == [0]
+    assert finite(float(result.metrics["test_accuracy"].iloc[0]))
+    assert (result.num_workers, result.global_batch) == (partial_plan.choice.num_workers,
+                                                         partial_plan.choice.global_batch)
+
+
+def test_the_custom_workload_example_runs_as_a_driver_script(tmp_path):
+    """examples/custom_workload.py as a user runs it: its own Ray, its own model and data
+    defined in `__main__`, a search and one epoch of training."""
+    completed = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / "custom_workload.py"), "--out",
+         str(tmp_path / "plan"), "--cluster-sizes", "1", "--max-batch", "64",
+         "--measure-steps", "3", "--storage-path", str(tmp_path / "ray"), "--train", "1"],
+        capture_output=True, text=True, cwd=tmp_path, timeout=900)
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    plan = tula_ray.Plan.from_json(tmp_path / "plan" / "plan.json")
+    assert plan.workload == "rgb-cnn" and (plan.table["source"] == "measured").all()
+    assert "choice (time)" in completed.stdout and "test_accuracy" in completed.stdout
+
+
 def test_prediction_benchmark_quick_on_the_full_search(full_plan):
     """The prediction benchmark's smoke test (issue 5), on this module's full search."""
     from benchmarks import prediction
 
-    result = prediction.run(quick=True, full_plans={"fashion-mnist-cnn": full_plan})
+    result = prediction.run(quick=True, full_plans={full_plan.workload: full_plan})
     assert {"command", "commit", "date", "machine", "workloads", "load_avg_1min"} <= set(result)
-    assert set(result["workloads"]) == {"fashion-mnist-cnn"}
+    assert set(result["workloads"]) == {full_plan.workload}
     markdown = (RESULTS_DIR / "prediction_quick.md").read_text()
     for name, w in result["workloads"].items():
         assert (RESULTS_DIR / w["plot"]).stat().st_size > 0

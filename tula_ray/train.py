@@ -30,6 +30,8 @@ from ray.train.torch import TorchTrainer
 from torch import nn
 
 from trainables.training_loop import load_checkpoint_state, train_loop_per_worker
+from tula_ray.arguments import (check_bool, check_int, check_mapping, check_number, check_text,
+                                named_arguments)
 from tula_ray.cluster import check_capacity, ensure_ray, use_gpu_default, worker_resources
 from tula_ray.plan import Plan
 from tula_ray.training_strategies import TrainingStrategy, build_strategy, get_strategy
@@ -105,6 +107,7 @@ def train(
     use_gpu: bool | None = None,
     lr: float | None = None,
     fail_at_epoch: int | None = None,
+    address: str | None = None,
 ) -> TrainResult:
     """Train the plan's chosen N and B as a Ray Train job and return the per-epoch metrics.
 
@@ -122,13 +125,19 @@ def train(
     seed: initial weights and data order. lr: the base LR before strategy scaling
       (default the workload's, paper §IV-B). use_gpu: default whether the cluster has GPUs.
     fail_at_epoch: tests only: rank 0 raises once at the start of that epoch.
+    address: the Ray cluster to join ("auto": the one this machine belongs to); default
+      $RAY_ADDRESS, else a new local Ray on loopback (see tula_ray.cluster.ensure_ray).
     Raises ValueError for a bad argument, before any worker starts.
     """
+    _check_arguments(workload_options=workload_options, epochs=epochs,
+                     strategy_options=strategy_options, storage_path=storage_path, name=name,
+                     max_failures=max_failures, seed=seed, use_gpu=use_gpu, lr=lr,
+                     address=address)
     plan = plan if isinstance(plan, Plan) else Plan.from_json(plan)
     job = _job(plan, strategy, workload, workload_options, epochs, strategy_options)
     _check_run_arguments(job, max_failures, seed, lr, fail_at_epoch)
     _dry_run(job)
-    started_ray = ensure_ray()
+    started_ray = ensure_ray(address)
     marker_dir = tempfile.mkdtemp(prefix="tula-fail-") if fail_at_epoch is not None else None
     try:
         if use_gpu is None:
@@ -161,13 +170,15 @@ def _job(plan: Plan, strategy: str | TrainingStrategy, workload: str | Workload 
         try:
             resolved = resolve_workload(spec, options)
         except ValueError as exc:
+            if workload_options:  # the options the user added are what failed
+                raise ValueError(f"workload_options={workload_options!r}: {exc}") from exc
             raise ValueError(
                 f"the plan does not record a workload this run can rebuild (it names "
                 f"{spec!r}: {exc}); pass workload= (a built-in name or a "
                 f"tula_ray.workloads.Workload)") from exc
     else:
         spec, options = workload, dict(workload_options or {})
-        resolved = resolve_workload(spec, options)
+        resolved = named_arguments(resolve_workload, "workload", "workload_options")(spec, options)
         if resolved.name != plan.workload:
             logger.warning("training %s although the plan was made for %s: its (N, B) "
                            "choice may not fit this workload", resolved.name, plan.workload)
@@ -184,22 +195,30 @@ def _job(plan: Plan, strategy: str | TrainingStrategy, workload: str | Workload 
                          f"{resolved.name} ({resolved.dataset_size} samples); pass "
                          "workload_options with a larger train_subset or fake_size")
     # The strategy's own option and N/B checks (e.g. AGS's sub-batch < B/N), in the driver.
-    strategy_options, notes = resolved_strategy.check(n, b, dict(strategy_options or {}))
+    strategy_options, notes = named_arguments(resolved_strategy.check, "strategy_options")(
+        n, b, dict(strategy_options or {}))
     for note in notes:
         logger.warning("%s", note)
     return _Job(spec, options, resolved, n, b, epochs, strategy, strategy_options, tuple(notes))
 
 
+def _check_arguments(*, workload_options: Any, epochs: Any, strategy_options: Any,
+                     storage_path: Any, name: Any, max_failures: Any, seed: Any, use_gpu: Any,
+                     lr: Any, address: Any) -> None:
+    """The plain arguments' types and ranges, before anything is built (issue 13, item 4)."""
+    check_mapping("workload_options", workload_options)
+    check_mapping("strategy_options", strategy_options)
+    check_int("epochs", epochs, minimum=1, optional=True)
+    for label, value in (("storage_path", storage_path), ("name", name), ("address", address)):
+        check_text(label, value, optional=True)
+    check_int("max_failures", max_failures, minimum=UNLIMITED_FAILURES)  # -1: no limit
+    check_int("seed", seed)
+    check_bool("use_gpu", use_gpu, optional=True)
+    check_number("lr", lr, low=0.0, low_open=True, optional=True)
+
+
 def _check_run_arguments(job: _Job, max_failures: int, seed: int, lr: float | None,
                          fail_at_epoch: int | None) -> None:
-    if isinstance(seed, bool) or not isinstance(seed, int):
-        raise ValueError(f"seed={seed!r}; it must be an integer")
-    if lr is not None and not lr > 0:
-        raise ValueError(f"lr={lr!r}; the learning rate must be > 0 (or None: the workload's)")
-    if (isinstance(max_failures, bool) or not isinstance(max_failures, int)
-            or max_failures < UNLIMITED_FAILURES):
-        raise ValueError(f"max_failures={max_failures!r}; it must be an integer >= 0 "
-                         f"(or {UNLIMITED_FAILURES} for no limit)")
     if fail_at_epoch is not None and not 0 <= fail_at_epoch < job.epochs:
         raise ValueError(f"fail_at_epoch={fail_at_epoch!r}; it must be within [0, "
                          f"{job.epochs}) for a run of {job.epochs} epochs")
@@ -215,7 +234,7 @@ def _dry_run(job: _Job) -> None:
     steps = max(1, job.workload.dataset_size // job.global_batch)
     # Its notes describe one process, not the job's N workers: the workers log the real ones.
     with _quiet(strategies_logger):
-        build_strategy(get_strategy(job.strategy), nn.Linear(1, 1), global_batch=job.global_batch,
+        named_arguments(build_strategy, "strategy_options")(get_strategy(job.strategy), nn.Linear(1, 1), global_batch=job.global_batch,
                        steps_per_epoch=steps, epochs=job.epochs, options=options)
 
 
