@@ -70,3 +70,26 @@ def test_train_refuses_bad_input_before_starting_ray(tmp_path, capsys):
     import ray
 
     assert not ray.is_initialized()
+
+
+def test_tune_refuses_bad_input_before_starting_ray_and_train_reads_its_config(tmp_path, capsys):
+    """`tula-ray tune` checks like `train`; `train --config` takes only tune's keys."""
+    main(["replay", "--synthetic", "--out", str(tmp_path)])
+    capsys.readouterr()
+    plan = str(tmp_path / "plan.json")
+    assert main(["tune", str(tmp_path / "nowhere.json")]) == 2
+    assert "nowhere.json does not exist" in capsys.readouterr().err
+    assert main(["tune", plan, "--workload", "fashion-mnist-cnn", "--trials", "0"]) == 2
+    assert "trials=0" in capsys.readouterr().err
+    assert main(["tune", plan, "--strategy", "sgd"]) == 2
+    assert "strategy 'sgd' is unknown" in capsys.readouterr().err
+    config = tmp_path / "tuned.json"
+    config.write_text('{"strategy": "lrs", "lr": 0.02, "momentum": 0.5}')
+    assert main(["train", plan, "--config", str(config)]) == 2
+    assert "expected the keys strategy, lr, strategy_options" in capsys.readouterr().err
+    config.write_text('{"strategy": "lrs", "lr": 0.02, "strategy_options": {"delta": 1}}')
+    assert main(["train", plan, "--workload", "fashion-mnist-cnn", "--config", str(config)]) == 2
+    assert "option 'delta' is unknown for strategy 'lrs'" in capsys.readouterr().err
+    import ray
+
+    assert not ray.is_initialized()

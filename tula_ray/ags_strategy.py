@@ -68,6 +68,13 @@ class AdaptiveGradientScaling(BaseStrategy):
 
     name, options = "ags", AGS_OPTIONS
 
+    def search_space(self, global_batch: int) -> dict[str, tuple[Any, ...]]:
+        """delta (the gate, off included), the gain exponent, the cap and the LR."""
+        return {"lr": ("loguniform", 1e-3, 0.1),
+                "delta": ("choice", [0.25, 0.5, 1.0, 2.0, None]),
+                "gain_exponent": ("uniform", 0.5, 1.0),
+                "s_max": ("loguniform", 1.0, global_batch / SMALL_BATCH_DEFAULT)}
+
     def check(self, num_workers: int, global_batch: int,
               options: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
         """The small-batch gradient must come from fewer samples than a worker holds.

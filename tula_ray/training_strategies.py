@@ -189,6 +189,14 @@ class LinearScaling(BaseStrategy):
         self.options = ("base_batch", "warmup_epochs") + (
             ("trust_coefficient",) if name == "lars" else ())
 
+    def search_space(self, global_batch: int) -> dict[str, tuple[Any, ...]]:
+        """The base LR (scaled by B / 128 after sampling: the range is the unscaled one,
+        so a tenth of the others'), and LARS's trust coefficient (never swept before)."""
+        space: dict[str, tuple[Any, ...]] = {"lr": ("loguniform", 1e-4, 0.05)}
+        if self.name == "lars":
+            space["trust_coefficient"] = ("loguniform", 1e-3, 0.1)
+        return space
+
     def build(self, model, *, global_batch, steps_per_epoch, epochs, lr, momentum, weight_decay,
               options) -> StrategySetup:
         notes: list[str] = []
