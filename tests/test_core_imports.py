@@ -3,7 +3,7 @@
 import subprocess
 import sys
 
-CORE = ["space", "profile_table", "perf", "memory", "pricing", "policy", "plan", "plotting",
+CORE = ["space", "profile_table", "search_strategies", "perf", "memory", "pricing", "policy", "plan", "plotting",
         "synthetic", "datasets", "workloads", "measure", "ags", "training_strategies", "training"]
 
 
