@@ -72,6 +72,12 @@ BAD_SEARCH = {
     "workload": st.one_of(st.sampled_from([5, None, ["cnn"], "no-such-workload"])),
     "workload_options": st.sampled_from(["fake", 5, ["data"], {"no_such_option": 1},
                                         {"data": "imagenet"}, {"train_subset": -3}]),
+    "strategy": st.one_of(st.text().filter(lambda t: t not in ("full", "partial", "adaptive")),
+                          WRONG_TYPES),
+    "strategy_options": st.sampled_from(["fast", 5, ["rounds"], {"no_such_option": 1}]),
+    "measure_seconds": st.one_of(st.floats(max_value=-1e-9), st.just(float("nan")),
+                                 st.just("2"), WRONG_TYPES),
+    "address": st.sampled_from([5, 1.5, ["auto"], "", "   "]),
 }
 
 
@@ -118,6 +124,7 @@ BAD_TRAIN = {
     "storage_path": st.sampled_from([5, 1.5, ["runs"]]),
     "name": st.sampled_from([5, 1.5, ["run"], ""]),
     "use_gpu": st.sampled_from(["yes", 1.5, [True]]),
+    "address": st.sampled_from([5, 1.5, ["auto"], ""]),
 }
 
 
@@ -170,6 +177,11 @@ def _valid(argument: str, value) -> bool:
         "name": lambda v: v is None or (isinstance(v, str) and v != ""),
         "workload": lambda v: v in ("fashion-mnist-cnn",),
         "workload_options": lambda v: v is None or v == {} or v == {"data": "fake"},
+        "strategy": lambda v: v in ("full", "partial", "adaptive"),
+        "strategy_options": lambda v: v is None or v == {},
+        "measure_seconds": lambda v: _number(v) and v >= 0,
+        # A non-empty string is an address to join: only its connection can tell.
+        "address": lambda v: v is None or (isinstance(v, str) and v.strip() != ""),
     }
     return bool(checks[argument](value))
 
