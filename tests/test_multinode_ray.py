@@ -22,10 +22,6 @@ from tula_ray.plan import Plan
 pytestmark = pytest.mark.ray
 
 DRIVER = Path(__file__).parents[1] / "examples" / "cluster_driver.py"
-# A search with a user's Workload fails at Tune's experiment checkpoint until the searcher
-# keeps the Workload out of its JSON state (the search helper's fix, issue 13): that one
-# known failure is an expected failure here, any other failure fails the test.
-SEARCHER_STATE_BUG = "Object of type Workload is not JSON serializable"
 
 
 @pytest.fixture(scope="module")
@@ -51,8 +47,6 @@ def driver_run(two_nodes, tmp_path_factory):
         [sys.executable, str(DRIVER), "--storage-path", str(scratch / "runs"),
          "--name", "joined", "--out", str(scratch / "plan")],
         env={**os.environ, ADDRESS_ENV: two_nodes.address}, capture_output=True, text=True)
-    if completed.returncode and SEARCHER_STATE_BUG in completed.stderr:
-        pytest.xfail(SEARCHER_STATE_BUG)
     assert completed.returncode == 0, completed.stderr[-3000:]
     return Plan.from_json(scratch / "plan" / "plan.json")
 
