@@ -24,7 +24,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
 from torch import nn
 
 from benchmarks.common import RESULTS_DIR, provenance, spawn_gloo, write_result
@@ -47,23 +46,21 @@ STRATEGY_RUNS = {  # label -> (strategy, options)
 
 
 def _run_one(run: dict[str, Any], rank: int) -> dict[str, Any]:
-    from tula_ray.training_strategies import build_strategy
-    from tula_ray.training import evaluate, make_loaders, train_epoch
+    from tula_ray.training import evaluate, prepare_run, train_epoch
     from tula_ray.workloads import get_workload
 
-    workload = get_workload("fashion-mnist-cnn", train_subset=run["train_subset"], subset_seed=0)
-    torch.manual_seed(run["seed"])
-    model = nn.parallel.DistributedDataParallel(workload.model_fn())
-    loader, test_loader = make_loaders(workload, run["global_batch"] // WORLD_SIZE,
-                                       seed=run["seed"], num_replicas=WORLD_SIZE, rank=rank)
-    setup = build_strategy(run["strategy"], model, global_batch=run["global_batch"],
-                           steps_per_epoch=len(loader), epochs=run["epochs"],
-                           options=run["options"])
-    loss_fn, device = workload.loss_fn(), torch.device("cpu")
+    # The per-process setup `tula_ray.train()`'s workers and `fit` share.
+    prepared = prepare_run(
+        get_workload("fashion-mnist-cnn", train_subset=run["train_subset"], subset_seed=0),
+        global_batch=run["global_batch"], strategy=run["strategy"], epochs=run["epochs"],
+        seed=run["seed"], options=run["options"], num_replicas=WORLD_SIZE, rank=rank,
+        wrap_model=nn.parallel.DistributedDataParallel)
+    model, setup, loss_fn, device = (prepared.model, prepared.setup, prepared.loss_fn,
+                                     prepared.device)
     history = []
     for epoch in range(run["epochs"]):
-        metrics = train_epoch(model, setup, loss_fn, loader, device, epoch=epoch)
-        metrics.update(evaluate(model, test_loader, device, loss_fn))
+        metrics = train_epoch(model, setup, loss_fn, prepared.train_loader, device, epoch=epoch)
+        metrics.update(evaluate(model, prepared.test_loader, device, loss_fn))
         history.append({k: v for k, v in metrics.items() if k != "variability"}
                       | {"epoch": epoch, "variability": metrics.get("variability")})
         if rank == 0:

@@ -20,7 +20,7 @@ import ray  # noqa: E402
 from ray import tune  # noqa: E402
 
 from trainables.profiling_trial import trainable_with_resources  # noqa: E402
-from tula_ray.cluster import DRIVER_RESOURCE, LOCAL_NODE_IP  # noqa: E402
+from tula_ray.cluster import start_local_ray  # noqa: E402
 from tula_ray.profile_table import PROFILE_COLUMNS  # noqa: E402
 
 
@@ -33,11 +33,7 @@ def main() -> None:
     parser.add_argument("--measure-steps", type=int, default=8)
     args = parser.parse_args()
 
-    # Loopback address Ray does not rewrite; trials hold `train_driver`, not a CPU.
-    # address="local": a new instance even if another Ray runs on this machine
-    # (a bare ray.init() joins the most recently started cluster).
-    ray.init(address="local", _node_ip_address=LOCAL_NODE_IP, resources={DRIVER_RESOURCE: 4},
-             include_dashboard=True, dashboard_host=LOCAL_NODE_IP, log_to_driver=False)
+    start_local_ray()  # loopback only; trials hold `train_driver`, not a CPU
     try:
         storage = tempfile.mkdtemp(prefix="tula-smoke-")
         tuner = tune.Tuner(

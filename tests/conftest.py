@@ -1,4 +1,4 @@
-"""Shared fixtures. Ray-marked tests start their own session per module (see tests/ray_session.py)."""
+"""Shared fixtures. Ray-marked tests start their own session per module (`ray_session`)."""
 
 import os
 
@@ -12,13 +12,14 @@ import pytest
 
 @pytest.fixture(scope="module")
 def ray_session():
-    """One local Ray session per test module that asks for it, on loopback only."""
+    """One local Ray session per test module that asks for it, on loopback only: the
+    product's own local start (tula_ray.cluster.start_local_ray) with 2 CPUs, so no test
+    depends on the machine's core count."""
     import ray
 
-    from tula_ray.cluster import DRIVER_RESOURCE, LOCAL_NODE_IP
+    from tula_ray.cluster import start_local_ray
 
-    ray.init(address="local", num_cpus=2, _node_ip_address=LOCAL_NODE_IP, resources={DRIVER_RESOURCE: 4},
-             include_dashboard=True, log_to_driver=False)
+    start_local_ray(num_cpus=2)
     try:
         yield
     finally:

@@ -18,13 +18,26 @@ gradient comes from one of two `SOURCES`:
       gradients itself.
 Workers then average their scales, so the replicas stay identical.
 
-Choices the paper leaves open (NOTES-ENV), made here and documented:
-  - the first step has no previous norm: it counts as sensitive (unscaled);
-  - the scales start at 1 (Algorithm 1's input) and the first refresh happens at
-    the first step, so epoch 1 is already scaled;
-  - weight decay is added inside the base optimizer's step, so it is not scaled;
-  - line 16 is computed as |g_small| / (|g_large| + eps), which equals
-    |g_small / (g_large + eps)| up to where eps goes and never divides by zero.
+Algorithm 1 as printed, and where this implementation departs from it (each
+departure is also commented where it is made; tests/test_ags.py holds the optimizer
+step for step against a plain re-implementation of Algorithm 1):
+  - line 10: scales computed at a refresh act from the NEXT step (`step()` installs
+    them after the base optimizer's update), as in the paper;
+  - lines 13-14: the extra forward/backward on the sub-batch runs in training mode
+    and leaves every buffer (BatchNorm running statistics) as it found it;
+  - refresh frequency: Algorithm 1 refreshes every iteration, §IV-A once per epoch
+    "by default, although this frequency is configurable": `refresh_every`, default
+    "epoch" (the first step of each epoch refreshes);
+  - the first step has no previous norm (eq. 5 is undefined): it counts as sensitive;
+  - the scales start at 1 (Algorithm 1's input); the first refresh is at the first step;
+  - line 16 per element is computed literally, |g_small / (g_large + eps)|; 0/0 (a
+    gradient of exactly -eps) counts as 0. Per tensor ("tensor" granularity, one
+    reading of "per-parameter") it is |g_small| / (|g_large| + eps) with norms;
+  - line 13's sub-batch is the first `small_batch` samples of the (shuffled) local batch;
+  - line 9 is the wrapped optimizer's step (SGD with momentum in the paper's
+    experiments), which adds weight decay itself: weight decay is not scaled;
+  - under data parallelism each worker computes scales from its own sub-batch and
+    the scales are averaged over the workers, so every replica applies the same ones.
 """
 
 from __future__ import annotations
@@ -72,7 +85,8 @@ def scale_factor(g_small: torch.Tensor, g_large: torch.Tensor, *, s_max: float,
     "tensor": one scale for the whole tensor (a 0-dim tensor), the ratio of the norms.
     """
     if granularity == "element":
-        ratio = g_small.abs() / (g_large.abs() + eps)
+        # Literally |g_small / (g_large + eps)|; 0/0 (g_large == -eps exactly) counts as 0.
+        ratio = torch.nan_to_num((g_small / (g_large + eps)).abs(), nan=0.0)
     elif granularity == "tensor":
         ratio = torch.linalg.vector_norm(g_small) / (torch.linalg.vector_norm(g_large) + eps)
     else:
@@ -102,12 +116,22 @@ def _average_over_ranks(tensors: list[torch.Tensor], process_group: Any) -> None
         tensor.div_(world)
 
 
+GROUP_HYPERPARAMETERS = ("delta", "s_max", "s_min", "eps")  # in every param group
+STATE_DICT_KEYS = {"state", "param_groups", "base_state", "ags"}
+
+
 class TulaOptimizer(torch.optim.Optimizer):
     """Wraps any torch optimizer with Adaptive Gradient Scaling (Algorithm 1).
 
-    Like torch's PostLocalSGDOptimizer it shares the base optimizer's
-    `param_groups` and `state`, so LR schedulers and gradient clipping work on it
-    unchanged; `state_dict()` holds the base optimizer's state and the AGS state.
+    A torch optimizer in its own right: `Optimizer.__init__` runs, so step pre/post
+    hooks, LR schedulers and `state_dict` work as on any optimizer. The param groups
+    are the base optimizer's own dicts (one list, shared), holding the base's
+    hyper-parameters (lr, momentum, ...) and AGS's (`GROUP_HYPERPARAMETERS`: delta,
+    s_max, s_min, eps), so a scheduler that sets `lr` or `delta` on this optimizer
+    sets it for both. Per-parameter scales live in `self.state[p]["scale"]`; the base
+    optimizer keeps its own state (momentum buffers) in `self.base.state`.
+    `state_dict()` holds both (checkpoints of the format before this one, with keys
+    "base" and "ags" only, are refused with a clear error: they cannot be loaded).
 
     Args:
         base_optimizer: the optimizer that applies the (scaled) gradient.
@@ -133,15 +157,15 @@ class TulaOptimizer(torch.optim.Optimizer):
                  source: str = "sub-batch", process_group: Any = None) -> None:
         _validate(base_optimizer, large_batch, small_batch, delta, refresh_every, granularity,
                   s_max, s_min, eps, source)
-        self.base = base_optimizer
-        self.param_groups = base_optimizer.param_groups
-        self.defaults = base_optimizer.defaults
+        self.base = base_optimizer  # before Optimizer.__init__: add_param_group reads it
         self.large_batch, self.small_batch = int(large_batch), int(small_batch)
-        self.delta, self.refresh_every, self.granularity = delta, refresh_every, granularity
-        self.s_max = max_scale(large_batch, small_batch) if s_max is None else float(s_max)
-        self.s_min, self.eps, self.source = float(s_min), eps, source
+        self.refresh_every, self.granularity, self.source = refresh_every, granularity, source
         self.process_group = process_group
-        self.scales: dict[nn.Parameter, torch.Tensor] = {}  # absent = 1 (Algorithm 1's input)
+        defaults = {"delta": delta, "s_max": max_scale(large_batch, small_batch)
+                    if s_max is None else float(s_max), "s_min": float(s_min), "eps": eps}
+        super().__init__(base_optimizer.param_groups, defaults)
+        self.param_groups = base_optimizer.param_groups  # one list: new groups reach both
+        self.defaults = {**base_optimizer.defaults, **defaults}
         self._previous_norm_sq: float | None = None
         self._counters = {"steps": 0, "scaled_steps": 0, "refreshes": 0, "steps_since_refresh": 0}
         self._epoch_pending = False
@@ -149,27 +173,33 @@ class TulaOptimizer(torch.optim.Optimizer):
         self.telemetry: dict[str, Any] = {"variability": math.nan, "scaled": False,
                                           **self._scale_stats, **self._counters}
 
-    # The base optimizer owns the state; torch.optim.Optimizer's own __init__ is not
-    # run (it would create a second, empty state), as in PostLocalSGDOptimizer.
-    @property
-    def state(self):  # type: ignore[override]
-        return self.base.state
-
     def __repr__(self) -> str:
-        return (f"TulaOptimizer(delta={self.delta}, large_batch={self.large_batch}, "
-                f"small_batch={self.small_batch}, s_max={self.s_max:.3g}, "
+        return (f"TulaOptimizer(large_batch={self.large_batch}, small_batch={self.small_batch}, "
                 f"granularity={self.granularity!r}, source={self.source!r}, "
-                f"refresh_every={self.refresh_every!r}, base={self.base!r})")
+                f"refresh_every={self.refresh_every!r}, groups={[_ags_view(g) for g in self.param_groups]}, "
+                f"base={self.base!r})")
+
+    def add_param_group(self, param_group: dict[str, Any]) -> None:
+        """Add a group to the base optimizer and to AGS (AGS hyper-parameters default)."""
+        if not any(param_group is group for group in self.base.param_groups):
+            self.base.add_param_group(param_group)  # a user's new group: the base owns it
+        for name, default in self.defaults.items():
+            param_group.setdefault(name, default)
+        _validate_group(param_group)
+        if not any(param_group is group for group in self.param_groups):
+            self.param_groups.append(param_group)  # only while Optimizer.__init__ runs
 
     def parameters(self) -> list[nn.Parameter]:
         """Every parameter of every group, in state_dict order."""
         return [p for group in self.param_groups for p in group["params"]]
 
+    @property
+    def scales(self) -> dict[nn.Parameter, torch.Tensor]:
+        """The scales in effect, by parameter (absent: 1, Algorithm 1's input)."""
+        return {p: state["scale"] for p, state in self.state.items() if "scale" in state}
+
     def zero_grad(self, set_to_none: bool = True) -> None:
         self.base.zero_grad(set_to_none=set_to_none)
-
-    def add_param_group(self, param_group: dict[str, Any]) -> None:
-        self.base.add_param_group(param_group)
 
     # ------------------------------------------------------------------ scale refresh
 
@@ -193,18 +223,24 @@ class TulaOptimizer(torch.optim.Optimizer):
         small_grads: the small-batch gradient of each parameter, in `parameters()`
         order (None where a parameter has none). `p.grad` must hold the large-batch
         gradient that this step will apply. Under torch.distributed the scales are
-        averaged over the ranks, so every replica applies the same ones.
+        averaged over the ranks, so every replica applies the same ones. They act from
+        the next step on (line 10): `step()` installs them after its update.
         """
         params = self.parameters()
         if len(small_grads) != len(params):
             raise ValueError(f"got {len(small_grads)} small-batch gradients for "
                              f"{len(params)} parameters; pass one per parameter (None if absent)")
-        scales = {p: scale_factor(g_small, p.grad, s_max=self.s_max, s_min=self.s_min,
-                                  eps=self.eps, granularity=self.granularity)
-                  for p, g_small in zip(params, small_grads)
-                  if g_small is not None and p.grad is not None}
+        small = dict(zip(params, small_grads))
+        scales = {}
+        for group in self.param_groups:
+            for p in group["params"]:
+                if small[p] is not None and p.grad is not None:
+                    scales[p] = scale_factor(small[p], p.grad, s_max=group["s_max"],
+                                             s_min=group["s_min"], eps=group["eps"],
+                                             granularity=self.granularity)
         _average_over_ranks(list(scales.values()), self.process_group)
-        self.scales = scales
+        for p, scale in scales.items():
+            self.state[p]["next_scale"] = scale
         flat = torch.cat([s.reshape(-1).float() for s in scales.values()]) if scales \
             else torch.ones(1)
         self._scale_stats = {"scale_mean": flat.mean().item(), "scale_min": flat.min().item(),
@@ -216,7 +252,8 @@ class TulaOptimizer(torch.optim.Optimizer):
     # ------------------------------------------------------------------ the step
 
     def step(self, closure: Callable[[], Any] | None = None) -> Any:  # type: ignore[override]
-        """Algorithm 1 lines 3-9: eq. 5 on the gradient to apply, scale if calm, base step.
+        """Algorithm 1 lines 3-10: eq. 5 on the gradient to apply, scale if calm, base step,
+        then the scales of a refresh made during this step take effect.
 
         A closure is evaluated once, before the scaling; the base optimizer then
         steps without it (re-evaluating would overwrite the scaled gradient).
@@ -230,13 +267,20 @@ class TulaOptimizer(torch.optim.Optimizer):
             # One host sync per step on GPU: the decision is a Python branch.
             norm_sq = torch.nn.utils.get_total_norm(grads).item() ** 2 if grads else 0.0
             variability = gradient_variability(norm_sq, self._previous_norm_sq)
-            scaled = variability < self.delta
-            if scaled:
-                for p, scale in self.scales.items():
-                    if p.grad is not None:
+            scaled = False
+            for group in self.param_groups:  # eq. 8 with each group's delta
+                if not variability < group["delta"]:
+                    continue
+                scaled = True
+                for p in group["params"]:
+                    scale = self.state[p].get("scale") if p in self.state else None
+                    if scale is not None and p.grad is not None:
                         p.grad.mul_(scale)
             self._previous_norm_sq = norm_sq  # eq. 5 compares unscaled large-batch norms
         self.base.step()
+        for state in self.state.values():  # line 10, after the weight update of line 9
+            if "next_scale" in state:
+                state["scale"] = state.pop("next_scale")
         self._counters["steps"] += 1
         self._counters["scaled_steps"] += int(scaled)
         self._counters["steps_since_refresh"] += 1
@@ -247,28 +291,50 @@ class TulaOptimizer(torch.optim.Optimizer):
     # ------------------------------------------------------------------ checkpoints
 
     def state_dict(self) -> dict[str, Any]:  # type: ignore[override]
-        index = {p: i for i, p in enumerate(self.parameters())}
-        return {"base": self.base.state_dict(),
-                "ags": {"scales": {index[p]: s.clone() for p, s in self.scales.items()},
-                        "previous_norm_sq": self._previous_norm_sq,
+        """torch's state_dict (AGS per-parameter state, the shared param groups) plus the
+        base optimizer's per-parameter state ("base_state") and AGS's counters ("ags")."""
+        state = super().state_dict()
+        state["base_state"] = self.base.state_dict()["state"]
+        state["ags"] = {"previous_norm_sq": self._previous_norm_sq,
                         "epoch_pending": self._epoch_pending,
-                        "counters": dict(self._counters), "scale_stats": dict(self._scale_stats)}}
+                        "counters": dict(self._counters), "scale_stats": dict(self._scale_stats)}
+        return state
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:  # type: ignore[override]
-        if set(state_dict) != {"base", "ags"}:
-            raise ValueError("not a TulaOptimizer state_dict: expected keys 'base' and 'ags', "
-                             f"got {sorted(state_dict)}")
-        self.base.load_state_dict(state_dict["base"])
-        # torch's load_state_dict replaces the base's param_groups list: share the new one.
+        if not isinstance(state_dict, dict) or set(state_dict) != STATE_DICT_KEYS:
+            got = sorted(state_dict) if isinstance(state_dict, dict) else type(state_dict).__name__
+            raise ValueError(f"not a TulaOptimizer state_dict: expected keys "
+                             f"{sorted(STATE_DICT_KEYS)}, got {got} (a checkpoint of the format "
+                             "before tula-ray 0.2, keys 'base' and 'ags', cannot be loaded)")
+        own = {"state": state_dict["state"], "param_groups": state_dict["param_groups"]}
+        self.base.load_state_dict({"state": state_dict["base_state"],
+                                   "param_groups": state_dict["param_groups"]})
+        super().load_state_dict(own)
+        # Both loads made new group dicts: share the base's again (one list, one set of dicts).
         self.param_groups = self.base.param_groups
-        params = self.parameters()
         ags = state_dict["ags"]
-        self.scales = {params[int(i)]: s.to(params[int(i)].device)
-                       for i, s in ags["scales"].items()}
         self._previous_norm_sq = ags["previous_norm_sq"]
         self._epoch_pending = ags["epoch_pending"]
         self._counters = dict(ags["counters"])
         self._scale_stats = dict(ags["scale_stats"])
+
+
+def _ags_view(group: dict[str, Any]) -> dict[str, Any]:
+    return {name: group[name] for name in GROUP_HYPERPARAMETERS}
+
+
+def _validate_group(group: dict[str, Any]) -> None:
+    """A param group's AGS hyper-parameters (they may be set per group, or by a scheduler)."""
+    delta, s_max, s_min, eps = (group[name] for name in GROUP_HYPERPARAMETERS)
+    if not delta >= 0:
+        raise ValueError(f"delta={delta!r}: the variability threshold must be >= 0 "
+                         f"(paper default {DELTA_DEFAULT})")
+    if not s_max > 0:
+        raise ValueError(f"s_max={s_max!r}: must be > 0 (default sqrt(large/small batch))")
+    if not 0 <= s_min <= s_max:
+        raise ValueError(f"s_min={s_min!r}: need 0 <= s_min <= s_max ({s_max:.4g})")
+    if not eps > 0:
+        raise ValueError(f"eps={eps!r}: the stability term must be > 0")
 
 
 def _validate(base_optimizer: Any, large_batch: int, small_batch: int, delta: float,
@@ -338,10 +404,17 @@ def backward_with_refresh(model: nn.Module, optimizer: torch.optim.Optimizer, lo
     if optimizer.small_batch >= len(inputs):
         raise ValueError(f"small_batch={optimizer.small_batch} must be smaller than the local "
                          f"batch ({len(inputs)} samples) to sample a sub-batch from it")
-    # Lines 13-14: a sub-batch of the (shuffled) local batch, kept out of DDP's all-reduce.
+    # Lines 13-14: a sub-batch of the (shuffled) local batch, kept out of DDP's all-reduce,
+    # in training mode (eval-mode BatchNorm would change the gradient) but with every
+    # buffer (BatchNorm running statistics) restored afterwards: Algorithm 1 computes a
+    # gradient here, it does not train the statistics on an extra batch.
+    buffers = [b.detach().clone() for b in model.buffers()]
     with model.no_sync() if _is_ddp(model) else contextlib.nullcontext():
         loss_fn(model(inputs[: optimizer.small_batch]),
                 targets[: optimizer.small_batch]).backward()
+    with torch.no_grad():
+        for buffer, saved in zip(model.buffers(), buffers):
+            buffer.copy_(saved)
     small = _take_grads(params)
     outputs = model(inputs)
     loss = loss_fn(outputs, targets)

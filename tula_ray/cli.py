@@ -49,6 +49,14 @@ def _write(plan: Plan, out: Path) -> None:
     print(f"wrote {out / 'plan.json'} and {', '.join(str(f) for f in figures)}")
 
 
+def add_address_option(parser: argparse.ArgumentParser) -> None:
+    """`--address`: the Ray cluster to run on (tula_ray.cluster.ensure_ray)."""
+    parser.add_argument("--address", default=None,
+                        help="Ray cluster to join: host:port, or 'auto' for the cluster this "
+                             "machine belongs to (e.g. on the head of `ray up`); default "
+                             "$RAY_ADDRESS, else a new local Ray on loopback")
+
+
 def add_train_options(parser: argparse.ArgumentParser) -> None:
     """Options shared by `train` and `demo --train`."""
     parser.add_argument("--strategy", default="ags",
@@ -72,6 +80,7 @@ def add_train_command(commands: Any) -> None:
                         help="where Ray Train keeps checkpoints (default ~/ray_results)")
     parser.add_argument("--out", type=Path, default=Path("train"),
                         help=f"directory for {METRICS_FILE}")
+    add_address_option(parser)
     parser.set_defaults(run=run_train)
 
 
@@ -90,7 +99,7 @@ def train_and_write(plan: Any, args: argparse.Namespace, workload: str | None = 
     storage = str(args.storage_path.resolve()) if args.storage_path else None
     retries = {} if args.max_failures is None else {"max_failures": args.max_failures}
     result = train(plan, args.strategy, workload=workload, epochs=args.epochs,
-                   storage_path=storage, **retries)
+                   storage_path=storage, address=args.address, **retries)
     shown = [c for c in SHOWN_COLUMNS if c in result.metrics.columns]
     print(f"trained N={result.num_workers}, B={result.global_batch} with {result.strategy}:")
     print(result.metrics[shown].to_string(index=False, float_format=lambda v: f"{v:.4g}"))
@@ -100,14 +109,14 @@ def train_and_write(plan: Any, args: argparse.Namespace, workload: str | None = 
 
 
 @contextlib.contextmanager
-def _ray_for(enabled: bool) -> Iterator[None]:
-    """One local Ray for several steps (demo: search then train) instead of one each."""
+def _ray_for(enabled: bool, address: str | None) -> Iterator[None]:
+    """One Ray for several steps (demo: search then train) instead of one each."""
     if not enabled:
         yield
         return
     from tula_ray.cluster import ray_session  # imports ray
 
-    with ray_session():
+    with ray_session(address):
         yield
 
 
@@ -142,11 +151,12 @@ def _replay(args: argparse.Namespace) -> None:
 def _demo(args: argparse.Namespace) -> None:
     from tula_ray.search import search  # imports ray: only for the commands that run it
 
-    with _ray_for(args.train):  # with --train, one Ray for the search and the training
+    # With --train, one Ray for the search and the training.
+    with _ray_for(args.train, args.address):
         plan = search("fashion-mnist-cnn", cluster_sizes=tuple(args.cluster_sizes),
                       min_batch=args.min_batch, max_batch=args.max_batch,
                       strategy=args.search_strategy,
-                      objective=args.objective, pricing=args.pricing,
+                      objective=args.objective, pricing=args.pricing, address=args.address,
                       storage_path=str(args.storage_path.resolve()) if args.storage_path else None)
         _write(plan, args.out)
         meta = plan.meta
@@ -172,6 +182,8 @@ def _search_file(args: argparse.Namespace) -> None:
     unknown = sorted(set(config) - allowed)
     if unknown:
         raise ValueError(f"{args.config}: unknown key {unknown[0]!r}; allowed: {sorted(allowed)}")
+    if args.address is not None:  # the command line wins over the file
+        config["address"] = args.address
     _write(search(**config), args.out)
 
 
@@ -199,6 +211,7 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument("--storage-path", type=Path, default=None,
                       help="where Tune keeps the trials (default ~/ray_results)")
     _add_plan_options(demo)
+    add_address_option(demo)
     demo.add_argument("--train", action="store_true",
                       help="then train the choice as a Ray Train job (metrics CSV in --out)")
     add_train_options(demo)
@@ -207,6 +220,7 @@ def _parser() -> argparse.ArgumentParser:
     from_file = commands.add_parser("search", help="a search described in a YAML file")
     from_file.add_argument("config", type=Path)
     from_file.add_argument("--out", type=Path, default=Path("plan"))
+    add_address_option(from_file)
     from_file.set_defaults(run=_search_file)
 
     add_train_command(commands)
@@ -219,7 +233,7 @@ def main(argv: list[str] | None = None) -> int:
                         format="%(levelname)s %(name)s: %(message)s")
     try:
         args.run(args)
-    except (ValueError, FileNotFoundError) as error:
+    except (ValueError, TypeError, FileNotFoundError) as error:  # bad input: no traceback
         print(f"tula-ray: error: {error}", file=sys.stderr)
         return 2
     return 0

@@ -28,37 +28,47 @@ from tula_ray.plan import Plan, build_plan, deprecated_mode
 from tula_ray.policy import OBJECTIVES
 from tula_ray.pricing import Pricing, parse_pricing
 from tula_ray.profile_table import profile_frame
-from tula_ray.search_strategies import make_strategy
+from tula_ray.search_strategies import STRATEGIES, make_strategy
 from tula_ray.space import MIN_BATCH_DEFAULT, SearchSpace, check_positive_ints
 from tula_ray.workloads import Workload, resolve_workload
+from tula_ray.arguments import (check_choice, check_int, check_mapping, check_number, check_text,
+                                named_arguments)
 
 logger = logging.getLogger(__name__)
 
+def _check_arguments(a: dict[str, Any]) -> None:
+    """Each plain argument's type and range, before anything is built (issue 13, item 4)."""
+    if not isinstance(a["cluster_sizes"], (list, tuple)):
+        raise TypeError(f"cluster_sizes={a['cluster_sizes']!r}; it must be a list or tuple of "
+                        "positive integers")
+    check_positive_ints("cluster_sizes", a["cluster_sizes"])
+    check_choice("objective", a["objective"], OBJECTIVES)
+    check_choice("strategy", a["strategy"], sorted(STRATEGIES))
+    if a["mode"] is not None:  # the former name of `strategy`
+        check_choice("mode", a["mode"], sorted(STRATEGIES))
+    check_mapping("strategy_options", a["strategy_options"])
+    check_number("measure_seconds", a["measure_seconds"], low=0.0)
+    check_choice("collective", a["collective"], sorted(COLLECTIVES))
+    check_number("weight_time", a["weight_time"], low=0.0, high=1.0)
+    check_number("headroom", a["headroom"], low=0.0, high=1.0, high_open=True)
+    check_number("device_memory_gb", a["device_memory_gb"], low=0.0, low_open=True,
+                  optional=True)
+    check_int("min_batch", a["min_batch"], minimum=1)
+    check_int("max_batch", a["max_batch"], minimum=1, optional=True)
+    check_int("warmup_steps", a["warmup_steps"], minimum=0)
+    check_int("measure_steps", a["measure_steps"], minimum=1)
+    check_int("epochs", a["epochs"], minimum=1, optional=True)
+    check_mapping("workload_options", a["workload_options"])
+    for label in ("storage_path", "name", "address"):
+        check_text(label, a[label], optional=True)
+
+
 def _validate(r: "_Request") -> None:
-    check_positive_ints("cluster_sizes", r.cluster_sizes)
-    if r.objective not in OBJECTIVES:
-        raise ValueError(f"objective {r.objective!r} is unknown; use one of {OBJECTIVES}")
+    """What depends on several arguments or on the workload."""
     make_strategy(r.strategy, r.strategy_options)  # an unknown name or option fails here
-    if r.collective not in COLLECTIVES:
-        raise ValueError(f"collective {r.collective!r} is unknown; known: {sorted(COLLECTIVES)}")
-    if not 0.0 <= r.weight_time <= 1.0:
-        raise ValueError(f"weight_time={r.weight_time!r}; it must be within [0, 1]")
-    if not (isinstance(r.measure_seconds, (int, float)) and r.measure_seconds >= 0):
-        raise ValueError(f"measure_seconds={r.measure_seconds!r}; it must be a number >= 0")
-    if not 0.0 <= r.headroom < 1.0:
-        raise ValueError(f"headroom={r.headroom!r}; it must be within [0, 1)")
-    for label, value, low in (("min_batch", r.min_batch, 1), ("warmup_steps", r.warmup_steps, 0),
-                              ("measure_steps", r.measure_steps, 1)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < low:
-            raise ValueError(f"{label}={value!r}; it must be an integer >= {low}")
     if r.max_batch is not None and r.max_batch < r.min_batch:
         raise ValueError(f"max_batch={r.max_batch} is below min_batch={r.min_batch}; "
                          "max_batch must be >= min_batch")
-    if r.device_memory_gb is not None and not r.device_memory_gb > 0:
-        raise ValueError(f"device_memory_gb={r.device_memory_gb!r}; it must be positive")
-    if isinstance(r.epochs, bool) or not isinstance(r.epochs, int) or r.epochs < 1:
-        raise ValueError(f"epochs={r.epochs!r}; it must be an integer >= 1 (or None: the "
-                         "workload's)")
     if r.min_batch > r.workload.dataset_size:
         raise ValueError(f"min_batch={r.min_batch} is larger than the dataset "
                          f"({r.workload.dataset_size} samples)")
@@ -111,6 +121,7 @@ def search(
     epochs: int | None = None,
     strategy_options: dict[str, Any] | None = None,
     measure_seconds: float = MEASURE_SECONDS_DEFAULT,
+    address: str | None = None,
     mode: str | None = None,
 ) -> Plan:
     """Profile candidates on Ray, fit the models, and return the Plan with the choice.
@@ -131,21 +142,26 @@ def search(
     warmup_steps, measure_steps, measure_seconds: per batch, untimed steps, then at least
       measure_steps timed steps per phase, more while they fit in measure_seconds.
     One Ray Train worker group per cluster size and round profiles all of its batches.
+    address: the Ray cluster to join ("auto": the one this machine belongs to); default
+      $RAY_ADDRESS, else a new local Ray on loopback (see tula_ray.cluster.ensure_ray).
+      A Ray this process already initialised is used as it is.
     """
+    _check_arguments(locals())
     strategy = deprecated_mode(strategy, mode)
     options = dict(workload_options or {})
     # A user's Workload is completed and checked here, in the driver (its sample shape and
     # class count from its data and model): a wrong shape fails now, naming the field.
-    resolved = resolve_workload(workload, options).with_shapes()
+    resolved = named_arguments(resolve_workload, "workload", "workload_options")(
+        workload, options).with_shapes()
     spec = resolved if isinstance(workload, Workload) else workload
     request = _Request(
         spec, options, resolved, tuple(sorted(set(cluster_sizes))),
         min_batch, max_batch, objective, strategy, dict(strategy_options or {}),
-        parse_pricing(pricing), weight_time,
+        named_arguments(parse_pricing, "pricing")(pricing), weight_time,
         device_memory_gb, headroom, collective, warmup_steps, measure_steps, storage_path, name,
         resolved.epochs if epochs is None else epochs, measure_seconds)
     _validate(request)
-    started_ray = ensure_ray()
+    started_ray = ensure_ray(address)
     try:
         use_gpu = use_gpu_default()
         check_capacity(request.cluster_sizes, use_gpu)
@@ -197,6 +213,11 @@ def _bounded_space(request: _Request, use_gpu: bool) -> tuple[SearchSpace, dict,
     else:
         device_bytes = (probe["device_memory_bytes"]
                         or CPU_MEMORY_SHARE_DEFAULT * node_memory_bytes())
+    # What the probe (one process, no DDP) cannot see: the CUDA context, DDP's gradient
+    # buckets and NCCL's buffers. Budgeted for the largest N, so it holds for every N.
+    device_bytes = memory_model.device_budget_bytes(
+        device_bytes, grad_bytes=probe["static"].grad_bytes, num_workers=sizes[-1],
+        in_use_bytes=probe["device_in_use_bytes"], nccl=use_gpu)
     # No candidate needs a local batch above max_batch / N_min: nothing larger is measured.
     largest = min(request.max_batch or request.workload.dataset_size, request.workload.dataset_size)
     cap = max(1, largest // sizes[0])
