@@ -136,7 +136,7 @@ def exact_profiles(candidates) -> pd.DataFrame:
 
 def exact_plan(objective: str, **kwargs) -> Plan:
     return build_plan(SPACE, exact_profiles(SPACE.candidates()), epochs=EPOCHS,
-                      dataset_size=DATASET, mode="full", objective=objective,
+                      dataset_size=DATASET, strategy="full", objective=objective,
                       pricing=f"fixed:{USD_PER_NODE_HOUR}", **kwargs)
 
 

@@ -210,7 +210,7 @@ def test_out_of_memory_candidate_is_infeasible_and_the_search_goes_on(
     (dict(workload="imagenet-vit"), "workload 'imagenet-vit' is unknown"),
     (dict(cluster_sizes=(1, 4)), "cluster size 4 is larger than the cluster's 2 CPUs"),
     (dict(objective="fastest"), "objective='fastest' is not allowed"),
-    (dict(strategy="half"), "search strategy 'half' is unknown"),
+    (dict(strategy="half"), "strategy='half' is not allowed"),
     (dict(min_batch=0), "min_batch=0; it must be an integer >= 1"),
     (dict(min_batch=64, max_batch=32), "max_batch=32 is below min_batch=64"),
     (dict(device_memory_gb=1e-6), "min_batch=32 does not fit"),

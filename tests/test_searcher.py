@@ -138,7 +138,7 @@ def test_unknown_strategy_names_the_known_ones():
     with pytest.raises(ValueError, match=r"search strategy 'half' is unknown; use one of "
                                          r"\['full', 'partial'"):
         TulaSearcher(SPACE.candidates(), "half")
-    with pytest.raises(ValueError, match="search strategy 'full': bad options"):
+    with pytest.raises(ValueError, match="strategy_options=.* do not fit search strategy 'full'"):
         make_strategy("full", {"rounds": 3})
 
 

@@ -28,7 +28,7 @@ from tula_ray.plan import Plan, build_plan, deprecated_mode
 from tula_ray.policy import OBJECTIVES
 from tula_ray.pricing import Pricing, parse_pricing
 from tula_ray.profile_table import profile_frame
-from tula_ray.search_strategies import make_strategy
+from tula_ray.search_strategies import STRATEGIES, make_strategy
 from tula_ray.space import MIN_BATCH_DEFAULT, SearchSpace, check_positive_ints
 from tula_ray.workloads import Workload, resolve_workload
 from tula_ray.arguments import (check_choice, check_int, check_mapping, check_number, check_text,
@@ -43,8 +43,9 @@ def _check_arguments(a: dict[str, Any]) -> None:
                         "positive integers")
     check_positive_ints("cluster_sizes", a["cluster_sizes"])
     check_choice("objective", a["objective"], OBJECTIVES)
-    check_text("strategy", a["strategy"])
-    check_text("mode", a["mode"], optional=True)  # the strategy's former name (deprecated)
+    check_choice("strategy", a["strategy"], sorted(STRATEGIES))
+    if a["mode"] is not None:  # the former name of `strategy`
+        check_choice("mode", a["mode"], sorted(STRATEGIES))
     check_mapping("strategy_options", a["strategy_options"])
     check_number("measure_seconds", a["measure_seconds"], low=0.0)
     check_choice("collective", a["collective"], sorted(COLLECTIVES))
@@ -119,9 +120,9 @@ def search(
     name: str | None = None,
     workload_options: dict[str, Any] | None = None,
     epochs: int | None = None,
-    address: str | None = None,
     strategy_options: dict[str, Any] | None = None,
     measure_seconds: float = MEASURE_SECONDS_DEFAULT,
+    address: str | None = None,
     mode: str | None = None,
 ) -> Plan:
     """Profile candidates on Ray, fit the models, and return the Plan with the choice.

@@ -148,5 +148,5 @@ def make_strategy(name: str, options: dict[str, Any] | None = None) -> SearchStr
     try:
         return STRATEGIES[name](**dict(options or {}))
     except TypeError as exc:
-        raise ValueError(f"search strategy {name!r}: bad options {sorted(options or {})} "
-                         f"({exc})") from exc
+        raise ValueError(f"strategy_options={dict(options or {})!r} do not fit search "
+                         f"strategy {name!r} ({exc})") from exc
