@@ -21,8 +21,9 @@ from trainables.memory_probe import check_max_local_batch, probe_memory
 from trainables.profiling_loop import MEASURE_STEPS_DEFAULT, WARMUP_STEPS_DEFAULT
 from trainables.profiling_trial import trainable_with_resources
 from tula_ray import memory as memory_model
-from tula_ray.cluster import (CPU_MEMORY_SHARE_DEFAULT, check_capacity, ensure_ray,
-                              node_memory_bytes, use_gpu_default)
+from tula_ray.cluster import (CPU_MEMORY_SHARE_DEFAULT, PROVISION_TIMEOUT_S_DEFAULT,
+                              check_storage_path, check_worker_request, ensure_ray,
+                              node_memory_bytes, provision_workers, release_workers)
 from tula_ray.perf import COLLECTIVES, MODES
 from tula_ray.plan import Plan, build_plan
 from tula_ray.policy import OBJECTIVES
@@ -101,6 +102,8 @@ def search(
     name: str | None = None,
     workload_options: dict[str, Any] | None = None,
     address: str | None = None,
+    resources_per_worker: dict[str, float] | None = None,
+    provision_timeout_s: float = PROVISION_TIMEOUT_S_DEFAULT,
 ) -> Plan:
     """Profile candidates on Ray, fit the models, and return the Plan with the choice.
 
@@ -117,6 +120,13 @@ def search(
     address: the Ray cluster to join ("auto": the one this machine belongs to); default
       $RAY_ADDRESS, else a new local Ray on loopback (see tula_ray.cluster.ensure_ray).
       A Ray this process already initialised is used as it is.
+    resources_per_worker: one worker's resources as in Ray's ScalingConfig, e.g.
+      {"CPU": 4}; default one device per worker (a GPU when the cluster has or can add
+      GPUs, else a CPU), so N counts devices.
+    provision_timeout_s: how long to wait for an autoscaler to add the nodes the largest
+      cluster size needs (see tula_ray.cluster.provision_workers).
+    On a multi-node cluster storage_path must be reachable from every node (a shared
+    file system or a cloud URI); the search refuses otherwise, before any trial.
     """
     options = dict(workload_options or {})
     request = _Request(
@@ -124,14 +134,18 @@ def search(
         min_batch, max_batch, objective, mode, parse_pricing(pricing), weight_time,
         device_memory_gb, headroom, collective, warmup_steps, measure_steps, storage_path, name)
     _validate(request)
+    resources = check_worker_request(resources_per_worker, provision_timeout_s)
     started_ray = ensure_ray(address)
+    workers = None
     try:
-        use_gpu = use_gpu_default()
-        check_capacity(request.cluster_sizes, use_gpu)
+        workers = provision_workers(request.cluster_sizes[-1], resources,
+                                    timeout_s=provision_timeout_s)
+        check_storage_path(request.storage_path)
+        use_gpu = workers.use_gpu
         started = time.perf_counter()
         space, probe, device_bytes = _bounded_space(request, use_gpu)
         probe_s = time.perf_counter() - started
-        profiles, experiment = _profile(request, space, use_gpu, device_bytes)
+        profiles, experiment = _profile(request, space, use_gpu, device_bytes, workers.resources)
         meta = {"probe_wall_s": probe_s,
                 "profiling_wall_s": time.perf_counter() - started - probe_s,
                 "trials": len(profiles), "device_memory_bytes": device_bytes,
@@ -147,6 +161,7 @@ def search(
             weight_time=request.weight_time, collective=request.collective,
             workload=workload.name, meta=meta)
     finally:
+        release_workers(workers)
         if started_ray:
             ray.shutdown()
 
@@ -188,13 +203,13 @@ def _bounded_space(request: _Request, use_gpu: bool) -> tuple[SearchSpace, dict,
     return space, probe, device_bytes
 
 
-def _profile(request: _Request, space: SearchSpace, use_gpu: bool,
-             device_bytes: float) -> tuple[pd.DataFrame, str]:
+def _profile(request: _Request, space: SearchSpace, use_gpu: bool, device_bytes: float,
+             resources: dict[str, float]) -> tuple[pd.DataFrame, str]:
     """DESIGN step 3: one Tune trial per candidate, one at a time (concurrent trials
     would share the CPUs or the network and distort each other's step times)."""
     fixed = {"workload": request.spec, "workload_options": request.options, "use_gpu": use_gpu,
              "warmup_steps": request.warmup_steps, "measure_steps": request.measure_steps,
-             "device_memory_bytes": device_bytes}
+             "device_memory_bytes": device_bytes, "resources_per_worker": resources}
     searcher = TulaSearcher(space.candidates(), request.mode, fixed)
     name = request.name or f"tula-{request.workload.name}-{datetime.now():%Y%m%d-%H%M%S}"
     tuner = tune.Tuner(
