@@ -43,10 +43,10 @@ from benchmarks.memory_accuracy import (
     QUICK_DEVICE_MEMORY_BYTES,
     checked_bounds,
     fit_like_probe,
+    peak_of,
     true_max_local_batch,
 )
 from tula_ray import memory
-from tula_ray.measure import peak_memory_bytes
 from tula_ray.workloads import Workload, get_workload
 
 NAME = "batch_finder"
@@ -117,7 +117,7 @@ def run(quick: bool = False) -> dict:
                      "wall_s": probe["wall_s"] + bound["wall_s"]}
     started = time.perf_counter()
     true_b, peaks = true_max_local_batch(
-        lambda b: peak_memory_bytes(probe_workload, b, device=device), device_bytes,
+        peak_of(probe_workload, device), device_bytes,
         memory.max_local_batch(params, device_bytes, headroom=0.0))
     truth = {"bound": true_b, "search_wall_s": time.perf_counter() - started,
              "search": [{"local_batch": b, "peak_mem_bytes": p} for b, p in sorted(peaks.items())]}

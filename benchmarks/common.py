@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 import os
 import platform
-import socket
 import subprocess
 import sys
+import tempfile
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable
@@ -49,26 +49,30 @@ def spread(values) -> str:
 
 def spawn_gloo(worker: Callable[..., None], world_size: int, *args: Any) -> None:
     """Run worker(rank, *args) in world_size processes joined by a local gloo group, one
-    torch thread each (N workers on N cores, as Ray Train places them here)."""
+    torch thread each (N workers on N cores, as Ray Train places them here).
+
+    The rendezvous is a file in a fresh private directory (torch's FileStore): unlike a
+    "free" TCP port probed beforehand, nothing else can take it before the ranks start.
+    """
     import torch.multiprocessing as mp
 
-    with socket.socket() as sock:  # a free port for the rendezvous
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    mp.spawn(_gloo_rank, args=(worker, world_size, port, args), nprocs=world_size, join=True)
+    with tempfile.TemporaryDirectory(prefix="tula-gloo-") as scratch:
+        init_method = f"file://{Path(scratch, 'rendezvous')}"
+        mp.spawn(_gloo_rank, args=(worker, world_size, init_method, args), nprocs=world_size,
+                 join=True)
 
 
-def _gloo_rank(rank: int, worker: Callable[..., None], world_size: int, port: int,
+def _gloo_rank(rank: int, worker: Callable[..., None], world_size: int, init_method: str,
                args: tuple) -> None:
     import torch
     import torch.distributed as dist
 
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=world_size)
+    dist.init_process_group("gloo", init_method=init_method, rank=rank, world_size=world_size)
     try:
         worker(rank, *args)
-        # No rank tears the group down while a peer may still be in a collective with it.
+        # No rank tears the group down while a peer may still be in a collective with it
+        # (a rank aborting at exit, SIGABRT, was seen without this barrier).
         dist.barrier()
     finally:
         dist.destroy_process_group()

@@ -2,16 +2,19 @@
 
 Fashion-MNIST, a fixed 10k-image train subset, the full 10k test set, the small
 CNN, 20 epochs. A reference run at B=32 (plain SGD) against B = 512, 1024 and 2048
-(Table I's three large batches) trained with each strategy: lbt, lrs, lars, polo,
-ags (sub-batch source, per-tensor scales), ags-local (the DDP-local gradient as
-g_small) and ags-element (per-element scales). Every run is data-parallel on N=2 gloo workers (the embedded default's
-shape), so PoLo really goes local and AGS's local source exists. Each strategy
-comes from `tula_ray.training_strategies.build_strategy` and each epoch from
+(Table I's three large batches) trained with each registered strategy and the
+paper's recipe: lbt, lrs, lars, polo, ags (Algorithm 1 literally: sub-batch source,
+per-tensor scales, refreshed per epoch) and ags-ns (AGS-NS, the variant beyond the
+paper, issue 12). Every run is data-parallel on N=2 gloo workers (the embedded
+default's shape), so PoLo really goes local and the DDP-local gradient exists. Each
+run is set up by `tula_ray.training.prepare_run` and each epoch is
 `tula_ray.training.train_epoch`, the code `tula_ray.train()` runs on Ray.
 
 Runs are appended to a JSON-lines file as they finish, so an interrupted
 benchmark keeps what it measured: `run` skips finished runs, and `report()` rebuilds
-the tables from the runs so far (each row says over how many seeds).
+the tables from the runs so far (each row says over how many seeds). A label's
+`RECIPE_VERSIONS` entry changes when its code changes behaviour: records of an older
+version stay in the file but are neither reused nor reported.
 """
 
 from __future__ import annotations
@@ -24,7 +27,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
 from torch import nn
 
 from benchmarks.common import RESULTS_DIR, provenance, spawn_gloo, write_result
@@ -34,36 +36,39 @@ WORLD_SIZE = 2
 REFERENCE_BATCH = 32  # NOTES-ENV: the best-generalising batch here
 TRAIN_SUBSET, EPOCHS, SEEDS = 10_000, 20, (0, 1, 2)  # issue 4's setup
 LARGE_BATCHES = (512, 1024, 2048)  # issue 5: Table I's three large batches per model
+# A run diverged when its last epoch's training loss is not finite or its test accuracy is
+# at chance level (10 classes) or below: lrs at B=2048 ended at 10 % in 2 of 3 seeds.
+CHANCE_ACCURACY = 0.1
 QUICK = {"train_subset": 2048, "epochs": 1, "seeds": (0,), "batches": (1024,)}
-STRATEGY_RUNS = {  # label -> (strategy, options)
+STRATEGY_RUNS = {  # label -> (strategy, options): each strategy's paper recipe (its defaults)
     "lbt": ("lbt", {}),
     "lrs": ("lrs", {}),
     "lars": ("lars", {}),
     "polo": ("polo", {}),
     "ags": ("ags", {}),
-    "ags-local": ("ags", {"source": "local"}),
-    "ags-element": ("ags", {"granularity": "element"}),
+    "ags-ns": ("ags-ns", {}),
 }
+# Records before versions count as 1. ags 2: Algorithm 1 exact (issue 12: scales from the
+# next step, BatchNorm untouched; the old records applied them one step early).
+RECIPE_VERSIONS = {"ags": 2}
 
 
 def _run_one(run: dict[str, Any], rank: int) -> dict[str, Any]:
-    from tula_ray.training_strategies import build_strategy
-    from tula_ray.training import evaluate, make_loaders, train_epoch
+    from tula_ray.training import evaluate, prepare_run, train_epoch
     from tula_ray.workloads import get_workload
 
-    workload = get_workload("fashion-mnist-cnn", train_subset=run["train_subset"], subset_seed=0)
-    torch.manual_seed(run["seed"])
-    model = nn.parallel.DistributedDataParallel(workload.model_fn())
-    loader, test_loader = make_loaders(workload, run["global_batch"] // WORLD_SIZE,
-                                       seed=run["seed"], num_replicas=WORLD_SIZE, rank=rank)
-    setup = build_strategy(run["strategy"], model, global_batch=run["global_batch"],
-                           steps_per_epoch=len(loader), epochs=run["epochs"],
-                           options=run["options"])
-    loss_fn, device = workload.loss_fn(), torch.device("cpu")
+    # The per-process setup `tula_ray.train()`'s workers and `fit` share.
+    prepared = prepare_run(
+        get_workload("fashion-mnist-cnn", train_subset=run["train_subset"], subset_seed=0),
+        global_batch=run["global_batch"], strategy=run["strategy"], epochs=run["epochs"],
+        seed=run["seed"], options=run["options"], num_replicas=WORLD_SIZE, rank=rank,
+        wrap_model=nn.parallel.DistributedDataParallel)
+    model, setup, loss_fn, device = (prepared.model, prepared.setup, prepared.loss_fn,
+                                     prepared.device)
     history = []
     for epoch in range(run["epochs"]):
-        metrics = train_epoch(model, setup, loss_fn, loader, device, epoch=epoch)
-        metrics.update(evaluate(model, test_loader, device, loss_fn))
+        metrics = train_epoch(model, setup, loss_fn, prepared.train_loader, device, epoch=epoch)
+        metrics.update(evaluate(model, prepared.test_loader, device, loss_fn))
         history.append({k: v for k, v in metrics.items() if k != "variability"}
                       | {"epoch": epoch, "variability": metrics.get("variability")})
         if rank == 0:
@@ -92,12 +97,13 @@ def _plan_runs(train_subset: int, epochs: int, seeds, batches) -> list[dict[str,
         for batch in batches:
             for label, (strategy, options) in STRATEGY_RUNS.items():
                 runs.append({**common, "label": label, "strategy": strategy, "options": options,
-                             "global_batch": batch})
+                             "global_batch": batch, "version": RECIPE_VERSIONS.get(label, 1)})
     return runs
 
 
 def _key(run: dict) -> tuple:
-    return (run["label"], run["global_batch"], run["seed"], run["epochs"], run["train_subset"])
+    return (run["label"], run["global_batch"], run["seed"], run["epochs"], run["train_subset"],
+            run.get("version", 1))
 
 
 def _setup(quick: bool, batches: tuple[int, ...]) -> tuple[str, dict, list[dict], Path]:
@@ -192,7 +198,10 @@ def _summary(runs: list[dict]) -> list[dict]:
         accuracies = [r["test_accuracy"] for r in group]
         scaled = [e.get("scaled_fraction") for r in group for e in r["history"]
                   if e.get("scaled_fraction") is not None]
+        diverged = sum(1 for r in group if r["test_accuracy"] <= CHANCE_ACCURACY + 0.01
+                       or not np.isfinite(r["history"][-1]["train_loss"]))
         rows.append({"global_batch": batch, "label": label, "seeds": len(group),
+                     "diverged": diverged,
                      "test_accuracy_mean": statistics.fmean(accuracies),
                      "test_accuracy_std": statistics.stdev(accuracies) if len(group) > 1 else 0.0,
                      "scaled_fraction_mean": statistics.fmean(scaled) if scaled else None,
@@ -207,7 +216,7 @@ def _markdown(r: dict) -> str:
         scaled = "" if row["scaled_fraction_mean"] is None else f"{row['scaled_fraction_mean']:.0%}"
         lines.append(f"| {row['global_batch']} | {row['label']} | "
                      f"{row['test_accuracy_mean']:.2%} ± {row['test_accuracy_std']:.2%} | "
-                     f"{row['seeds']} | {scaled} | {row['wall_s_mean']:.0f} |")
+                     f"{row['seeds']} | {row['diverged']} | {scaled} | {row['wall_s_mean']:.0f} |")
     notes = sorted({n for row in r["summary"] for n in row["notes"]})
     return f"""### Large-batch generalization: test accuracy per strategy (issues 4 and 5; Table I analog)
 
@@ -217,10 +226,13 @@ def _markdown(r: dict) -> str:
 
 Fashion-MNIST, {r['train_subset']}-image train subset, full test set, small CNN,
 {r['epochs']} epochs, N={r['world_size']} gloo workers; accuracy after the last
-epoch, mean ± std over seeds. "scaled" is AGS's fraction of scaled steps.
+epoch, mean ± std over seeds (diverged seeds included); "diverged": seeds that ended at
+chance accuracy or with a non-finite loss. "scaled" is AGS's fraction of scaled steps.
+Strategies with the paper's recipe (their defaults): ags is Algorithm 1 literally, ags-ns
+is AGS-NS (README). Tuned configurations: not run yet (issue 12 item 6, see the report).
 
-| B | strategy | test accuracy | seeds | scaled | wall per run (s) |
-|---|---|---|---|---|---|
+| B | strategy | test accuracy | seeds | diverged | scaled | wall per run (s) |
+|---|---|---|---|---|---|---|
 {chr(10).join(lines)}
 
 {chr(10).join('- ' + n for n in notes)}

@@ -35,7 +35,7 @@ import torch
 
 from benchmarks.common import RESULTS_DIR, provenance, relative_errors, spread, write_result
 from tula_ray import memory
-from tula_ray.measure import peak_memory_bytes, probe_peaks
+from tula_ray.measure import peak_or_none, probe_peaks
 from tula_ray.space import MIN_BATCH_DEFAULT
 from tula_ray.workloads import Workload, get_workload
 
@@ -65,18 +65,29 @@ def fit_like_probe(workload: Workload, device: torch.device) -> tuple[memory.Mem
     return params, probe
 
 
-def true_max_local_batch(peak_of: Callable[[int], float], device_bytes: float,
-                         guess: int) -> tuple[int, dict[int, float]]:
-    """Largest b with peak_of(b) <= device_bytes (peaks grow with b), and every peak measured.
+def peak_of(workload: Workload, device: torch.device) -> Callable[[int], float | None]:
+    """b -> the peak at local batch b, or None when the device ran out of memory (a CUDA
+    OOM is a measurement here, "does not fit", as in the search; never a crash)."""
+    return lambda b: peak_or_none(workload, b, device=device)
+
+
+def _fits(peak: float | None, device_bytes: float) -> bool:
+    return peak is not None and peak <= device_bytes
+
+
+def true_max_local_batch(peak_of: Callable[[int], float | None], device_bytes: float,
+                         guess: int) -> tuple[int, dict[int, float | None]]:
+    """Largest b with peak_of(b) <= device_bytes (peaks grow with b), and every peak measured
+    (None where b ran out of memory).
 
     Brackets the answer from `guess` with steps doubling from guess/64, then bisects.
     """
-    peaks: dict[int, float] = {}
+    peaks: dict[int, float | None] = {}
 
     def fits(b: int) -> bool:
         if b not in peaks:
-            peaks[b] = float(peak_of(b))
-        return peaks[b] <= device_bytes
+            peaks[b] = peak_of(b)
+        return _fits(peaks[b], device_bytes)
 
     guess, step = max(int(guess), 1), max(int(guess) // 64, 1)
     if fits(guess):
@@ -101,7 +112,11 @@ def true_max_local_batch(peak_of: Callable[[int], float], device_bytes: float,
 def _extrapolated_guess(rows: list[dict], device_bytes: float) -> int:
     """Where the line through the two largest measured peaks reaches device_bytes:
     a starting point for the bound search taken from measurements, not from the model."""
-    (b1, p1), (b2, p2) = [(r["local_batch"], r["peak_mem_bytes"]) for r in rows[-2:]]
+    measured = [(r["local_batch"], r["peak_mem_bytes"]) for r in rows
+                if r["peak_mem_bytes"] is not None]
+    if len(measured) < 2:
+        return measured[0][0] if measured else rows[0]["local_batch"]
+    (b1, p1), (b2, p2) = measured[-2:]
     slope = (p2 - p1) / (b2 - b1)
     return max(int(b2 + (device_bytes - p2) / slope), 1) if slope > 0 else b2
 
@@ -111,19 +126,24 @@ def _measure_model(name: str, grid: list[int], device_bytes: float,
     started = time.perf_counter()
     workload = get_workload(name, data="fake")  # memory depends on shapes only: no data loaded
     params, probe = fit_like_probe(workload, device)
-    measured = [peak_memory_bytes(workload, b, device=device) for b in grid]
+    peak = peak_of(workload, device)
+    measured = [peak(b) for b in grid]
     predicted = memory.predict_peak_bytes(params, grid)
-    errors = relative_errors(predicted, measured)
-    rows = [{"local_batch": b, "predicted_peak_mem_bytes": float(q), "peak_mem_bytes": int(p),
-             "rel_error": float(e), "probed": b in probe["local_batches"]}
-            for b, q, p, e in zip(grid, predicted, measured, errors)]
-    true_b, peaks = true_max_local_batch(
-        lambda b: peak_memory_bytes(workload, b, device=device), device_bytes,
-        _extrapolated_guess(rows, device_bytes))
-    held_out = [r["rel_error"] for r in rows if not r["probed"]]
+    rows = [{"local_batch": b, "predicted_peak_mem_bytes": float(q),
+             "peak_mem_bytes": None if p is None else int(p),
+             "rel_error": None if p is None else float(abs(q - p) / p),
+             "probed": b in probe["local_batches"]}
+            for b, q, p in zip(grid, predicted, measured)]
+    fitted = [r for r in rows if r["peak_mem_bytes"] is not None]  # the rest ran out of memory
+    errors = [r["rel_error"] for r in fitted]
+    true_b, peaks = true_max_local_batch(peak, device_bytes,
+                                         _extrapolated_guess(rows, device_bytes))
+    held_out = [r["rel_error"] for r in fitted if not r["probed"]]
     checked = checked_bounds(workload, params, probe, device_bytes, device)
     refit = _refit(workload, probe, checked["no_headroom"]["checks"])
-    refit_errors = relative_errors(memory.predict_peak_bytes(refit, grid), measured)
+    refit_errors = relative_errors(
+        memory.predict_peak_bytes(refit, [r["local_batch"] for r in fitted]),
+        [r["peak_mem_bytes"] for r in fitted])
     return {
         "model": name, "workload": workload.name, "params": params.to_dict(), "probe": probe,
         "rows": rows,
@@ -152,8 +172,8 @@ def checked_bounds(workload: Workload, params: memory.MemoryParams, probe: dict,
     for label, headroom in (("headroom", memory.HEADROOM_DEFAULT), ("no_headroom", 0.0)):
         started = time.perf_counter()
         bound, checks = memory.verified_max_local_batch(
-            params, lambda b: float(peak_memory_bytes(workload, b, device=device)), device_bytes,
-            headroom=headroom, measured=measured)
+            params, peak_of(workload, device), device_bytes, headroom=headroom,
+            measured=measured)
         checked[label] = {"bound": bound, "wall_s": time.perf_counter() - started,
                           "checks": [{"local_batch": b, "peak_mem_bytes": p} for b, p in checks]}
     return checked
@@ -162,7 +182,8 @@ def checked_bounds(workload: Workload, params: memory.MemoryParams, probe: dict,
 def _refit(workload: Workload, probe: dict, checks: list[dict]) -> memory.MemoryParams:
     """Eq. 3 on the probe's and the checks' peaks, as `check_max_local_batch` refits it."""
     points = list(zip(probe["local_batches"], probe["peaks_bytes"])) + [
-        (c["local_batch"], c["peak_mem_bytes"]) for c in checks]
+        (c["local_batch"], c["peak_mem_bytes"]) for c in checks
+        if c["peak_mem_bytes"] is not None]  # a check that ran out of memory has no peak
     return memory.fit([b for b, _ in points], [p for _, p in points],
                       static_bytes=probe["static_bytes"],
                       batch_bytes_per_sample=workload.input_bytes_per_sample)
@@ -203,12 +224,12 @@ def _plot(models: dict, device_bytes: float, path: Path) -> None:
         mib = 2.0**20
         axis.plot(dense, memory.predict_peak_bytes(params, dense) / mib, "-",
                   label="eq. 3 fitted by the probe")
-        axis.plot([r["local_batch"] for r in m["rows"]],
-                  [r["peak_mem_bytes"] / mib for r in m["rows"]],
+        fitted = [r for r in m["rows"] if r["peak_mem_bytes"] is not None]
+        axis.plot([r["local_batch"] for r in fitted], [r["peak_mem_bytes"] / mib for r in fitted],
                   "o", label="measured (grid)")
         axis.plot(m["probe"]["local_batches"], np.asarray(m["probe"]["peaks_bytes"]) / mib, "s",
                   fillstyle="none", markersize=10, label="probe's peaks (fitted)")
-        search = m["max_local_batch"]["search"]
+        search = [s for s in m["max_local_batch"]["search"] if s["peak_mem_bytes"] is not None]
         axis.plot([s["local_batch"] for s in search], [s["peak_mem_bytes"] / mib for s in search],
                   ".", color="grey", label="measured (bound search)")
         axis.axhline(device_bytes / mib, color="crimson", lw=0.8, label="declared device memory")
@@ -238,7 +259,7 @@ def _markdown(r: dict) -> str:
             f"| {m['model']} | {', '.join(map(str, m['probe']['local_batches']))} | "
             f"{p['static_bytes'] / mb:.1f} {p['overhead_bytes'] / mb:+.2f} + "
             f"{(p['activation_bytes_per_sample'] + p['batch_bytes_per_sample']) / mb:.4f} b | "
-            f"{spread([row['rel_error'] for row in m['rows']])} | "
+            f"{spread([row['rel_error'] for row in m['rows'] if row['rel_error'] is not None])} | "
             f"{'-' if held_out is None else f'{held_out:.1%}'} | "
             f"{bound['model_headroom']} / {bound['model_no_headroom']} | "
             f"{checked['headroom']['bound']} / {checked['no_headroom']['bound']} "
@@ -247,9 +268,11 @@ def _markdown(r: dict) -> str:
             f"{m['probe']['wall_s']:.1f} + {checked['headroom']['wall_s']:.1f} |")
         for row in m["rows"]:
             probed = " (probe)" if row["probed"] else ""
+            measured = ("out of memory" if row["peak_mem_bytes"] is None
+                        else f"{row['peak_mem_bytes'] / mb:.1f}")
+            error = "-" if row["rel_error"] is None else f"{row['rel_error']:.2%}"
             rows.append(f"| {m['model']} | {row['local_batch']}{probed} | "
-                        f"{row['predicted_peak_mem_bytes'] / mb:.1f} | "
-                        f"{row['peak_mem_bytes'] / mb:.1f} | {row['rel_error']:.2%} |")
+                        f"{row['predicted_peak_mem_bytes'] / mb:.1f} | {measured} | {error} |")
     device_mib = r["declared_device_memory_bytes"] / 2**20
     return f"""### Memory model accuracy and max local batch (issue 5; paper eq. 3, Fig. 11a)
 

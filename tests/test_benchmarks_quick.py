@@ -115,11 +115,44 @@ def test_ags_overhead_quick():
     result = ags_overhead.run(quick=True)
     assert result["rounds"] == ags_overhead.QUICK_ROUNDS
     kinds = {"N=1": {"sub-batch/tensor", "sub-batch/element"},
-             "N=2": {"local/tensor", "local/element", "sub-batch/tensor"}}
+             "N=2": {"local/tensor", "local/element", "sub-batch/tensor", "ags-ns/local"}}
     for setup, expected in kinds.items():
         overheads = result["overhead"][setup]
         assert set(overheads) == expected
         assert all(len(v) == result["rounds"] and _finite(*v) and min(v) > -1
                    for v in overheads.values())
     markdown = (RESULTS_DIR / "ags_overhead_quick.md").read_text()
-    assert len(_table_rows(markdown, "| setup |")) == 5
+    assert len(_table_rows(markdown, "| setup |")) == 6
+
+
+def test_memory_benchmarks_record_an_out_of_memory_as_does_not_fit(monkeypatch):
+    """A CUDA OOM in the memory benchmarks is a measurement ("does not fit"), not a crash
+    (issue 14, GPU review item 8). No GPU here: the peak measurement raises torch's
+    OutOfMemoryError above b = 64, as a full device would."""
+    import torch
+
+    from benchmarks import memory_accuracy
+    from tula_ray import measure
+
+    real = measure.peak_memory_bytes
+
+    def device_of_64(workload, local_batch, **kwargs):
+        if local_batch > 64:
+            raise torch.OutOfMemoryError(f"CUDA out of memory at b={local_batch} (injected)")
+        return real(workload, local_batch, **kwargs)
+
+    monkeypatch.setattr(measure, "peak_memory_bytes", device_of_64)
+    # A device large enough that only the OOM, never the limit, stops a batch.
+    m = memory_accuracy._measure_model("fashion-mnist-cnn", [16, 64, 256], 2**40,
+                                       torch.device("cpu"))
+    rows = {row["local_batch"]: row for row in m["rows"]}
+    assert rows[256]["peak_mem_bytes"] is None and rows[256]["rel_error"] is None
+    assert rows[64]["peak_mem_bytes"] > rows[16]["peak_mem_bytes"] > 0
+    assert m["max_local_batch"]["true"] == 64  # the largest b that ran
+    for checked in m["max_local_batch"]["checked"].values():
+        assert checked["bound"] <= 64
+        assert any(c["peak_mem_bytes"] is None for c in checked["checks"])  # it tried above
+    assert "out of memory" in memory_accuracy._markdown(
+        {"models": {"cnn": m}, "declared_device_memory_bytes": 2**40, "headroom": 0.1,
+         "command": "-", "commit": "-", "date": "-", "machine": "-", "load_avg_1min": [0, 0],
+         "device": "cpu", "goal_median_rel_error": 0.05, "plot": "-"})

@@ -18,10 +18,10 @@ def test_replay_synthetic_writes_a_plan_and_figures(tmp_path, capsys):
 
 def test_replay_of_a_saved_plan_refits_its_profiles(tmp_path, capsys):
     main(["replay", "--synthetic", "--out", str(tmp_path / "first")])
-    assert main(["replay", str(tmp_path / "first" / "plan.json"), "--mode", "full",
+    assert main(["replay", str(tmp_path / "first" / "plan.json"), "--search-strategy", "full",
                  "--objective", "time", "--out", str(tmp_path / "again")]) == 0
     again = Plan.from_json(tmp_path / "again" / "plan.json")
-    assert again.mode == "full" and again.perf.num_profiles == 14
+    assert again.strategy == "full" and again.perf.num_profiles == 14
     assert again.choice.objective == "time"
 
 

@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 import torch
-from hypothesis import given, strategies as st
+from hypothesis import example, given, strategies as st
 
 from tula_ray import memory
 
@@ -95,6 +95,7 @@ def _probe_fit(peak, batches=(16, 32, 64)):
 
 
 @given(st.floats(1.7, 3.0), st.floats(1e5, 1e6), st.floats(0.0, 0.3))  # kink above b = 64
+@example(1.9, 100000.00000000001, 0.0)  # a secant exactly on the limit, over it by rounding
 def test_the_check_pulls_an_overshooting_bound_under_the_device(step_factor, slope, headroom):
     base = 1e8
     peak, calls = _kinked(base * step_factor, base, slope)
@@ -139,3 +140,59 @@ def test_an_out_of_memory_check_halves_toward_what_fits():
                                                     measured=[(16, peak(16)), (64, peak(64))])
     assert checks[0] == (100, None)
     assert bound <= 70 and all(p is None for b, p in checks if b > 70)
+
+
+# --- the device budget: what the probe cannot see (issue 14, GPU review item 5) ------------
+
+GB = 1e9
+
+
+def test_budget_of_one_worker_is_the_free_device():
+    # N = 1 has no DDP buckets and no NCCL: only what is already in use comes off.
+    assert memory.device_budget_bytes(32 * GB, grad_bytes=0.1 * GB, num_workers=1,
+                                      in_use_bytes=0.5 * GB, nccl=True) == pytest.approx(31.5 * GB)
+
+
+def test_budget_of_data_parallel_workers_pays_buckets_and_nccl_buffers():
+    # 32 GB V100: 0.5 GB CUDA context, resnet50's 0.1 GB of gradients copied into DDP's
+    # buckets, NCCL's 128 MiB of ring buffers (2 sides x 16 channels x 4 MiB).
+    nccl = 2 * 16 * 4 * 2**20
+    assert memory.device_budget_bytes(32 * GB, grad_bytes=0.1 * GB, num_workers=2,
+                                      in_use_bytes=0.5 * GB, nccl=True) \
+        == pytest.approx(32 * GB - 0.5 * GB - 0.1 * GB - nccl)
+    # gloo (CPU): the buckets still exist, NCCL's buffers do not.
+    assert memory.device_budget_bytes(4 * GB, grad_bytes=0.25 * GB, num_workers=4) \
+        == pytest.approx(3.75 * GB)
+
+
+def test_the_budget_lowers_the_bound_by_the_missing_bytes():
+    # 1 MB per sample: every MB the budget loses is one sample less of local batch.
+    params = memory.MemoryParams(1e8, 0.0, 1e6, 0.0)
+    full = memory.max_local_batch(params, 2e8, headroom=0.0)
+    budget = memory.device_budget_bytes(2e8, grad_bytes=2e7, num_workers=2, in_use_bytes=1e7)
+    assert full == 100 and memory.max_local_batch(params, budget, headroom=0.0) == 70
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"device_bytes": 1 * GB, "grad_bytes": 0, "num_workers": 1, "in_use_bytes": 1 * GB},
+     "nothing is left for training"),
+    ({"device_bytes": 0, "grad_bytes": 0, "num_workers": 1}, "device_bytes=0"),
+    ({"device_bytes": 1 * GB, "grad_bytes": 0, "num_workers": 0}, "num_workers=0"),
+    ({"device_bytes": 1 * GB, "grad_bytes": -1, "num_workers": 2}, "grad_bytes=-1"),
+])
+def test_bad_budgets_are_named(kwargs, message):
+    device_bytes = kwargs.pop("device_bytes")
+    with pytest.raises(ValueError, match=message):
+        memory.device_budget_bytes(device_bytes, **kwargs)
+
+
+def test_cuda_memory_in_use_is_total_minus_free(monkeypatch):
+    # No GPU here: torch.cuda's calls are replaced by a 16 GB device with 15.2 GB free.
+    from tula_ray import measure
+
+    calls = []
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: calls.append("empty_cache"))
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (15.2 * GB, 16 * GB))
+    assert measure.device_in_use_bytes("cuda:0") == pytest.approx(0.8 * GB)
+    assert calls == ["empty_cache"]  # the allocator's cached blocks are not "in use"
+    assert measure.device_in_use_bytes("cpu") == 0.0

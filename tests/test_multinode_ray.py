@@ -33,10 +33,6 @@ def _gcs() -> str:
     return ray.get_runtime_context().gcs_address
 
 DRIVER = Path(__file__).parents[1] / "examples" / "cluster_driver.py"
-# A search with a user's Workload fails at Tune's experiment checkpoint until the searcher
-# keeps the Workload out of its JSON state (the search helper's fix, issue 13): that one
-# known failure is an expected failure here, any other failure fails the test.
-SEARCHER_STATE_BUG = "Object of type Workload is not JSON serializable"
 
 
 @pytest.fixture(scope="module")
@@ -61,8 +57,6 @@ def driver_run(two_nodes, tmp_path_factory):
         [sys.executable, str(DRIVER), "--storage-path", str(scratch / "runs"),
          "--name", "joined", "--out", str(scratch / "plan")],
         env={**os.environ, ADDRESS_ENV: two_nodes.address}, capture_output=True, text=True)
-    if completed.returncode and SEARCHER_STATE_BUG in completed.stderr:
-        pytest.xfail(SEARCHER_STATE_BUG)
     assert completed.returncode == 0, completed.stderr[-3000:]
     return Plan.from_json(scratch / "plan" / "plan.json")
 
@@ -107,7 +101,7 @@ def test_multi_node_without_shared_storage_is_refused_before_anything_runs(conne
                         cluster_sizes=(2,), min_batch=32, max_batch=32)
     space = SearchSpace((2,), (32, 64))
     plan = build_plan(space, synthetic_profiles(space.candidates(), example_params()),
-                      epochs=1, dataset_size=1024, mode="full", objective="time",
+                      epochs=1, dataset_size=1024, strategy="full", objective="time",
                       workload="fashion-mnist-cnn",
                       meta={"workload_options": {"train_subset": 1024}})
     with pytest.raises(ValueError, match="2 nodes and storage_path is None"):

@@ -1,3 +1,5 @@
+import math
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -11,7 +13,7 @@ SPACE = SearchSpace.build((1, 2), min_batch=32, max_batch=1024)
 
 def make_plan(**kwargs):
     profiles = synthetic_profiles(SPACE.extremes(), example_params(), seed=2)
-    options = dict(epochs=5, dataset_size=10000, mode="partial", objective="knee")
+    options = dict(epochs=5, dataset_size=10000, strategy="partial", objective="knee")
     options.update(kwargs)
     return build_plan(SPACE, profiles, **options)
 
@@ -26,8 +28,6 @@ def test_every_candidate_is_predicted_and_measured_ones_are_marked():
         (1, 32), (1, 1024), (2, 32), (2, 1024)]
     assert measured["measured_step_time_s"].notna().all()
     assert table.loc[table["source"] == "predicted", "measured_step_time_s"].isna().all()
-    assert (plan.choice.num_workers, plan.choice.global_batch) in set(
-        zip(table["num_workers"], table["global_batch"]))
 
 
 def test_constraints_make_rows_infeasible_not_missing():
@@ -43,7 +43,7 @@ def test_oom_profile_lowers_the_bound_for_every_cluster_size():
     profiles = synthetic_profiles(SPACE.candidates(), example_params(), seed=2)
     oom = (profiles["num_workers"] == 1) & (profiles["global_batch"] == 512)
     profiles.loc[oom, ["status", "step_time_s"]] = ["oom", np.nan]
-    plan = build_plan(SPACE, profiles, epochs=5, dataset_size=10000, mode="full",
+    plan = build_plan(SPACE, profiles, epochs=5, dataset_size=10000, strategy="full",
                       objective="time")
     table = plan.table.set_index(["num_workers", "global_batch"])
     assert table.loc[(1, 512), "infeasible_reason"] == "out of memory when profiled"
@@ -92,7 +92,81 @@ def test_the_knee_does_not_depend_on_rounding_steps_per_epoch(dataset_size):
     # ripple for the knee (resnet18 here: B~34 instead of ~139). On the smooth curve the
     # knee depends on the model only, not on D.
     profiles = synthetic_profiles(SPACE.candidates(), example_params(), noise=0.0)
-    reference = build_plan(SPACE, profiles, epochs=5, dataset_size=10**9, mode="full")
-    plan = build_plan(SPACE, profiles, epochs=5, dataset_size=dataset_size, mode="full")
+    reference = build_plan(SPACE, profiles, epochs=5, dataset_size=10**9, strategy="full")
+    plan = build_plan(SPACE, profiles, epochs=5, dataset_size=dataset_size, strategy="full")
     assert reference.choice.knee_global_batch > SPACE.batch_sizes[0]
     assert plan.choice.knee_global_batch == pytest.approx(reference.choice.knee_global_batch)
+
+
+# --- ground truth written from the paper's equations here, not by calling tula_ray.perf ----
+
+EPOCHS, DATASET = 5, 10000
+FIXED_INTERCEPT_S = 0.004  # eq. 2b: compute = intercept + per-sample cost x b, per N
+PER_SAMPLE_S = {1: 150e-6, 2: 260e-6}  # two workers share the cores: slower per sample
+SYNC_PER_UNIT_S = 0.008  # eq. 2c, ring all-reduce: sync = beta x (1 - 1/N)
+USD_PER_NODE_HOUR = 2.48  # paper §IV-C1
+PEAK_STATIC_BYTES, PEAK_PER_SAMPLE_BYTES = 5e7, 3e5  # eq. 3, linear in b
+
+
+def hand_step_s(n: int, b_global: int) -> float:
+    local = b_global / n
+    return FIXED_INTERCEPT_S + PER_SAMPLE_S[n] * local + SYNC_PER_UNIT_S * (1 - 1 / n)  # eq. 2a
+
+
+def hand_total_s(n: int, b_global: int) -> float:
+    return EPOCHS * math.ceil(DATASET / b_global) * hand_step_s(n, b_global)  # eq. 4a
+
+
+def hand_cost_usd(n: int, b_global: int) -> float:
+    return hand_total_s(n, b_global) / 3600 * n * USD_PER_NODE_HOUR  # eq. 4b
+
+
+def exact_profiles(candidates) -> pd.DataFrame:
+    rows = []
+    for c in candidates:
+        step = hand_step_s(c.num_workers, c.global_batch)
+        sync = SYNC_PER_UNIT_S * (1 - 1 / c.num_workers)
+        rows.append({**c.as_dict(), "compute_time_s": step - sync, "sync_time_s": sync,
+                     "step_time_s": step, "samples_per_s": c.global_batch / step,
+                     "peak_mem_bytes": PEAK_STATIC_BYTES + PEAK_PER_SAMPLE_BYTES * c.local_batch,
+                     "status": "ok"})
+    return pd.DataFrame(rows)
+
+
+def exact_plan(objective: str, **kwargs) -> Plan:
+    return build_plan(SPACE, exact_profiles(SPACE.candidates()), epochs=EPOCHS,
+                      dataset_size=DATASET, mode="full", objective=objective,
+                      pricing=f"fixed:{USD_PER_NODE_HOUR}", **kwargs)
+
+
+def test_times_and_costs_are_the_papers_equations_on_exact_profiles():
+    table = exact_plan("time").table
+    for _, row in table.iterrows():
+        n, b = int(row["num_workers"]), int(row["global_batch"])
+        assert row["step_time_s"] == pytest.approx(hand_step_s(n, b), rel=1e-6)
+        assert row["total_time_s"] == pytest.approx(hand_total_s(n, b), rel=1e-6)
+        assert row["cost_usd"] == pytest.approx(hand_cost_usd(n, b), rel=1e-6)
+
+
+@pytest.mark.parametrize("objective, by_hand", [("time", hand_total_s), ("cost", hand_cost_usd)])
+def test_the_choice_is_the_hand_computed_best(objective, by_hand):
+    choice = exact_plan(objective).choice
+    best = min(SPACE.candidates(), key=lambda c: by_hand(c.num_workers, c.global_batch))
+    assert (choice.num_workers, choice.global_batch) == (best.num_workers, best.global_batch)
+
+
+def test_the_memory_bound_makes_larger_local_batches_infeasible():
+    # By hand (hand_total_s): N=2, B=1024 is the fastest (50 steps of 0.141 s), but its
+    # local batch 512 is above a bound of 300; the best within it is N=2, B=512.
+    unbounded = exact_plan("time").choice
+    assert unbounded.local_batch > 300  # the bound must change the choice
+    plan = exact_plan("time", max_local_batch=300)
+    table = plan.table
+    above = table["local_batch"] > 300
+    assert above.any() and not table.loc[above, "feasible"].any()
+    assert (table.loc[above, "infeasible_reason"] == "local batch above the memory bound 300").all()
+    assert table.loc[~above, "feasible"].all()
+    best = min((c for c in SPACE.candidates() if c.local_batch <= 300),
+               key=lambda c: hand_total_s(c.num_workers, c.global_batch))
+    assert (plan.choice.num_workers, plan.choice.global_batch) == (best.num_workers,
+                                                                  best.global_batch)

@@ -37,7 +37,7 @@ def workload():
 
 def _start(workload, strategy, *, epochs, options=None, init_seed=0, data_seed=0):
     """A fresh (model, setup, train loader, test loader) as a training run builds them."""
-    if strategy == "ags":
+    if strategy.startswith("ags"):
         options = {**AGS_OPTIONS, **(options or {})}
     torch.manual_seed(init_seed)
     model = workload.model_fn()
@@ -59,7 +59,7 @@ def test_each_strategy_trains_one_epoch_with_finite_metrics(workload, strategy):
     for key in ("train_accuracy", "test_accuracy"):
         assert 0.0 <= metrics[key] <= 1.0, key
     assert any(not torch.equal(a, p) for a, p in zip(before, model.parameters()))
-    if strategy == "ags":
+    if strategy.startswith("ags"):
         assert 0.0 <= metrics["scaled_fraction"] <= 1.0
         assert len(metrics["variability"]) == metrics["steps"]
         assert all(isinstance(v, float) for v in metrics["variability"])
@@ -129,6 +129,20 @@ def test_checkpoint_is_a_snapshot_not_a_live_view(workload):
     saved = {k: v.clone() for k, v in state["model"].items()}
     train_epoch(model, setup, nn.CrossEntropyLoss(), loader, "cpu", epoch=1)
     assert all(torch.equal(saved[k], state["model"][k]) for k in saved)
+
+
+def test_checkpoints_are_cpu_copies_and_loaders_pin_memory_only_on_request(workload):
+    model, setup, loader, _ = _start(workload, "ags", epochs=1)
+    train_epoch(model, setup, nn.CrossEntropyLoss(), loader, "cpu", epoch=0)
+    state = checkpoint_state(model, setup, epoch=0)
+    live = dict(model.state_dict())
+    for key, tensor in state["model"].items():
+        assert tensor.device.type == "cpu" and tensor.data_ptr() != live[key].data_ptr()
+    scales = [s["scale"] for s in state["optimizer"]["state"].values()]
+    assert scales and all(s.device.type == "cpu" for s in scales)
+    assert not loader.pin_memory  # prepare_run asks for it on CUDA only
+    pinned, test = make_loaders(workload, BATCH, seed=0, pin_memory=True)
+    assert pinned.pin_memory and test.pin_memory
 
 
 def test_restore_refuses_another_strategy_or_a_foreign_dict(workload):

@@ -2,17 +2,17 @@
 
 import dataclasses
 import os
-import socket
 
 import pytest
 import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
 from torch import nn
 from torch.utils.data import TensorDataset
 
-from tula_ray.training_strategies import (BASE_BATCH_DEFAULT, OPTIONS, STRATEGIES, WARMUP_EPOCHS_DEFAULT,
-                                 base_optimizer, build_strategy, linear_scaled_lr)
+from benchmarks.common import spawn_gloo
+from tula_ray.training_strategies import (BASE_BATCH_DEFAULT, STRATEGIES, WARMUP_EPOCHS_DEFAULT,
+                                          BaseStrategy, StrategySetup, base_optimizer,
+                                          build_strategy, get_strategy, linear_scaled_lr,
+                                          register_strategy, unregister_strategy)
 from tula_ray.workloads import FashionCNN, get_workload
 
 
@@ -92,9 +92,9 @@ def test_warmup_longer_than_the_run_is_clamped_with_a_note():
 def test_ags_options_reach_the_optimizer():
     setup = _build("ags", options={"delta": 0.3, "small_batch": 16, "refresh_every": 5,
                                    "granularity": "element", "s_max": 3.0, "s_min": 0.1})
-    opt = setup.optimizer
-    assert (opt.delta, opt.small_batch, opt.refresh_every, opt.granularity, opt.s_max,
-            opt.s_min) == (0.3, 16, 5, "element", 3.0, 0.1)
+    opt, group = setup.optimizer, setup.optimizer.param_groups[0]
+    assert (group["delta"], opt.small_batch, opt.refresh_every, opt.granularity, group["s_max"],
+            group["s_min"]) == (0.3, 16, 5, "element", 3.0, 0.1)
 
 
 @pytest.mark.parametrize("name, kwargs, message", [
@@ -123,17 +123,77 @@ def test_bad_inputs_name_the_value_and_what_is_allowed(name, kwargs, message):
         _build(name, **kwargs)
 
 
-def test_every_strategy_lists_its_options():
-    assert set(OPTIONS) == set(STRATEGIES)
+def test_the_registry_holds_the_five_and_each_names_its_options():
+    assert list(STRATEGIES) == ["ags", "ags-ns", "lbt", "lrs", "lars", "polo"]
+    assert STRATEGIES["lbt"].options == () and "trust_coefficient" in STRATEGIES["lars"].options
+    assert "trust_coefficient" not in STRATEGIES["lrs"].options
+    with pytest.raises(ValueError, match="'ags' is registered already"):
+        register_strategy(STRATEGIES["ags"])
+    with pytest.raises(TypeError, match="not a TrainingStrategy"):
+        register_strategy(object())
+
+
+@pytest.mark.parametrize("n, b, options, expected, note", [
+    (2, 1024, {}, {}, None),  # 32 < 512: the sub-batch fits
+    (2, 64, {}, {"source": "local"}, "does not fit in the local batch B/N = 32"),
+    (4, 64, {"small_batch": 8}, {"small_batch": 8}, None),
+    (2, 64, {"source": "local"}, {"source": "local"}, None),
+])
+def test_ags_checks_its_sub_batch_against_the_local_batch(n, b, options, expected, note):
+    checked, notes = STRATEGIES["ags"].check(n, b, options)
+    assert checked == expected
+    assert (note is None and notes == []) or (len(notes) == 1 and note in notes[0])
+
+
+@pytest.mark.parametrize("n, b, options, message", [
+    (1, 32, {}, "from 32 samples of each worker's local batch of 32 .* small_batch < 32$"),
+    (2, 64, {"small_batch": 32}, r"small_batch < 32 or source='local' \(b = 32\)"),
+    (1, 64, {"source": "local"}, "needs >= 2 workers"),
+    (2, 64, {"warmup_epochs": 1}, "option 'warmup_epochs' is unknown for strategy 'ags'"),
+])
+def test_ags_refuses_what_cannot_run_before_any_worker(n, b, options, message):
+    with pytest.raises(ValueError, match=message):
+        STRATEGIES["ags"].check(n, b, options)
+
+
+def test_polo_notes_that_one_worker_has_nothing_to_average():
+    assert STRATEGIES["polo"].check(2, 64, {}) == ({}, [])
+    options, notes = STRATEGIES["polo"].check(1, 64, {"switch_epoch": 2})
+    assert options == {"switch_epoch": 2} and "N=1 is plain SGD" in notes[0]
+
+
+class _AdamStrategy(BaseStrategy):
+    """A user's fifth strategy: Adam at a fixed LR, with one option."""
+
+    name, options = "adam-user", ("lr_scale",)
+
+    def build(self, model, *, global_batch, steps_per_epoch, epochs, lr, momentum, weight_decay,
+              options):
+        scale = options.get("lr_scale", 0.1)
+        return StrategySetup(self.name, torch.optim.Adam(model.parameters(), lr=lr * scale))
+
+
+def test_a_user_registers_a_fifth_strategy_and_fit_trains_with_it():
+    from tula_ray.training import fit
+
+    workload = get_workload("fashion-mnist-cnn", data="fake", fake_size=64)
+    register_strategy(_AdamStrategy())
+    try:
+        assert get_strategy("adam-user").name == "adam-user"
+        frame = fit(workload, global_batch=32, strategy="adam-user", epochs=1,
+                    options={"lr_scale": 0.5})
+        assert frame["strategy"].tolist() == ["adam-user"] and frame["lr"].tolist() == [0.005]
+        with pytest.raises(ValueError, match="option 'delta' is unknown for strategy 'adam-user'"):
+            fit(workload, global_batch=32, strategy="adam-user", epochs=1, options={"delta": 1})
+    finally:
+        unregister_strategy("adam-user")
+    assert "adam-user" not in STRATEGIES
+    # The object itself works without registration (how it reaches Ray workers).
+    assert fit(workload, global_batch=32, strategy=_AdamStrategy(), epochs=1)["lr"].tolist() \
+        == [0.001]
 
 
 # --------------------------------------------------------------------------- two gloo ranks
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
 
 def _flat(model: nn.Module) -> torch.Tensor:
     return torch.cat([p.detach().reshape(-1).clone() for p in model.parameters()])
@@ -153,60 +213,54 @@ def _polo_steps(model, setup, data: torch.Generator, steps: int) -> list[torch.T
     return params
 
 
-def _two_rank_worker(rank: int, port: int, out_dir: str) -> None:
+def _two_rank_worker(rank: int, out_dir: str) -> None:
     from tula_ray.training import (checkpoint_state, evaluate, make_loaders, restore_state,
                                    train_epoch)
 
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=2)
-    try:
-        # PoLo: synchronous for 1 epoch of 4 steps, then local, averaging every 2 steps.
-        polo_kwargs = {"global_batch": 16, "steps_per_epoch": 4, "epochs": 3,
-                       "options": {"switch_epoch": 1, "averages_per_epoch": 2, "warmup_epochs": 1}}
-        torch.manual_seed(0)
-        model = nn.parallel.DistributedDataParallel(FashionCNN())
-        setup = build_strategy("polo", model, **polo_kwargs)
-        data = torch.Generator().manual_seed(100 + rank)  # different data per rank
-        params = _polo_steps(model, setup, data, 9)
-        state = checkpoint_state(model, setup, epoch=1)
-        polo = {"params": params, "notes": setup.notes, "comm_iter": setup.comm_state.iter,
-                "checkpoint": state}
-        # Two more steps straight on, and the same two after a rebuild + restore.
-        data_state = data.get_state()
-        polo["straight"] = _polo_steps(model, setup, data, 2)
-        torch.manual_seed(5)
-        model = nn.parallel.DistributedDataParallel(FashionCNN())
-        setup = build_strategy("polo", model, **polo_kwargs)
-        restore_state(state, model, setup)
-        polo["resumed_counters"] = (setup.comm_state.iter, setup.optimizer.averager.step)
-        polo["resumed"] = _polo_steps(model, setup, data.set_state(data_state), 2)
+    # PoLo: synchronous for 1 epoch of 4 steps, then local, averaging every 2 steps.
+    polo_kwargs = {"global_batch": 16, "steps_per_epoch": 4, "epochs": 3,
+                   "options": {"switch_epoch": 1, "averages_per_epoch": 2, "warmup_epochs": 1}}
+    torch.manual_seed(0)
+    model = nn.parallel.DistributedDataParallel(FashionCNN())
+    setup = build_strategy("polo", model, **polo_kwargs)
+    data = torch.Generator().manual_seed(100 + rank)  # different data per rank
+    params = _polo_steps(model, setup, data, 9)
+    state = checkpoint_state(model, setup, epoch=1)
+    polo = {"params": params, "notes": setup.notes, "comm_iter": setup.comm_state.iter,
+            "checkpoint": state}
+    # Two more steps straight on, and the same two after a rebuild + restore.
+    data_state = data.get_state()
+    polo["straight"] = _polo_steps(model, setup, data, 2)
+    torch.manual_seed(5)
+    model = nn.parallel.DistributedDataParallel(FashionCNN())
+    setup = build_strategy("polo", model, **polo_kwargs)
+    restore_state(state, model, setup)
+    polo["resumed_counters"] = (setup.comm_state.iter, setup.optimizer.averager.step)
+    polo["resumed"] = _polo_steps(model, setup, data.set_state(data_state), 2)
 
-        # train_epoch/evaluate over 2 ranks: AGS with the DDP-local gradient as g_small.
-        # Random tensors instead of FakeData: spares each rank torchvision's import (seconds).
-        data = torch.Generator().manual_seed(0)
-        train = TensorDataset(torch.randn(128, 1, 28, 28, generator=data),
-                              torch.randint(0, 10, (128,), generator=data))
-        test = TensorDataset(torch.randn(32, 1, 28, 28, generator=data),
-                             torch.randint(0, 10, (32,), generator=data))
-        workload = dataclasses.replace(get_workload("fashion-mnist-cnn", data="fake"),
-                                       train_dataset_fn=lambda: train, test_dataset_fn=lambda: test)
-        train_loader, test_loader = make_loaders(workload, 16, seed=0, num_replicas=2, rank=rank)
-        torch.manual_seed(1)
-        model = nn.parallel.DistributedDataParallel(FashionCNN())
-        setup = build_strategy("ags", model, global_batch=32, steps_per_epoch=len(train_loader),
-                               epochs=1, options={"source": "local"})
-        metrics = train_epoch(model, setup, nn.CrossEntropyLoss(), train_loader, "cpu", epoch=0)
-        metrics.update(evaluate(model, test_loader, "cpu", nn.CrossEntropyLoss()))
-        ags = {"metrics": metrics, "params": _flat(model.module),
-               "small_batch": setup.optimizer.small_batch, "test_samples": len(test_loader.dataset)}
-        torch.save({"polo": polo, "ags": ags}, os.path.join(out_dir, f"{rank}.pt"))
-    finally:
-        dist.destroy_process_group()
+    # train_epoch/evaluate over 2 ranks: AGS with the DDP-local gradient as g_small.
+    # Random tensors instead of FakeData: spares each rank torchvision's import (seconds).
+    data = torch.Generator().manual_seed(0)
+    train = TensorDataset(torch.randn(128, 1, 28, 28, generator=data),
+                          torch.randint(0, 10, (128,), generator=data))
+    test = TensorDataset(torch.randn(32, 1, 28, 28, generator=data),
+                         torch.randint(0, 10, (32,), generator=data))
+    workload = dataclasses.replace(get_workload("fashion-mnist-cnn", data="fake"),
+                                   train_dataset_fn=lambda: train, test_dataset_fn=lambda: test)
+    train_loader, test_loader = make_loaders(workload, 16, seed=0, num_replicas=2, rank=rank)
+    torch.manual_seed(1)
+    model = nn.parallel.DistributedDataParallel(FashionCNN())
+    setup = build_strategy("ags", model, global_batch=32, steps_per_epoch=len(train_loader),
+                           epochs=1, options={"source": "local"})
+    metrics = train_epoch(model, setup, nn.CrossEntropyLoss(), train_loader, "cpu", epoch=0)
+    metrics.update(evaluate(model, test_loader, "cpu", nn.CrossEntropyLoss()))
+    ags = {"metrics": metrics, "params": _flat(model.module),
+           "small_batch": setup.optimizer.small_batch, "test_samples": len(test_loader.dataset)}
+    torch.save({"polo": polo, "ags": ags}, os.path.join(out_dir, f"{rank}.pt"))
 
 
 def test_two_gloo_ranks_polo_averages_and_metrics_agree(tmp_path):
-    mp.spawn(_two_rank_worker, args=(_free_port(), str(tmp_path)), nprocs=2, join=True)
+    spawn_gloo(_two_rank_worker, 2, str(tmp_path))
     rank0, rank1 = (torch.load(tmp_path / f"{rank}.pt", weights_only=False) for rank in (0, 1))
 
     polo0, polo1 = rank0["polo"], rank1["polo"]

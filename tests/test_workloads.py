@@ -92,6 +92,38 @@ def test_custom_workload_size_is_lazy_and_resolve():
         resolve_workload(custom, {"data": "fake"})
 
 
+def _rgb_model():
+    return torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.Flatten(),
+                               torch.nn.Linear(4 * 10 * 10, 6))
+
+
+def _rgb_data():
+    return torch.utils.data.TensorDataset(torch.zeros(5, 3, 12, 12), torch.zeros(5).long())
+
+
+def test_a_users_workload_takes_its_shapes_from_its_data_and_model():
+    """A 3-channel model on 12 x 12 images with 6 outputs, no shapes given: the probe's
+    batches must have the data's shape (not Fashion-MNIST's) and the model's class count."""
+    custom = Workload("rgb", _rgb_model, _rgb_data)  # no test data: a search needs none
+    complete = custom.with_shapes()
+    assert (complete.sample_shape, complete.num_classes) == ((3, 12, 12), 6)
+    assert complete.input_bytes_per_sample == 3 * 12 * 12 * 4
+    assert complete.dataset_size == 5 and complete.with_shapes() is complete
+    assert measure.peak_memory_bytes(complete, 4, device="cpu") > 0
+    assert repr(complete) == "Workload('rgb')"  # one short line in Tune's output and logs
+
+
+@pytest.mark.parametrize("fields, match", [
+    ({"sample_shape": (1, 28, 28)}, r"sample_shape=\(1, 28, 28\)"),
+    ({"num_classes": 7}, "num_classes=7, but the model outputs 6"),
+    ({"model_fn": lambda: torch.nn.Conv2d(3, 2, 3)}, r"output has shape \(2, 2, 10, 10\)"),
+])
+def test_wrong_shapes_are_named_before_any_worker_sees_them(fields, match):
+    with pytest.raises(ValueError, match=match):
+        Workload("rgb", **{"model_fn": _rgb_model, "train_dataset_fn": _rgb_data,
+                           **fields}).with_shapes()
+
+
 # ----------------------------------------------------------------- data directory
 
 def _write_idx(directory: Path, n: int = 5, gz: bool = True) -> None:

@@ -41,12 +41,13 @@ def probe_memory(workload: str | Workload, options: dict[str, Any], *, min_local
 
     Returns {"params": MemoryParams, "rows": [{"local_batch", "peak_mem_bytes",
     "predicted_peak_mem_bytes"}], "device_memory_bytes": the GPU's size or None on CPU,
+    "device_in_use_bytes": what the device holds besides the model (CUDA context, ...),
     "static", "input_bytes_per_sample": what a refit needs}.
     """
     measured = ray.get(_on_one_worker(_measure_on_worker, use_gpu).remote(
         workload, options, memory_model.probe_batches(min_local_batch), use_gpu))
-    probe = {key: measured[key] for key in ("device_memory_bytes", "static",
-                                            "input_bytes_per_sample")}
+    probe = {key: measured[key] for key in ("device_memory_bytes", "device_in_use_bytes",
+                                            "static", "input_bytes_per_sample")}
     points = list(zip(measured["local_batches"], measured["peaks"]))
     probe["params"] = memory_model.fit_probe(points, probe["static"],
                                              probe["input_bytes_per_sample"])

@@ -24,9 +24,7 @@ import ray.train
 import ray.train.torch
 import torch
 
-from tula_ray.training_strategies import build_strategy
-from tula_ray.training import (checkpoint_state, evaluate, make_loaders,
-                               optimizer_hyperparameters, restore_state, train_epoch)
+from tula_ray.training import checkpoint_state, evaluate, prepare_run, restore_state, train_epoch
 from tula_ray.workloads import resolve_workload
 
 logger = logging.getLogger(__name__)
@@ -53,34 +51,25 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
     """Ray Train loop: train `config["global_batch"]` on this worker group, one report per epoch.
 
     config: workload (name or Workload), workload_options, global_batch, epochs,
-    strategy, strategy_options, seed, lr (optional: the base LR before any
+    strategy (a registered name or a TrainingStrategy object), strategy_options, seed, lr (optional: the base LR before any
     strategy scaling; default the workload's), fail_at_epoch + fail_marker_dir
     (tests only: rank 0 raises once, at the start of that epoch).
     """
     context = ray.train.get_context()
     rank, world_size = context.get_world_rank(), context.get_world_size()
     global_batch, epochs = int(config["global_batch"]), int(config["epochs"])
-    if global_batch % world_size:
-        raise ValueError(f"global_batch={global_batch} is not divisible by num_workers="
-                         f"{world_size}; B must be a multiple of N")
     seed = int(config.get("seed", SEED_DEFAULT))
-    workload = resolve_workload(config["workload"], config.get("workload_options"))
-    device = ray.train.torch.get_device()
-
-    torch.manual_seed(seed)  # the same initial weights on every rank (DDP also broadcasts them)
-    train_loader, test_loader = make_loaders(workload, global_batch // world_size, seed=seed,
-                                             num_replicas=world_size, rank=rank)
-    # Our DistributedSampler is kept (seeded, drop_last): Ray only moves batches to the device.
-    train_loader = ray.train.torch.prepare_data_loader(train_loader, add_dist_sampler=False)
-    test_loader = ray.train.torch.prepare_data_loader(test_loader, add_dist_sampler=False)
-    model = ray.train.torch.prepare_model(workload.model_fn())
-    hyper = optimizer_hyperparameters(workload)
-    if config.get("lr") is not None:
-        hyper["lr"] = float(config["lr"])
-    setup = build_strategy(config["strategy"], model, global_batch=global_batch,
-                           steps_per_epoch=len(train_loader), epochs=epochs,
-                           options=config.get("strategy_options"), **hyper)
-    loss_fn = workload.loss_fn()
+    # The setup `fit` uses too; our DistributedSampler is kept (seeded, drop_last): Ray's
+    # prepare_data_loader only moves batches to the device, prepare_model wraps in DDP.
+    run = prepare_run(
+        resolve_workload(config["workload"], config.get("workload_options")),
+        global_batch=global_batch, strategy=config["strategy"], epochs=epochs, seed=seed,
+        device=ray.train.torch.get_device(), options=config.get("strategy_options"),
+        lr=None if config.get("lr") is None else float(config["lr"]),
+        num_replicas=world_size, rank=rank, wrap_model=ray.train.torch.prepare_model,
+        prepare_loader=lambda loader: ray.train.torch.prepare_data_loader(
+            loader, add_dist_sampler=False))
+    model, setup, loss_fn, device = run.model, run.setup, run.loss_fn, run.device
 
     start_epoch, resumed_from = 0, NOT_RESUMED
     checkpoint = ray.train.get_checkpoint()
@@ -96,8 +85,8 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
              "resumed_from": resumed_from}
     for epoch in range(start_epoch, epochs):
         _maybe_fail(config, epoch, rank)
-        metrics = train_epoch(model, setup, loss_fn, train_loader, device, epoch=epoch)
-        metrics.update(evaluate(model, test_loader, device, loss_fn))
+        metrics = train_epoch(model, setup, loss_fn, run.train_loader, device, epoch=epoch)
+        metrics.update(evaluate(model, run.test_loader, device, loss_fn))
         row = {"epoch": epoch, **fixed, **_scalars(metrics)}
         _report(row, checkpoint_state(model, setup, epoch) if rank == 0 else None, epoch)
 

@@ -10,26 +10,50 @@ it is. The scales are refreshed from time to time (once per epoch by default,
 Data parallelism (DESIGN "AGS"): the optimizer only ever sees the gradient it is
 about to apply. Under DDP that is the all-reduced gradient, so every replica
 computes the same variability and takes the same decision. The small-batch
-gradient comes from one of two `SOURCES`:
+gradient comes from one of two `SOURCES` (tula_ray.ags_sources):
   "sub-batch": an extra forward/backward on the first `small_batch` samples of
       the local batch, outside DDP's all-reduce (the paper's line 13-14);
   "local": under DDP, each worker's own gradient before the all-reduce (a batch
-      of B/N), which costs no extra backward: the refresh step all-reduces the
-      gradients itself.
-Workers then average their scales, so the replicas stay identical.
+      of B/N), read by a DDP comm hook: no extra backward.
+Workers then average their scales (or the statistics they come from), so the
+replicas stay identical.
 
-Choices the paper leaves open (NOTES-ENV), made here and documented:
-  - the first step has no previous norm: it counts as sensitive (unscaled);
-  - the scales start at 1 (Algorithm 1's input) and the first refresh happens at
-    the first step, so epoch 1 is already scaled;
-  - weight decay is added inside the base optimizer's step, so it is not scaled;
-  - line 16 is computed as |g_small| / (|g_large| + eps), which equals
-    |g_small / (g_large + eps)| up to where eps goes and never divides by zero.
+Beyond the paper, as options of the same optimizer (DESIGN "Beyond the paper"): per
+tensor, s^2 = |g_b|^2 / |g_B|^2 estimates AdaScale's gain ratio r (McCandlish et
+al.: E|g_b|^2 = |G|^2 + tr(Sigma)/b), and s_max^2 = B/b is AdaScale's ceiling. So:
+  gain_exponent: s = r^p; p = 1/2 is the paper's s = |g_small| / |g_large|, p = 1 AdaScale's;
+  estimator: "refresh" (the paper: the ratio of one refresh, frozen until the next)
+      or "ema" (moving averages of |g_b|^2 and |g_B|^2 over the refreshes; with
+      refresh_every=1 and the "local" source, every step at no extra backward);
+  small_batch: the reference batch b_ref the scales emulate; when the measured batch
+      b differs (source "local": b = B/N), r is carried to b_ref by `gain_ratio`;
+  s_max (the cap, default (B/b_ref)^p), s_min, and delta=None (the gate off).
+The defaults are the paper's literal algorithm.
+
+Algorithm 1 as printed, and where this implementation departs from it (each
+departure is also commented where it is made; tests/test_ags.py holds the optimizer
+step for step against a plain re-implementation of Algorithm 1):
+  - line 10: scales computed at a refresh act from the NEXT step (`step()` installs
+    them after the base optimizer's update), as in the paper;
+  - lines 13-14: the extra forward/backward on the sub-batch runs in training mode
+    and leaves every buffer (BatchNorm running statistics) as it found it;
+  - refresh frequency: Algorithm 1 refreshes every iteration, §IV-A once per epoch
+    "by default, although this frequency is configurable": `refresh_every`, default
+    "epoch" (the first step of each epoch refreshes);
+  - the first step has no previous norm (eq. 5 is undefined): it counts as sensitive;
+  - the scales start at 1 (Algorithm 1's input); the first refresh is at the first step;
+  - line 16 per element is computed literally, |g_small / (g_large + eps)|; 0/0 (a
+    gradient of exactly -eps) counts as 0. Per tensor ("tensor" granularity, one
+    reading of "per-parameter") it is |g_small| / (|g_large| + eps) with norms;
+  - line 13's sub-batch is the first `small_batch` samples of the (shuffled) local batch;
+  - line 9 is the wrapped optimizer's step (SGD with momentum in the paper's
+    experiments), which adds weight decay itself: weight decay is not scaled;
+  - under data parallelism each worker computes scales from its own sub-batch and
+    the scales are averaged over the workers, so every replica applies the same ones.
 """
 
 from __future__ import annotations
 
-import contextlib
 import math
 from typing import Any, Callable, Sequence
 
@@ -37,12 +61,18 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+# The small-batch gradient's sources (re-exported: they are part of this module's API).
+from tula_ray.ags_sources import backward_with_refresh, register_local_gradient_hook, world
+
 DELTA_DEFAULT = 0.5  # paper §IV-B / §VI: the variability threshold used in all experiments
 EPS_DEFAULT = 1e-8  # Algorithm 1's numerical-stability term
 SMALL_BATCH_DEFAULT = 32  # the reference small batch: NOTES-ENV's best-generalising B here
 GRANULARITIES = ("tensor", "element")
 SOURCES = ("sub-batch", "local")
+ESTIMATORS = ("refresh", "ema")
 REFRESH_EPOCH = "epoch"
+GAIN_EXPONENT_PAPER = 0.5  # s = |g_small| / |g_large| = r^(1/2) (Algorithm 1 line 16)
+EMA_DECAY_DEFAULT = 0.9  # moving average over ~10 refreshes (estimator "ema")
 
 
 # --------------------------------------------------------------------------- the equations
@@ -58,9 +88,27 @@ def gradient_variability(norm_sq: float, previous_norm_sq: float | None) -> floa
     return abs((norm_sq - previous_norm_sq) / previous_norm_sq)
 
 
-def max_scale(large_batch: int, small_batch: int) -> float:
-    """Algorithm 1 line 12: s_max = sqrt(B_large / B_small)."""
-    return math.sqrt(large_batch / small_batch)
+def max_scale(large_batch: int, small_batch: int,
+              gain_exponent: float = GAIN_EXPONENT_PAPER) -> float:
+    """Algorithm 1 line 12: s_max = sqrt(B_large / B_small); for a gain exponent p,
+    (B_large / B_small)^p (AdaScale's ceiling on r is B/b)."""
+    if gain_exponent == GAIN_EXPONENT_PAPER:
+        return math.sqrt(large_batch / small_batch)
+    return (large_batch / small_batch) ** gain_exponent
+
+
+def gain_ratio(norm_ratio: torch.Tensor, *, large_batch: int, measured_batch: int,
+               reference_batch: int) -> torch.Tensor:
+    """AdaScale's gain ratio r = E|g_bref|^2 / E|g_B|^2 from |g_b| / |g_B| measured at batch b.
+
+    McCandlish et al.: E|g_b|^2 = |G|^2 + tr(Sigma) / b. With x = |g_b|^2 / |g_B|^2,
+    r(b_ref) = 1 + (x - 1) (B / b_ref - 1) / (B / b - 1); r = x when b_ref = b.
+    """
+    x = norm_ratio.square()
+    if measured_batch == reference_batch:
+        return x
+    carry = (large_batch / reference_batch - 1) / (large_batch / measured_batch - 1)
+    return 1 + (x - 1) * carry
 
 
 def scale_factor(g_small: torch.Tensor, g_large: torch.Tensor, *, s_max: float,
@@ -72,7 +120,8 @@ def scale_factor(g_small: torch.Tensor, g_large: torch.Tensor, *, s_max: float,
     "tensor": one scale for the whole tensor (a 0-dim tensor), the ratio of the norms.
     """
     if granularity == "element":
-        ratio = g_small.abs() / (g_large.abs() + eps)
+        # Literally |g_small / (g_large + eps)|; 0/0 (g_large == -eps exactly) counts as 0.
+        ratio = torch.nan_to_num((g_small / (g_large + eps)).abs(), nan=0.0)
     elif granularity == "tensor":
         ratio = torch.linalg.vector_norm(g_small) / (torch.linalg.vector_norm(g_large) + eps)
     else:
@@ -82,10 +131,7 @@ def scale_factor(g_small: torch.Tensor, g_large: torch.Tensor, *, s_max: float,
 
 # --------------------------------------------------------------------------- the optimizer
 
-def _world(process_group: Any) -> int:
-    if not (dist.is_available() and dist.is_initialized()):
-        return 1
-    return dist.get_world_size(process_group)
+_world = world
 
 
 def _average_over_ranks(tensors: list[torch.Tensor], process_group: Any) -> None:
@@ -102,46 +148,67 @@ def _average_over_ranks(tensors: list[torch.Tensor], process_group: Any) -> None
         tensor.div_(world)
 
 
+# In every param group (a scheduler may set them); delta None: the gate off.
+GROUP_HYPERPARAMETERS = ("delta", "s_max", "s_min", "eps", "gain_exponent", "ema_decay")
+STATE_DICT_KEYS = {"state", "param_groups", "base_state", "ags"}
+
+
 class TulaOptimizer(torch.optim.Optimizer):
     """Wraps any torch optimizer with Adaptive Gradient Scaling (Algorithm 1).
 
-    Like torch's PostLocalSGDOptimizer it shares the base optimizer's
-    `param_groups` and `state`, so LR schedulers and gradient clipping work on it
-    unchanged; `state_dict()` holds the base optimizer's state and the AGS state.
+    A torch optimizer in its own right: `Optimizer.__init__` runs, so step pre/post
+    hooks, LR schedulers and `state_dict` work as on any optimizer. The param groups
+    are the base optimizer's own dicts (one list, shared), holding the base's
+    hyper-parameters (lr, momentum, ...) and AGS's (`GROUP_HYPERPARAMETERS`), so a
+    scheduler that sets `lr` or `delta` on this optimizer sets it for both.
+    Per-parameter AGS state lives in `self.state[p]` ("scale"; "small_sq_avg" and
+    "large_sq_avg" for the "ema" estimator); the base optimizer keeps its own state
+    (momentum buffers) in `self.base.state`. `state_dict()` holds both (checkpoints
+    of the format before this one, keys "base" and "ags" only, are refused with a
+    clear error: they cannot be loaded).
 
     Args:
         base_optimizer: the optimizer that applies the (scaled) gradient.
         large_batch: B, the number of samples the applied gradient averages over
             (the global batch under data parallelism).
-        small_batch: the reference small batch b_small (source "local": B/N).
-        delta: variability threshold of eq. 8: scale only when eq. 5 < delta.
+        small_batch: the reference small batch b_small whose gradient the scales
+            emulate (the paper's; source "local" measures at b = B/N, see `gain_ratio`).
+        delta: variability threshold of eq. 8: scale only when eq. 5 < delta; None: always.
         refresh_every: "epoch" (refresh at the first step after `start_epoch()`)
             or a number of steps.
         granularity: "tensor" (one scale per parameter tensor) or "element".
-        s_max: upper bound of a scale; default sqrt(large_batch / small_batch).
+        s_max: upper bound of a scale; default (large_batch / small_batch)^gain_exponent.
         s_min: lower bound of a scale; 0 is the paper's literal algorithm, Lemma 1
             assumes a positive one.
         eps: the stability term of line 16.
         source: where the small-batch gradient comes from, one of `SOURCES`.
+        gain_exponent: p in s = r^p (1/2: the paper, 1: AdaScale).
+        estimator: "refresh" (the paper) or "ema" (per tensor only), see the module doc.
+        ema_decay: the moving averages' decay per refresh (estimator "ema").
         process_group: the group scales are averaged over (default: the world).
     """
 
     def __init__(self, base_optimizer: torch.optim.Optimizer, *, large_batch: int,
-                 small_batch: int = SMALL_BATCH_DEFAULT, delta: float = DELTA_DEFAULT,
+                 small_batch: int = SMALL_BATCH_DEFAULT, delta: float | None = DELTA_DEFAULT,
                  refresh_every: str | int = REFRESH_EPOCH, granularity: str = "tensor",
                  s_max: float | None = None, s_min: float = 0.0, eps: float = EPS_DEFAULT,
-                 source: str = "sub-batch", process_group: Any = None) -> None:
-        _validate(base_optimizer, large_batch, small_batch, delta, refresh_every, granularity,
-                  s_max, s_min, eps, source)
-        self.base = base_optimizer
-        self.param_groups = base_optimizer.param_groups
-        self.defaults = base_optimizer.defaults
+                 source: str = "sub-batch", gain_exponent: float = GAIN_EXPONENT_PAPER,
+                 estimator: str = "refresh", ema_decay: float = EMA_DECAY_DEFAULT,
+                 process_group: Any = None) -> None:
+        _validate(base_optimizer, large_batch, small_batch, refresh_every, granularity, source,
+                  estimator)
+        self.base = base_optimizer  # before Optimizer.__init__: add_param_group reads it
         self.large_batch, self.small_batch = int(large_batch), int(small_batch)
-        self.delta, self.refresh_every, self.granularity = delta, refresh_every, granularity
-        self.s_max = max_scale(large_batch, small_batch) if s_max is None else float(s_max)
-        self.s_min, self.eps, self.source = float(s_min), eps, source
-        self.process_group = process_group
-        self.scales: dict[nn.Parameter, torch.Tensor] = {}  # absent = 1 (Algorithm 1's input)
+        self.refresh_every, self.granularity, self.source = refresh_every, granularity, source
+        self.estimator, self.process_group = estimator, process_group
+        self.local_hook_registered = False  # set by ags_sources.register_local_gradient_hook
+        defaults = {"delta": delta, "s_max": max_scale(large_batch, small_batch, gain_exponent)
+                    if s_max is None else float(s_max), "s_min": float(s_min), "eps": eps,
+                    "gain_exponent": float(gain_exponent), "ema_decay": float(ema_decay)}
+        super().__init__(base_optimizer.param_groups, defaults)
+        self.param_groups = base_optimizer.param_groups  # one list: new groups reach both
+        self.defaults = {**base_optimizer.defaults, **defaults}
+        self._local: dict[nn.Parameter, torch.Tensor] = {}  # the comm hook's, for this step
         self._previous_norm_sq: float | None = None
         self._counters = {"steps": 0, "scaled_steps": 0, "refreshes": 0, "steps_since_refresh": 0}
         self._epoch_pending = False
@@ -149,27 +216,41 @@ class TulaOptimizer(torch.optim.Optimizer):
         self.telemetry: dict[str, Any] = {"variability": math.nan, "scaled": False,
                                           **self._scale_stats, **self._counters}
 
-    # The base optimizer owns the state; torch.optim.Optimizer's own __init__ is not
-    # run (it would create a second, empty state), as in PostLocalSGDOptimizer.
-    @property
-    def state(self):  # type: ignore[override]
-        return self.base.state
-
     def __repr__(self) -> str:
-        return (f"TulaOptimizer(delta={self.delta}, large_batch={self.large_batch}, "
-                f"small_batch={self.small_batch}, s_max={self.s_max:.3g}, "
+        groups = [{name: g[name] for name in GROUP_HYPERPARAMETERS} for g in self.param_groups]
+        return (f"TulaOptimizer(large_batch={self.large_batch}, small_batch={self.small_batch}, "
                 f"granularity={self.granularity!r}, source={self.source!r}, "
-                f"refresh_every={self.refresh_every!r}, base={self.base!r})")
+                f"estimator={self.estimator!r}, refresh_every={self.refresh_every!r}, "
+                f"groups={groups}, base={self.base!r})")
+
+    def add_param_group(self, param_group: dict[str, Any]) -> None:
+        """Add a group to the base optimizer and to AGS (AGS hyper-parameters default)."""
+        if not any(param_group is group for group in self.base.param_groups):
+            self.base.add_param_group(param_group)  # a user's new group: the base owns it
+        for name, default in self.defaults.items():
+            param_group.setdefault(name, default)
+        _validate_group(param_group)
+        if not any(param_group is group for group in self.param_groups):
+            self.param_groups.append(param_group)  # only while Optimizer.__init__ runs
 
     def parameters(self) -> list[nn.Parameter]:
         """Every parameter of every group, in state_dict order."""
         return [p for group in self.param_groups for p in group["params"]]
 
+    @property
+    def scales(self) -> dict[nn.Parameter, torch.Tensor]:
+        """The scales in effect, by parameter (absent: 1, Algorithm 1's input)."""
+        return {p: state["scale"] for p, state in self.state.items() if "scale" in state}
+
+    @property
+    def measured_batch(self) -> int:
+        """b, the batch the small-batch gradient averages over (source "local": B/N)."""
+        if self.source == "local":
+            return self.large_batch // _world(self.process_group)
+        return self.small_batch
+
     def zero_grad(self, set_to_none: bool = True) -> None:
         self.base.zero_grad(set_to_none=set_to_none)
-
-    def add_param_group(self, param_group: dict[str, Any]) -> None:
-        self.base.add_param_group(param_group)
 
     # ------------------------------------------------------------------ scale refresh
 
@@ -193,18 +274,39 @@ class TulaOptimizer(torch.optim.Optimizer):
         small_grads: the small-batch gradient of each parameter, in `parameters()`
         order (None where a parameter has none). `p.grad` must hold the large-batch
         gradient that this step will apply. Under torch.distributed the scales are
-        averaged over the ranks, so every replica applies the same ones.
+        averaged over the ranks, so every replica applies the same ones. They act from
+        the next step on (line 10): `step()` installs them after its update.
         """
         params = self.parameters()
         if len(small_grads) != len(params):
             raise ValueError(f"got {len(small_grads)} small-batch gradients for "
                              f"{len(params)} parameters; pass one per parameter (None if absent)")
-        scales = {p: scale_factor(g_small, p.grad, s_max=self.s_max, s_min=self.s_min,
-                                  eps=self.eps, granularity=self.granularity)
-                  for p, g_small in zip(params, small_grads)
-                  if g_small is not None and p.grad is not None}
-        _average_over_ranks(list(scales.values()), self.process_group)
-        self.scales = scales
+        self._refresh({p: g for p, g in zip(params, small_grads) if g is not None},
+                      norms=False)
+
+    @torch.no_grad()
+    def observe_local_gradients(self, params: Sequence[torch.Tensor],
+                                grads: Sequence[torch.Tensor]) -> None:
+        """Source "local": this worker's gradients before the all-reduce (from the DDP comm
+        hook, one bucket at a time); `step()` refreshes from them. Per tensor only the
+        norms are kept, per element a copy."""
+        if self.granularity == "element":
+            self._local.update({p: g.detach().clone() for p, g in zip(params, grads)})
+        else:
+            self._local.update(zip(params, torch._foreach_norm([g.detach() for g in grads])))
+
+    def _refresh(self, small: dict[torch.Tensor, torch.Tensor], *, norms: bool) -> None:
+        """New scales (from the next step on) from small-batch gradients (or their norms)."""
+        groups = [(g, p) for g in self.param_groups for p in g["params"]
+                  if p in small and p.grad is not None]
+        if self.estimator == "ema":
+            scales = self._ema_scales(groups, small, norms)
+        else:
+            scales = {p: self._literal_scale(group, small[p], p.grad, norms)
+                      for group, p in groups}
+            _average_over_ranks(list(scales.values()), self.process_group)
+        for p, scale in scales.items():
+            self.state[p]["next_scale"] = scale
         flat = torch.cat([s.reshape(-1).float() for s in scales.values()]) if scales \
             else torch.ones(1)
         self._scale_stats = {"scale_mean": flat.mean().item(), "scale_min": flat.min().item(),
@@ -213,10 +315,52 @@ class TulaOptimizer(torch.optim.Optimizer):
         self._counters["steps_since_refresh"] = 0
         self._epoch_pending = False
 
+    def _literal_scale(self, group: dict[str, Any], small: torch.Tensor, large: torch.Tensor,
+                       norms: bool) -> torch.Tensor:
+        """Line 16 (estimator "refresh"), through `gain_ratio` and the exponent when those
+        differ from the paper's (a measured batch other than b_small, p != 1/2)."""
+        if norms:  # the local hook kept |g_b| only (per tensor)
+            ratio = small / (torch.linalg.vector_norm(large) + group["eps"])
+        else:
+            ratio = scale_factor(small, large, s_max=math.inf, eps=group["eps"],
+                                 granularity=self.granularity)
+        return self._to_scale(ratio, group)
+
+    def _ema_scales(self, groups, small, norms: bool) -> dict[torch.Tensor, torch.Tensor]:
+        """Estimator "ema": moving averages of |g_b|^2 (mean over the ranks: one all-reduce)
+        and |g_B|^2 per tensor; the ratio of their roots is the norm ratio."""
+        if not groups:
+            return {}
+        small_sq = torch.stack([(small[p] if norms else torch.linalg.vector_norm(small[p]))
+                                .float().square() for _, p in groups])
+        _average_over_ranks([small_sq], self.process_group)
+        scales = {}
+        for (group, p), small_value in zip(groups, small_sq):
+            state, decay = self.state[p], group["ema_decay"]
+            large_value = torch.linalg.vector_norm(p.grad).float().square()
+            for key, value in (("small_sq_avg", small_value), ("large_sq_avg", large_value)):
+                state[key] = value.clone() if key not in state else \
+                    state[key].mul(decay).add_(value, alpha=1 - decay)
+            ratio = state["small_sq_avg"].sqrt() / (state["large_sq_avg"].sqrt() + group["eps"])
+            scales[p] = self._to_scale(ratio, group)
+        return scales
+
+    def _to_scale(self, ratio: torch.Tensor, group: dict[str, Any]) -> torch.Tensor:
+        """s = r^p bounded to [s_min, s_max]; exactly line 16 for the paper's settings."""
+        exponent = group["gain_exponent"]
+        if self.measured_batch == self.small_batch and exponent == GAIN_EXPONENT_PAPER:
+            scale = ratio  # r^(1/2) = |g_small| / |g_large|: line 16 as printed, no rounding
+        else:
+            r = gain_ratio(ratio, large_batch=self.large_batch,
+                           measured_batch=self.measured_batch, reference_batch=self.small_batch)
+            scale = r.clamp(min=0).pow(exponent)
+        return scale.clamp(min=group["s_min"], max=group["s_max"])
+
     # ------------------------------------------------------------------ the step
 
     def step(self, closure: Callable[[], Any] | None = None) -> Any:  # type: ignore[override]
-        """Algorithm 1 lines 3-9: eq. 5 on the gradient to apply, scale if calm, base step.
+        """Algorithm 1 lines 3-10: eq. 5 on the gradient to apply, scale if calm, base step,
+        then the scales of a refresh made during this step take effect.
 
         A closure is evaluated once, before the scaling; the base optimizer then
         steps without it (re-evaluating would overwrite the scaled gradient).
@@ -226,17 +370,27 @@ class TulaOptimizer(torch.optim.Optimizer):
             with torch.enable_grad():
                 loss = closure()
         with torch.no_grad():
+            if self._local:  # the comm hook's local gradients; p.grad is now all-reduced
+                local, self._local = self._local, {}
+                self._refresh(local, norms=self.granularity == "tensor")
             grads = [p.grad for p in self.parameters() if p.grad is not None]
             # One host sync per step on GPU: the decision is a Python branch.
             norm_sq = torch.nn.utils.get_total_norm(grads).item() ** 2 if grads else 0.0
             variability = gradient_variability(norm_sq, self._previous_norm_sq)
-            scaled = variability < self.delta
-            if scaled:
-                for p, scale in self.scales.items():
-                    if p.grad is not None:
+            scaled = False
+            for group in self.param_groups:  # eq. 8 with each group's delta (None: no gate)
+                if group["delta"] is not None and not variability < group["delta"]:
+                    continue
+                scaled = True
+                for p in group["params"]:
+                    scale = self.state[p].get("scale") if p in self.state else None
+                    if scale is not None and p.grad is not None:
                         p.grad.mul_(scale)
             self._previous_norm_sq = norm_sq  # eq. 5 compares unscaled large-batch norms
         self.base.step()
+        for state in self.state.values():  # line 10, after the weight update of line 9
+            if "next_scale" in state:
+                state["scale"] = state.pop("next_scale")
         self._counters["steps"] += 1
         self._counters["scaled_steps"] += int(scaled)
         self._counters["steps_since_refresh"] += 1
@@ -247,33 +401,54 @@ class TulaOptimizer(torch.optim.Optimizer):
     # ------------------------------------------------------------------ checkpoints
 
     def state_dict(self) -> dict[str, Any]:  # type: ignore[override]
-        index = {p: i for i, p in enumerate(self.parameters())}
-        return {"base": self.base.state_dict(),
-                "ags": {"scales": {index[p]: s.clone() for p, s in self.scales.items()},
-                        "previous_norm_sq": self._previous_norm_sq,
+        """torch's state_dict (AGS per-parameter state, the shared param groups) plus the
+        base optimizer's per-parameter state ("base_state") and AGS's counters ("ags")."""
+        state = super().state_dict()
+        state["base_state"] = self.base.state_dict()["state"]
+        state["ags"] = {"previous_norm_sq": self._previous_norm_sq,
                         "epoch_pending": self._epoch_pending,
-                        "counters": dict(self._counters), "scale_stats": dict(self._scale_stats)}}
+                        "counters": dict(self._counters), "scale_stats": dict(self._scale_stats)}
+        return state
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:  # type: ignore[override]
-        if set(state_dict) != {"base", "ags"}:
-            raise ValueError("not a TulaOptimizer state_dict: expected keys 'base' and 'ags', "
-                             f"got {sorted(state_dict)}")
-        self.base.load_state_dict(state_dict["base"])
-        # torch's load_state_dict replaces the base's param_groups list: share the new one.
+        if not isinstance(state_dict, dict) or set(state_dict) != STATE_DICT_KEYS:
+            got = sorted(state_dict) if isinstance(state_dict, dict) else type(state_dict).__name__
+            raise ValueError(f"not a TulaOptimizer state_dict: expected keys "
+                             f"{sorted(STATE_DICT_KEYS)}, got {got} (a checkpoint of the format "
+                             "before tula-ray 0.2, keys 'base' and 'ags', cannot be loaded)")
+        own = {"state": state_dict["state"], "param_groups": state_dict["param_groups"]}
+        self.base.load_state_dict({"state": state_dict["base_state"],
+                                   "param_groups": state_dict["param_groups"]})
+        super().load_state_dict(own)
+        # Both loads made new group dicts: share the base's again (one list, one set of dicts).
         self.param_groups = self.base.param_groups
-        params = self.parameters()
         ags = state_dict["ags"]
-        self.scales = {params[int(i)]: s.to(params[int(i)].device)
-                       for i, s in ags["scales"].items()}
         self._previous_norm_sq = ags["previous_norm_sq"]
         self._epoch_pending = ags["epoch_pending"]
         self._counters = dict(ags["counters"])
         self._scale_stats = dict(ags["scale_stats"])
 
 
-def _validate(base_optimizer: Any, large_batch: int, small_batch: int, delta: float,
-              refresh_every: Any, granularity: str, s_max: float | None, s_min: float,
-              eps: float, source: str) -> None:
+def _validate_group(group: dict[str, Any]) -> None:
+    """A param group's AGS hyper-parameters (they may be set per group, or by a scheduler)."""
+    delta, s_max, s_min, eps, exponent, decay = (group[name] for name in GROUP_HYPERPARAMETERS)
+    if delta is not None and not delta >= 0:
+        raise ValueError(f"delta={delta!r}: the variability threshold must be >= 0, or None for "
+                         f"no gate (paper default {DELTA_DEFAULT})")
+    if not s_max > 0:
+        raise ValueError(f"s_max={s_max!r}: must be > 0 (default (large/small batch)^p)")
+    if not 0 <= s_min <= s_max:
+        raise ValueError(f"s_min={s_min!r}: need 0 <= s_min <= s_max ({s_max:.4g})")
+    if not eps > 0:
+        raise ValueError(f"eps={eps!r}: the stability term must be > 0")
+    if not 0 < exponent <= 2:
+        raise ValueError(f"gain_exponent={exponent!r}: need 0 < p <= 2 (paper 1/2, AdaScale 1)")
+    if not 0 <= decay < 1:
+        raise ValueError(f"ema_decay={decay!r}: need 0 <= decay < 1")
+
+
+def _validate(base_optimizer: Any, large_batch: int, small_batch: int, refresh_every: Any,
+              granularity: str, source: str, estimator: str) -> None:
     if not isinstance(base_optimizer, torch.optim.Optimizer):
         raise TypeError(f"base_optimizer must be a torch.optim.Optimizer, "
                         f"not {type(base_optimizer).__name__}")
@@ -283,9 +458,6 @@ def _validate(base_optimizer: Any, large_batch: int, small_batch: int, delta: fl
             and 0 < small_batch < large_batch):
         raise ValueError(f"small_batch={small_batch!r}, large_batch={large_batch!r}: need integers "
                          "with 0 < small_batch < large_batch")
-    if not delta >= 0:
-        raise ValueError(f"delta={delta!r}: the variability threshold must be >= 0 "
-                         f"(paper default {DELTA_DEFAULT})")
     if refresh_every != REFRESH_EPOCH and not (isinstance(refresh_every, int)
                                                and refresh_every >= 1):
         raise ValueError(f"refresh_every={refresh_every!r}: use {REFRESH_EPOCH!r} or a number "
@@ -294,78 +466,8 @@ def _validate(base_optimizer: Any, large_batch: int, small_batch: int, delta: fl
         raise ValueError(f"granularity={granularity!r} is unknown; use one of {GRANULARITIES}")
     if source not in SOURCES:
         raise ValueError(f"source={source!r} is unknown; use one of {SOURCES}")
-    if s_max is not None and not s_max > 0:
-        raise ValueError(f"s_max={s_max!r}: must be > 0 (default sqrt(large/small batch))")
-    upper = max_scale(large_batch, small_batch) if s_max is None else s_max
-    if not 0 <= s_min <= upper:
-        raise ValueError(f"s_min={s_min!r}: need 0 <= s_min <= s_max ({upper:.4g})")
-    if not eps > 0:
-        raise ValueError(f"eps={eps!r}: the stability term must be > 0")
-
-
-# --------------------------------------------------------------------------- the training step
-
-def _is_ddp(model: nn.Module) -> bool:
-    return isinstance(model, nn.parallel.DistributedDataParallel)
-
-
-def _take_grads(params: list[nn.Parameter]) -> list[torch.Tensor | None]:
-    """Detach the current gradients from the parameters (and leave p.grad empty)."""
-    grads = [p.grad for p in params]
-    for p in params:
-        p.grad = None
-    return grads
-
-
-def backward_with_refresh(model: nn.Module, optimizer: torch.optim.Optimizer, loss_fn: Callable,
-                          inputs: torch.Tensor, targets: torch.Tensor
-                          ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Forward and backward of one step, refreshing the AGS scales when one is due.
-
-    Replaces `loss_fn(model(inputs), targets).backward()` after `zero_grad()`;
-    returns (loss, outputs) of the full local batch. Any other optimizer, or a
-    step without a refresh, is exactly that plain backward.
-    """
-    refresh = isinstance(optimizer, TulaOptimizer) and optimizer.refresh_due
-    if not refresh:
-        outputs = model(inputs)
-        loss = loss_fn(outputs, targets)
-        loss.backward()
-        return loss, outputs
-    params = optimizer.parameters()
-    if optimizer.source == "local":
-        return _local_source_step(model, optimizer, loss_fn, inputs, targets, params)
-    if optimizer.small_batch >= len(inputs):
-        raise ValueError(f"small_batch={optimizer.small_batch} must be smaller than the local "
-                         f"batch ({len(inputs)} samples) to sample a sub-batch from it")
-    # Lines 13-14: a sub-batch of the (shuffled) local batch, kept out of DDP's all-reduce.
-    with model.no_sync() if _is_ddp(model) else contextlib.nullcontext():
-        loss_fn(model(inputs[: optimizer.small_batch]),
-                targets[: optimizer.small_batch]).backward()
-    small = _take_grads(params)
-    outputs = model(inputs)
-    loss = loss_fn(outputs, targets)
-    loss.backward()
-    optimizer.refresh_scales(small)
-    return loss, outputs
-
-
-def _local_source_step(model: nn.Module, optimizer: TulaOptimizer, loss_fn: Callable,
-                       inputs: torch.Tensor, targets: torch.Tensor, params: list[nn.Parameter]
-                       ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Source "local": this worker's gradient before the all-reduce is g_small (b = B/N)."""
-    if not _is_ddp(model) or _world(optimizer.process_group) < 2:
-        raise ValueError("source='local' takes g_small from each DDP worker's own gradient: it "
-                         "needs a DistributedDataParallel model on >= 2 workers; "
-                         "use source='sub-batch' here")
-    with model.no_sync():
-        outputs = model(inputs)
-        loss = loss_fn(outputs, targets)
-        loss.backward()
-    small = [None if p.grad is None else p.grad.clone() for p in params]
-    # This step's all-reduce, done here since no_sync() skipped DDP's.
-    _average_over_ranks([p.grad for p in params if p.grad is not None],
-                        optimizer.process_group)
-    optimizer.refresh_scales(small)
-    return loss, outputs
+    if estimator not in ESTIMATORS:
+        raise ValueError(f"estimator={estimator!r} is unknown; use one of {ESTIMATORS}")
+    if estimator == "ema" and granularity != "tensor":
+        raise ValueError("estimator='ema' averages per-tensor norms: use granularity='tensor'")
 

@@ -20,9 +20,9 @@ from typing import Any, Iterator
 
 import pandas as pd
 
-from tula_ray.perf import MODES
 from tula_ray.plan import Plan, build_plan
 from tula_ray.policy import OBJECTIVES
+from tula_ray.search_strategies import STRATEGIES as SEARCH_STRATEGIES
 from tula_ray.space import SearchSpace
 
 METRICS_FILE = "train_metrics.csv"
@@ -31,8 +31,10 @@ SHOWN_COLUMNS = ("epoch", "resumed_from", "train_loss", "train_accuracy", "test_
 
 
 def _add_plan_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--mode", choices=MODES, default="partial",
-                        help="fit from all profiles (full) or only the extremes (partial)")
+    parser.add_argument("--search-strategy", "--mode", dest="search_strategy",
+                        choices=sorted(SEARCH_STRATEGIES), default="partial",
+                        help="which candidates to profile and fit from: only the extremes "
+                             "(partial) or all (full); --mode is the former name")
     parser.add_argument("--objective", choices=OBJECTIVES, default="knee")
     parser.add_argument("--pricing", default="fixed",
                         help="fixed[:USD_PER_NODE_HOUR] or memory[:USD_PER_GB_HOUR]")
@@ -145,7 +147,8 @@ def _replay(args: argparse.Namespace) -> None:
         space = SearchSpace(tuple(profiles["num_workers"].astype(int).unique().tolist()),
                             tuple(profiles["global_batch"].astype(int).unique().tolist()))
     plan = build_plan(space, profiles, epochs=epochs, dataset_size=dataset_size,
-                      mode=args.mode, objective=args.objective, pricing=args.pricing,
+                      strategy=args.search_strategy, objective=args.objective,
+                      pricing=args.pricing,
                       workload=workload, meta={"source": "replay"})
     _write(plan, args.out)
 
@@ -156,13 +159,16 @@ def _demo(args: argparse.Namespace) -> None:
     # With --train, one Ray for the search and the training.
     with _ray_for(args.train, args.address):
         plan = search("fashion-mnist-cnn", cluster_sizes=tuple(args.cluster_sizes),
-                      min_batch=args.min_batch, max_batch=args.max_batch, mode=args.mode,
-                      objective=args.objective, pricing=args.pricing, address=args.address,
+                      min_batch=args.min_batch, max_batch=args.max_batch,
+                      strategy=args.search_strategy, objective=args.objective,
+                      pricing=args.pricing, address=args.address,
                       storage_path=args.storage_path)
         _write(plan, args.out)
         meta = plan.meta
         print(f"memory probe {meta['probe_wall_s']:.0f} s, profiling "
-              f"{meta['profiling_wall_s']:.0f} s for {meta['trials']} trials")
+              f"{meta['profiling_wall_s']:.0f} s: {meta['candidates_profiled']} candidates in "
+              f"{meta['launches']} worker-group launches, {meta['rounds']} rounds "
+              f"({meta['stop_reason']})")
         if args.train:
             train_and_write(plan, args)
 
@@ -232,7 +238,7 @@ def main(argv: list[str] | None = None) -> int:
                         format="%(levelname)s %(name)s: %(message)s")
     try:
         args.run(args)
-    except (ValueError, FileNotFoundError) as error:
+    except (ValueError, TypeError, FileNotFoundError) as error:  # bad input: no traceback
         print(f"tula-ray: error: {error}", file=sys.stderr)
         return 2
     return 0

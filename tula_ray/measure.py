@@ -10,6 +10,7 @@ its own short pass, never during timed steps.
 
 from __future__ import annotations
 
+import gc
 import time
 from typing import Callable
 
@@ -142,7 +143,7 @@ def probe_peaks(workload: Workload, local_batches: list[int],
 
     Returns {"local_batches", "peaks": peak bytes at each, "static": eq. 3's static
     terms (`memory.static_memory`), "input_bytes_per_sample", "device_memory_bytes":
-    the GPU's size, None on CPU}.
+    the GPU's size, None on CPU, "device_in_use_bytes": `device_in_use_bytes`}.
     """
     from tula_ray import memory  # eq. 3's static terms
 
@@ -153,7 +154,24 @@ def probe_peaks(workload: Workload, local_batches: list[int],
         else None
     return {"local_batches": list(local_batches), "peaks": peaks, "static": static,
             "input_bytes_per_sample": workload.input_bytes_per_sample,
-            "device_memory_bytes": total}
+            "device_memory_bytes": total, "device_in_use_bytes": device_in_use_bytes(device)}
+
+
+def device_in_use_bytes(device: torch.device | str) -> float:
+    """Memory of `device` that no model of ours holds: on CUDA total minus free, once the
+    caching allocator has returned its unused blocks (the CUDA context, other processes'
+    memory); 0 on CPU, where the declared share of RAM is the device.
+
+    `max_memory_allocated` counts tensors only, so a bound from it and the device's total
+    would spend this memory twice (`memory.device_budget_bytes` takes it off).
+    """
+    device = torch.device(device)
+    if device.type != "cuda":
+        return 0.0
+    gc.collect()  # the probe's models and optimizers, before the allocator can release them
+    torch.cuda.empty_cache()
+    free, total = torch.cuda.mem_get_info(device)
+    return float(total - free)
 
 
 def peak_or_none(workload: Workload, local_batch: int,

@@ -23,6 +23,12 @@ PROBE_BATCH_FACTORS = (1, 2, 4)  # probe local batches: two identify eq. 3, the 
 # Keep this share of the device free: allocator fragmentation and the model's
 # own error (the paper reports 8-14 % median memory error, §IV-C3).
 HEADROOM_DEFAULT = 0.1
+# NCCL's communicator buffers on each GPU, which the probe (one process, no process
+# group) never allocates: NCCL_BUFFSIZE (4 MiB by default) per channel, for a send
+# and a receive side, over up to 16 ring channels on an intra-node/Ethernet setup
+# such as the paper's (NCCL docs, "Environment Variables"). An estimate: check it on
+# the first GPU run (README's GPU checklist: nvidia-smi during a 2-worker step).
+NCCL_BUFFER_BYTES_DEFAULT = 2 * 16 * 4 * 2**20
 
 
 @dataclass(frozen=True)
@@ -151,6 +157,44 @@ def fit_probe(points: Iterable[tuple[int, float]], static: StaticMemory,
                static_bytes=static.total_bytes, batch_bytes_per_sample=input_bytes_per_sample)
 
 
+def device_budget_bytes(device_bytes: float, *, grad_bytes: float, num_workers: int,
+                        in_use_bytes: float = 0.0, nccl: bool = False,
+                        nccl_buffer_bytes: float = NCCL_BUFFER_BYTES_DEFAULT) -> float:
+    """Bytes of one device that eq. 3's M_total may take in a job of `num_workers` workers.
+
+    The probe measures one process training the bare model on a device it has to
+    itself, so three costs of the real job are invisible to it and are taken off here:
+    - in_use_bytes: memory already taken on the device before the model (on a GPU the
+      CUDA context, a few hundred MB, and anything another process holds: total minus
+      free as `torch.cuda.mem_get_info` reports it once the context exists);
+    - DDP's gradient buckets when N >= 2: DDP all-reduces flat bucket tensors that are a
+      second copy of every gradient (`gradient_as_bucket_view=False`, its default), so
+      `grad_bytes` more;
+    - NCCL's communicator buffers when N >= 2 on NCCL (`NCCL_BUFFER_BYTES_DEFAULT`).
+    Allocator fragmentation stays in `max_local_batch`'s headroom.
+    Raises ValueError when these alone exceed the device.
+    """
+    if not device_bytes > 0:
+        raise ValueError(f"device_bytes={device_bytes!r}; it must be positive")
+    if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 1:
+        raise ValueError(f"num_workers={num_workers!r}; it must be an integer >= 1")
+    for name, value in (("grad_bytes", grad_bytes), ("in_use_bytes", in_use_bytes),
+                        ("nccl_buffer_bytes", nccl_buffer_bytes)):
+        if not value >= 0:
+            raise ValueError(f"{name}={value!r}; it must be >= 0")
+    data_parallel = num_workers >= 2
+    budget = (device_bytes - in_use_bytes - (grad_bytes if data_parallel else 0.0)
+              - (nccl_buffer_bytes if data_parallel and nccl else 0.0))
+    if budget <= 0:
+        raise ValueError(
+            f"nothing is left for training on a device of {device_bytes / 1e9:.3g} GB: "
+            f"{in_use_bytes / 1e9:.3g} GB already in use"
+            + (f", DDP buckets {grad_bytes / 1e9:.3g} GB" if data_parallel else "")
+            + (f", NCCL buffers {nccl_buffer_bytes / 1e9:.3g} GB" if data_parallel and nccl
+               else "") + "; free the device or use a larger one")
+    return float(budget)
+
+
 def max_local_batch(params: MemoryParams, device_bytes: float,
                     headroom: float = HEADROOM_DEFAULT) -> int:
     """Largest local batch b whose predicted peak fits device_bytes * (1 - headroom); 0 if none."""
@@ -174,6 +218,7 @@ def max_local_batch(params: MemoryParams, device_bytes: float,
 
 MAX_BOUND_CHECKS_DEFAULT = 3  # measurements near the bound; each is one probe step at large b
 BOUND_TOLERANCE = 0.05  # stop once a secant step would raise the verified bound by less than 5 %
+SECANT_AIM_MARGIN = 1e-9  # the secant aims this fraction under the limit (float rounding)
 
 
 def verified_max_local_batch(
@@ -240,8 +285,12 @@ def _secant_bound(peaks: dict[int, float | None], limit: float, last: int) -> in
     if slope <= 0:
         return last  # flat near the bound: nothing better to aim at
     bound = int(np.floor(b2 + (limit - p2) / slope))
-    # Rounding can land the floor on a b whose peak on the line is a hair over the limit.
-    while bound > 0 and p2 + slope * (bound - b2) > limit:
+    # Rounding can land the floor on a b whose peak on the line is a hair over the limit,
+    # and a b exactly on the limit is over it after rounding as often as under it (a check
+    # wasted on it: hypothesis found 6000 at 1 + 1e-16 of the limit, bound 5310 for 5999):
+    # aim just under the limit.
+    aim = limit * (1.0 - SECANT_AIM_MARGIN)
+    while bound > 0 and p2 + slope * (bound - b2) > aim:
         bound -= 1
     return bound
 

@@ -12,49 +12,65 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Sequence
 
-import pandas as pd
 import ray
 from ray import tune
 
 from searchers import TulaSearcher
 from trainables.memory_probe import check_max_local_batch, probe_memory
-from trainables.profiling_loop import MEASURE_STEPS_DEFAULT, WARMUP_STEPS_DEFAULT
+from trainables.profiling_loop import (MEASURE_SECONDS_DEFAULT, MEASURE_STEPS_DEFAULT,
+                                      WARMUP_STEPS_DEFAULT)
 from trainables.profiling_trial import trainable_with_resources
 from tula_ray import memory as memory_model
 from tula_ray.cluster import (CPU_MEMORY_SHARE_DEFAULT, PROVISION_TIMEOUT_S_DEFAULT,
                               check_storage_path, check_worker_request, ensure_ray,
                               node_memory_bytes, provision_workers, release_workers)
-from tula_ray.perf import COLLECTIVES, MODES
-from tula_ray.plan import Plan, build_plan
+from tula_ray.perf import COLLECTIVES
+from tula_ray.plan import Plan, build_plan, deprecated_mode
 from tula_ray.policy import OBJECTIVES
 from tula_ray.pricing import Pricing, parse_pricing
-from tula_ray.profile_table import profile_frame, profile_row
+from tula_ray.profile_table import profile_frame
+from tula_ray.search_strategies import make_strategy
 from tula_ray.space import MIN_BATCH_DEFAULT, SearchSpace, check_positive_ints
 from tula_ray.workloads import Workload, resolve_workload
+from tula_ray.arguments import (check_choice, check_int, check_mapping, check_number, check_text,
+                                named_arguments)
 
 logger = logging.getLogger(__name__)
 
+def _check_arguments(a: dict[str, Any]) -> None:
+    """Each plain argument's type and range, before anything is built (issue 13, item 4)."""
+    if not isinstance(a["cluster_sizes"], (list, tuple)):
+        raise TypeError(f"cluster_sizes={a['cluster_sizes']!r}; it must be a list or tuple of "
+                        "positive integers")
+    check_positive_ints("cluster_sizes", a["cluster_sizes"])
+    check_choice("objective", a["objective"], OBJECTIVES)
+    check_text("strategy", a["strategy"])
+    check_text("mode", a["mode"], optional=True)  # the strategy's former name (deprecated)
+    check_mapping("strategy_options", a["strategy_options"])
+    check_number("measure_seconds", a["measure_seconds"], low=0.0)
+    check_choice("collective", a["collective"], sorted(COLLECTIVES))
+    check_number("weight_time", a["weight_time"], low=0.0, high=1.0)
+    check_number("headroom", a["headroom"], low=0.0, high=1.0, high_open=True)
+    check_number("device_memory_gb", a["device_memory_gb"], low=0.0, low_open=True,
+                  optional=True)
+    check_int("min_batch", a["min_batch"], minimum=1)
+    check_int("max_batch", a["max_batch"], minimum=1, optional=True)
+    check_int("warmup_steps", a["warmup_steps"], minimum=0)
+    check_int("measure_steps", a["measure_steps"], minimum=1)
+    check_int("epochs", a["epochs"], minimum=1, optional=True)
+    check_mapping("workload_options", a["workload_options"])
+    for label in ("storage_path", "name", "address"):
+        check_text(label, a[label], optional=True)
+    check_worker_request(a["resources_per_worker"], a["provision_timeout_s"])
+
+
 def _validate(r: "_Request") -> None:
-    check_positive_ints("cluster_sizes", r.cluster_sizes)
-    if r.objective not in OBJECTIVES:
-        raise ValueError(f"objective {r.objective!r} is unknown; use one of {OBJECTIVES}")
-    if r.mode not in MODES:
-        raise ValueError(f"mode {r.mode!r} is unknown; use one of {MODES}")
-    if r.collective not in COLLECTIVES:
-        raise ValueError(f"collective {r.collective!r} is unknown; known: {sorted(COLLECTIVES)}")
-    if not 0.0 <= r.weight_time <= 1.0:
-        raise ValueError(f"weight_time={r.weight_time!r}; it must be within [0, 1]")
-    if not 0.0 <= r.headroom < 1.0:
-        raise ValueError(f"headroom={r.headroom!r}; it must be within [0, 1)")
-    for label, value, low in (("min_batch", r.min_batch, 1), ("warmup_steps", r.warmup_steps, 0),
-                              ("measure_steps", r.measure_steps, 1)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < low:
-            raise ValueError(f"{label}={value!r}; it must be an integer >= {low}")
+    """What depends on several arguments or on the workload."""
+    # An unknown name or option fails here.
+    named_arguments(make_strategy, "strategy", "strategy_options")(r.strategy, r.strategy_options)
     if r.max_batch is not None and r.max_batch < r.min_batch:
         raise ValueError(f"max_batch={r.max_batch} is below min_batch={r.min_batch}; "
                          "max_batch must be >= min_batch")
-    if r.device_memory_gb is not None and not r.device_memory_gb > 0:
-        raise ValueError(f"device_memory_gb={r.device_memory_gb!r}; it must be positive")
     if r.min_batch > r.workload.dataset_size:
         raise ValueError(f"min_batch={r.min_batch} is larger than the dataset "
                          f"({r.workload.dataset_size} samples)")
@@ -71,7 +87,8 @@ class _Request:
     min_batch: int
     max_batch: int | None
     objective: str
-    mode: str
+    strategy: str
+    strategy_options: dict[str, Any]
     pricing: Pricing
     weight_time: float
     device_memory_gb: float | None
@@ -81,6 +98,8 @@ class _Request:
     measure_steps: int
     storage_path: str | None
     name: str | None
+    epochs: int
+    measure_seconds: float
 
 
 def search(
@@ -90,7 +109,7 @@ def search(
     min_batch: int = MIN_BATCH_DEFAULT,
     max_batch: int | None = None,
     objective: str = "knee",
-    mode: str = "partial",
+    strategy: str = "partial",
     pricing: Pricing | str | dict = "fixed",
     weight_time: float = 0.5,
     device_memory_gb: float | None = None,
@@ -101,7 +120,11 @@ def search(
     storage_path: str | None = None,
     name: str | None = None,
     workload_options: dict[str, Any] | None = None,
+    epochs: int | None = None,
     address: str | None = None,
+    strategy_options: dict[str, Any] | None = None,
+    measure_seconds: float = MEASURE_SECONDS_DEFAULT,
+    mode: str | None = None,
     resources_per_worker: dict[str, float] | None = None,
     provision_timeout_s: float = PROVISION_TIMEOUT_S_DEFAULT,
 ) -> Plan:
@@ -112,11 +135,17 @@ def search(
     cluster_sizes: the N to consider; each must fit the cluster's GPUs (or CPUs).
     min_batch, max_batch: global batch bounds; the memory probe lowers max_batch
       to what one device holds (times the largest N), and the dataset size caps it.
-    mode: "partial" profiles only the extremes; "full" every candidate.
+    strategy: the search strategy (tula_ray.search_strategies.STRATEGIES): "partial"
+      profiles only the extremes, "full" every candidate; strategy_options go to it.
+      (`mode` is its former, deprecated name: Ray's `mode` means min/max.)
     objective, weight_time, pricing: see tula_ray.policy.choose and tula_ray.pricing.
     device_memory_gb: memory of one device; GPUs report theirs, on CPU this is the
       share of RAM a worker may use (default 25 % of the node's RAM).
     storage_path, name: where Ray Tune keeps the experiment (default ~/ray_results).
+    epochs: E of eq. 4a, the training the plan predicts (default the workload's).
+    warmup_steps, measure_steps, measure_seconds: per batch, untimed steps, then at least
+      measure_steps timed steps per phase, more while they fit in measure_seconds.
+    One Ray Train worker group per cluster size and round profiles all of its batches.
     address: the Ray cluster to join ("auto": the one this machine belongs to); default
       $RAY_ADDRESS, else a new local Ray on loopback (see tula_ray.cluster.ensure_ray).
       A Ray this process already initialised is used as it is.
@@ -128,11 +157,20 @@ def search(
     On a multi-node cluster storage_path must be reachable from every node (a shared
     file system or a cloud URI); the search refuses otherwise, before any trial.
     """
+    _check_arguments(locals())
+    strategy = deprecated_mode(strategy, mode)
     options = dict(workload_options or {})
+    # A user's Workload is completed and checked here, in the driver (its sample shape and
+    # class count from its data and model): a wrong shape fails now, naming the field.
+    resolved = named_arguments(resolve_workload, "workload", "workload_options")(
+        workload, options).with_shapes()
+    spec = resolved if isinstance(workload, Workload) else workload
     request = _Request(
-        workload, options, resolve_workload(workload, options), tuple(sorted(set(cluster_sizes))),
-        min_batch, max_batch, objective, mode, parse_pricing(pricing), weight_time,
-        device_memory_gb, headroom, collective, warmup_steps, measure_steps, storage_path, name)
+        spec, options, resolved, tuple(sorted(set(cluster_sizes))),
+        min_batch, max_batch, objective, strategy, dict(strategy_options or {}),
+        named_arguments(parse_pricing, "pricing")(pricing), weight_time,
+        device_memory_gb, headroom, collective, warmup_steps, measure_steps, storage_path, name,
+        resolved.epochs if epochs is None else epochs, measure_seconds)
     _validate(request)
     resources = check_worker_request(resources_per_worker, provision_timeout_s)
     started_ray = ensure_ray(address)
@@ -145,18 +183,23 @@ def search(
         started = time.perf_counter()
         space, probe, device_bytes = _bounded_space(request, use_gpu)
         probe_s = time.perf_counter() - started
-        profiles, experiment = _profile(request, space, use_gpu, device_bytes, workers.resources)
+        searcher, experiment_path = _profile(request, space, use_gpu, device_bytes,
+                                             workers.resources)
+        profiles = profile_frame(searcher.profiles)
         meta = {"probe_wall_s": probe_s,
                 "profiling_wall_s": time.perf_counter() - started - probe_s,
-                "trials": len(profiles), "device_memory_bytes": device_bytes,
+                "trials": len(searcher.sweeps), "launches": len(searcher.sweeps),
+                "rounds": searcher.rounds, "stop_reason": searcher.stop_reason,
+                "sweeps": searcher.sweeps, "candidates_profiled": len(profiles),
+                "device_memory_bytes": device_bytes,
                 "max_local_batch": probe["max_local_batch"], "use_gpu": use_gpu,
-                "ray_version": ray.__version__, "experiment": experiment,
+                "ray_version": ray.__version__, "experiment_path": experiment_path,
                 "memory_probe": probe["rows"],
                 "workload_options": _json_options(request.options)}
         workload = request.workload
         return build_plan(
-            space, profiles, epochs=workload.epochs, dataset_size=workload.dataset_size,
-            mode=request.mode, objective=request.objective, pricing=request.pricing,
+            space, profiles, epochs=request.epochs, dataset_size=workload.dataset_size,
+            strategy=request.strategy, objective=request.objective, pricing=request.pricing,
             memory=probe["params"], max_local_batch=probe["max_local_batch"],
             weight_time=request.weight_time, collective=request.collective,
             workload=workload.name, meta=meta)
@@ -187,6 +230,11 @@ def _bounded_space(request: _Request, use_gpu: bool) -> tuple[SearchSpace, dict,
     else:
         device_bytes = (probe["device_memory_bytes"]
                         or CPU_MEMORY_SHARE_DEFAULT * node_memory_bytes())
+    # What the probe (one process, no DDP) cannot see: the CUDA context, DDP's gradient
+    # buckets and NCCL's buffers. Budgeted for the largest N, so it holds for every N.
+    device_bytes = memory_model.device_budget_bytes(
+        device_bytes, grad_bytes=probe["static"].grad_bytes, num_workers=sizes[-1],
+        in_use_bytes=probe["device_in_use_bytes"], nccl=use_gpu)
     # No candidate needs a local batch above max_batch / N_min: nothing larger is measured.
     largest = min(request.max_batch or request.workload.dataset_size, request.workload.dataset_size)
     cap = max(1, largest // sizes[0])
@@ -204,25 +252,33 @@ def _bounded_space(request: _Request, use_gpu: bool) -> tuple[SearchSpace, dict,
 
 
 def _profile(request: _Request, space: SearchSpace, use_gpu: bool, device_bytes: float,
-             resources: dict[str, float]) -> tuple[pd.DataFrame, str]:
-    """DESIGN step 3: one Tune trial per candidate, one at a time (concurrent trials
-    would share the CPUs or the network and distort each other's step times)."""
-    fixed = {"workload": request.spec, "workload_options": request.options, "use_gpu": use_gpu,
-             "warmup_steps": request.warmup_steps, "measure_steps": request.measure_steps,
-             "device_memory_bytes": device_bytes, "resources_per_worker": resources}
-    searcher = TulaSearcher(space.candidates(), request.mode, fixed)
+             resources: dict[str, float]) -> tuple[TulaSearcher, str]:
+    """DESIGN step 3: one Tune trial per cluster size and round, one at a time (concurrent
+    trials would share the CPUs or the network and distort each other's step times)."""
+    # What every trial shares goes in the param space, which Tune merges into each
+    # suggested config (as for Ray's own searchers): the searcher's state stays JSON.
+    constants = {"workload": request.spec, "workload_options": request.options,
+                 "use_gpu": use_gpu, "warmup_steps": request.warmup_steps,
+                 "measure_steps": request.measure_steps,
+                 "measure_seconds": request.measure_seconds, "device_memory_bytes": device_bytes,
+                 "resources_per_worker": resources}
+    searcher = TulaSearcher(space.candidates(), request.strategy, request.strategy_options)
     name = request.name or f"tula-{request.workload.name}-{datetime.now():%Y%m%d-%H%M%S}"
     tuner = tune.Tuner(
         trainable_with_resources(),
+        param_space=constants,
         tune_config=tune.TuneConfig(search_alg=searcher, num_samples=-1, max_concurrent_trials=1,
-                                    metric="step_time_s", mode="min"),
+                                    metric="step_time_s", mode="min",
+                                    trial_name_creator=trial_name,
+                                    trial_dirname_creator=trial_name),
         run_config=tune.RunConfig(storage_path=request.storage_path, name=name, verbose=1),
     )
-    return profile_frame(_rows(tuner.fit())), name
+    results = tuner.fit()
+    return searcher, results.experiment_path
 
 
-def _rows(results: tune.ResultGrid) -> list[dict[str, Any]]:
-    """One profile row per trial; a trial that raised is a row with status 'error'."""
-    return [profile_row(result.config["num_workers"], result.config["global_batch"],
-                        result.metrics, None if result.error is None else str(result.error))
-            for result in results]
+def trial_name(trial: Any) -> str:
+    """A short trial name (and directory) from the searched keys only: Tune's default
+    spells out the whole config, a user's Workload object included."""
+    config = trial.config
+    return f"profile_N{config.get('num_workers')}_round{config.get('round')}_{trial.trial_id}"

@@ -30,11 +30,12 @@ from ray.train.torch import TorchTrainer
 from torch import nn
 
 from trainables.training_loop import load_checkpoint_state, train_loop_per_worker
-from tula_ray.ags import SMALL_BATCH_DEFAULT
+from tula_ray.arguments import (check_bool, check_int, check_mapping, check_number, check_text,
+                                named_arguments)
 from tula_ray.cluster import (PROVISION_TIMEOUT_S_DEFAULT, check_storage_path, check_worker_request,
                               ensure_ray, provision_workers, release_workers)
 from tula_ray.plan import Plan
-from tula_ray.training_strategies import OPTIONS, STRATEGIES, build_strategy
+from tula_ray.training_strategies import TrainingStrategy, build_strategy, get_strategy
 from tula_ray.training_strategies import logger as strategies_logger
 from tula_ray.workloads import Workload, resolve_workload
 
@@ -83,14 +84,18 @@ class _Job:
     num_workers: int
     global_batch: int
     epochs: int
-    strategy: str
+    strategy: str | TrainingStrategy  # what workers resolve: a registered name or the object
     strategy_options: dict[str, Any]
     notes: tuple[str, ...]
+
+    @property
+    def strategy_name(self) -> str:
+        return get_strategy(self.strategy).name
 
 
 def train(
     plan: Plan | str | Path,
-    strategy: str = "ags",
+    strategy: str | TrainingStrategy = "ags",
     *,
     workload: str | Workload | None = None,
     workload_options: dict[str, Any] | None = None,
@@ -110,8 +115,10 @@ def train(
     """Train the plan's chosen N and B as a Ray Train job and return the per-epoch metrics.
 
     plan: a Plan, or the path (or JSON text) of one written by `Plan.to_json`.
-    strategy: "ags" (the paper's method) or a baseline, see tula_ray.training_strategies.STRATEGIES;
-      strategy_options go to tula_ray.training_strategies.build_strategy.
+    strategy: "ags" (the paper's method) or a baseline, a name registered in
+      tula_ray.training_strategies.STRATEGIES, or a TrainingStrategy object (a strategy
+      of your own reaches the workers that way); strategy_options: its options, checked
+      by the strategy against N and B before any worker starts.
     workload, workload_options: default the plan's (its `workload` name, and
       `meta["workload_options"]` when recorded); required when the plan names no
       built-in workload (e.g. a replayed or synthetic plan).
@@ -129,11 +136,15 @@ def train(
       reachable from every node (a shared file system or a cloud URI).
     Raises ValueError for a bad argument, before any worker starts.
     """
+    _check_arguments(workload_options=workload_options, epochs=epochs,
+                     strategy_options=strategy_options, storage_path=storage_path, name=name,
+                     max_failures=max_failures, seed=seed, use_gpu=use_gpu, lr=lr,
+                     address=address)
+    resources = check_worker_request(resources_per_worker, provision_timeout_s, use_gpu)
     plan = plan if isinstance(plan, Plan) else Plan.from_json(plan)
     job = _job(plan, strategy, workload, workload_options, epochs, strategy_options)
     _check_run_arguments(job, max_failures, seed, lr, fail_at_epoch)
     _dry_run(job)
-    resources = check_worker_request(resources_per_worker, provision_timeout_s, use_gpu)
     started_ray = ensure_ray(address)
     marker_dir = tempfile.mkdtemp(prefix="tula-fail-") if fail_at_epoch is not None else None
     workers = None
@@ -154,19 +165,13 @@ def train(
         raise result.error
     return TrainResult(_metrics(result), None if result.checkpoint is None
                        else result.checkpoint.path, result, job.num_workers,
-                       job.global_batch, job.strategy, list(job.notes))
+                       job.global_batch, job.strategy_name, list(job.notes))
 
 
-def _job(plan: Plan, strategy: str, workload: str | Workload | None,
+def _job(plan: Plan, strategy: str | TrainingStrategy, workload: str | Workload | None,
          workload_options: dict[str, Any] | None, epochs: int | None,
          strategy_options: dict[str, Any] | None) -> _Job:
-    if strategy not in STRATEGIES:
-        raise ValueError(f"strategy {strategy!r} is unknown; use one of {STRATEGIES}")
-    strategy_options = dict(strategy_options or {})
-    unknown = sorted(set(strategy_options) - set(OPTIONS[strategy]))
-    if unknown:
-        raise ValueError(f"strategy option {unknown[0]!r} is unknown for {strategy!r}; "
-                         f"allowed: {list(OPTIONS[strategy]) or 'none'}")
+    resolved_strategy = get_strategy(strategy)
     if workload is None:
         spec = plan.workload
         options = dict(plan.meta.get(PLAN_OPTIONS_KEY) or {})
@@ -175,13 +180,15 @@ def _job(plan: Plan, strategy: str, workload: str | Workload | None,
         try:
             resolved = resolve_workload(spec, options)
         except ValueError as exc:
+            if workload_options:  # the options the user added are what failed
+                raise ValueError(f"workload_options={workload_options!r}: {exc}") from exc
             raise ValueError(
                 f"the plan does not record a workload this run can rebuild (it names "
                 f"{spec!r}: {exc}); pass workload= (a built-in name or a "
                 f"tula_ray.workloads.Workload)") from exc
     else:
         spec, options = workload, dict(workload_options or {})
-        resolved = resolve_workload(spec, options)
+        resolved = named_arguments(resolve_workload, "workload", "workload_options")(spec, options)
         if resolved.name != plan.workload:
             logger.warning("training %s although the plan was made for %s: its (N, B) "
                            "choice may not fit this workload", resolved.name, plan.workload)
@@ -197,52 +204,31 @@ def _job(plan: Plan, strategy: str, workload: str | Workload | None,
         raise ValueError(f"the plan's global batch B={b} is larger than the training set of "
                          f"{resolved.name} ({resolved.dataset_size} samples); pass "
                          "workload_options with a larger train_subset or fake_size")
-    notes: list[str] = []
-    if strategy == "ags":
-        strategy_options = _ags_options(strategy_options, n, b, notes)
+    # The strategy's own option and N/B checks (e.g. AGS's sub-batch < B/N), in the driver.
+    strategy_options, notes = named_arguments(resolved_strategy.check, "strategy_options")(
+        n, b, dict(strategy_options or {}))
+    for note in notes:
+        logger.warning("%s", note)
     return _Job(spec, options, resolved, n, b, epochs, strategy, strategy_options, tuple(notes))
 
 
-def _ags_options(options: dict[str, Any], num_workers: int, global_batch: int,
-                 notes: list[str]) -> dict[str, Any]:
-    """AGS's small-batch gradient must come from fewer samples than a worker holds.
-
-    Source "sub-batch" takes `small_batch` samples of each worker's local batch
-    B / N, so it needs small_batch < B / N. When the default reference batch does
-    not fit and the user chose neither, N >= 2 workers use source "local": each
-    worker's own gradient is a small-batch gradient of B / N <= the default.
-    """
-    local = global_batch // num_workers
-    if options.get("source") == "local":
-        if num_workers < 2:
-            raise ValueError("ags source='local' needs >= 2 workers (the plan chose N=1); "
-                             "use source='sub-batch'")
-        return options
-    small = options.get("small_batch", SMALL_BATCH_DEFAULT)
-    if small < local:
-        return options
-    if num_workers >= 2 and not {"source", "small_batch"} & set(options):
-        notes.append(f"ags: the default reference small batch {small} does not fit in the local "
-                     f"batch B/N = {local}; using source='local' (each worker's gradient, "
-                     f"b = {local}) as the small-batch gradient")
-        logger.warning("%s", notes[-1])
-        return {**options, "source": "local"}
-    hint = f" or source='local' (b = {local})" if num_workers >= 2 else ""
-    raise ValueError(f"ags takes its small-batch gradient from {small} samples of each worker's "
-                     f"local batch of {local} (B={global_batch} / N={num_workers}), which needs "
-                     f"fewer than {local}: pass strategy_options with small_batch < {local}{hint}")
+def _check_arguments(*, workload_options: Any, epochs: Any, strategy_options: Any,
+                     storage_path: Any, name: Any, max_failures: Any, seed: Any, use_gpu: Any,
+                     lr: Any, address: Any) -> None:
+    """The plain arguments' types and ranges, before anything is built (issue 13, item 4)."""
+    check_mapping("workload_options", workload_options)
+    check_mapping("strategy_options", strategy_options)
+    check_int("epochs", epochs, minimum=1, optional=True)
+    for label, value in (("storage_path", storage_path), ("name", name), ("address", address)):
+        check_text(label, value, optional=True)
+    check_int("max_failures", max_failures, minimum=UNLIMITED_FAILURES)  # -1: no limit
+    check_int("seed", seed)
+    check_bool("use_gpu", use_gpu, optional=True)
+    check_number("lr", lr, low=0.0, low_open=True, optional=True)
 
 
 def _check_run_arguments(job: _Job, max_failures: int, seed: int, lr: float | None,
                          fail_at_epoch: int | None) -> None:
-    if isinstance(seed, bool) or not isinstance(seed, int):
-        raise ValueError(f"seed={seed!r}; it must be an integer")
-    if lr is not None and not lr > 0:
-        raise ValueError(f"lr={lr!r}; the learning rate must be > 0 (or None: the workload's)")
-    if (isinstance(max_failures, bool) or not isinstance(max_failures, int)
-            or max_failures < UNLIMITED_FAILURES):
-        raise ValueError(f"max_failures={max_failures!r}; it must be an integer >= 0 "
-                         f"(or {UNLIMITED_FAILURES} for no limit)")
     if fail_at_epoch is not None and not 0 <= fail_at_epoch < job.epochs:
         raise ValueError(f"fail_at_epoch={fail_at_epoch!r}; it must be within [0, "
                          f"{job.epochs}) for a run of {job.epochs} epochs")
@@ -258,7 +244,7 @@ def _dry_run(job: _Job) -> None:
     steps = max(1, job.workload.dataset_size // job.global_batch)
     # Its notes describe one process, not the job's N workers: the workers log the real ones.
     with _quiet(strategies_logger):
-        build_strategy(job.strategy, nn.Linear(1, 1), global_batch=job.global_batch,
+        named_arguments(build_strategy, "strategy_options")(get_strategy(job.strategy), nn.Linear(1, 1), global_batch=job.global_batch,
                        steps_per_epoch=steps, epochs=job.epochs, options=options)
 
 
@@ -281,10 +267,10 @@ def _trainer(job: _Job, storage_path: str | None, name: str | None, max_failures
         "seed": seed, "lr": lr}
     if fail_at_epoch is not None:
         config.update(fail_at_epoch=fail_at_epoch, fail_marker_dir=marker_dir)
-    name = name or (f"tula-train-{job.workload.name}-{job.strategy}-N{job.num_workers}"
+    name = name or (f"tula-train-{job.workload.name}-{job.strategy_name}-N{job.num_workers}"
                     f"-B{job.global_batch}-{datetime.now():%Y%m%d-%H%M%S}")
     logger.info("training %s with %s at N=%d, B=%d for %d epochs (run %s)", job.workload.name,
-                job.strategy, job.num_workers, job.global_batch, job.epochs, name)
+                job.strategy_name, job.num_workers, job.global_batch, job.epochs, name)
     return TorchTrainer(
         train_loop_per_worker,
         train_loop_config=config,

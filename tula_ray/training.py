@@ -14,12 +14,11 @@ here (core module).
 
 from __future__ import annotations
 
-import copy
 import logging
 import math
+from dataclasses import dataclass
 from typing import Any, Callable
 
-import numpy as np
 import pandas as pd
 import torch
 import torch.distributed as dist
@@ -27,7 +26,8 @@ from torch import nn
 from torch.utils.data import DataLoader, DistributedSampler, Subset
 
 from tula_ray.measure import StepTimer
-from tula_ray.training_strategies import StrategySetup, base_optimizer, build_strategy
+from tula_ray.training_strategies import (StrategySetup, TrainingStrategy, base_optimizer,
+                                          build_strategy, get_strategy)
 from tula_ray.workloads import (LR_DEFAULT, MOMENTUM_DEFAULT, WEIGHT_DECAY_DEFAULT, Workload,
                                 resolve_workload)
 
@@ -40,13 +40,15 @@ CHECKPOINT_KEYS = {"strategy", "epoch", "model", "optimizer", "scheduler", "comm
 
 
 def make_loaders(workload: Workload, batch: int, *, seed: int, num_replicas: int = 1,
-                 rank: int = 0) -> tuple[DataLoader, DataLoader]:
+                 rank: int = 0, pin_memory: bool = False) -> tuple[DataLoader, DataLoader]:
     """(train, test) loaders for replica `rank` of `num_replicas`, `batch` samples per step each.
 
     Training: shuffled by a DistributedSampler seeded with `seed` (its `set_epoch`,
     called by `train_epoch`, makes the order a function of (seed, epoch)); the last
     incomplete batch is dropped. Test: this replica's contiguous share of the whole
     test set, unshuffled, so `evaluate`'s all-reduced sums cover every sample once.
+    pin_memory: page-locked batches, for faster copies to a CUDA device (`prepare_run`
+    sets it when training on CUDA).
     """
     train_set, test_set = workload.train_dataset_fn(), workload.test_dataset_fn()
     if len(train_set) < batch * num_replicas:  # type: ignore[arg-type]
@@ -56,77 +58,56 @@ def make_loaders(workload: Workload, batch: int, *, seed: int, num_replicas: int
                                  seed=seed, drop_last=True)
     # The generator keeps the loader from drawing its base seed from the global RNG.
     train = DataLoader(train_set, batch_size=batch, sampler=sampler, drop_last=True,
-                       generator=torch.Generator().manual_seed(seed))
+                       generator=torch.Generator().manual_seed(seed), pin_memory=pin_memory)
     share = Subset(test_set, range(rank, len(test_set), num_replicas))  # type: ignore[arg-type]
-    return train, DataLoader(share, batch_size=EVAL_BATCH, shuffle=False)
+    return train, DataLoader(share, batch_size=EVAL_BATCH, shuffle=False, pin_memory=pin_memory)
 
 
 def train_epoch(model: nn.Module, setup: StrategySetup, loss_fn: Callable, loader: DataLoader,
                 device: torch.device | str, *, epoch: int) -> dict[str, Any]:
-    """One pass over `loader` with the strategy's optimizer and scheduler.
+    """One pass over `loader` with the strategy's hooks (`StrategySetup`).
 
     Returns train_loss (mean over samples), train_accuracy (fraction), steps, lr
-    (the LR of the last step), seconds (wall time); for "ags" also scaled_fraction
-    (share of steps AGS scaled), variability_median (eq. 5, median over the steps),
-    variability (eq. 5 at every step, a list of floats; inf at a run's first step,
-    which has no previous norm) and the last step's scale_mean/min/max.
-    Under torch.distributed the metrics are averaged over the ranks.
+    (the LR of the last step), seconds (wall time), and the strategy's own epoch
+    metrics (`setup.epoch_metrics`; for AGS scaled_fraction, variability_median, the
+    per-step variability list and the last scale statistics). Under
+    torch.distributed the sums are all-reduced and the float metrics averaged over ranks.
     """
     device = torch.device(device)
     sampler = getattr(loader, "sampler", None)
     if hasattr(sampler, "set_epoch"):
         sampler.set_epoch(epoch)  # type: ignore[union-attr]
-    ags, optimizer, scheduler = setup.name == "ags", setup.optimizer, setup.scheduler
-    if ags:
-        from tula_ray.ags import backward_with_refresh  # here: only AGS runs need it
-
-        optimizer.start_epoch()  # type: ignore[attr-defined]
+    setup.start_epoch(epoch)
     model.train()
     loss_sum = torch.zeros((), dtype=torch.float64, device=device)
     correct = torch.zeros((), dtype=torch.int64, device=device)
-    samples = steps = scaled_steps = 0
-    variability: list[float] = []
+    samples = steps = 0
+    telemetry: list[dict[str, Any]] = []
     lr = math.nan
     with StepTimer(device) as timer:
         for inputs, targets in loader:
-            inputs, targets = inputs.to(device), targets.to(device)
-            optimizer.zero_grad(set_to_none=True)
-            if ags:
-                loss, outputs = backward_with_refresh(model, optimizer, loss_fn, inputs, targets)
-            else:
-                outputs = model(inputs)
-                loss = loss_fn(outputs, targets)
-                loss.backward()
-            lr = float(base_optimizer(optimizer).param_groups[0]["lr"])  # the LR this step uses
-            optimizer.step()
-            if scheduler is not None:
-                scheduler.step()
+            inputs = inputs.to(device, non_blocking=True)
+            targets = targets.to(device, non_blocking=True)
+            setup.optimizer.zero_grad(set_to_none=True)
+            loss, outputs = setup.backward(model, loss_fn, inputs, targets)
+            lr = float(base_optimizer(setup.optimizer).param_groups[0]["lr"])  # this step's LR
+            setup.step()
+            telemetry.append(setup.step_telemetry())
             loss_sum += loss.detach().double() * len(targets)
             correct += (outputs.detach().argmax(dim=1) == targets).sum()
             samples, steps = samples + len(targets), steps + 1
-            if ags:
-                telemetry = optimizer.telemetry  # type: ignore[attr-defined]
-                variability.append(float(telemetry["variability"]))
-                scaled_steps += bool(telemetry["scaled"])
     if steps == 0:
         raise ValueError(f"the loader gave no batch in epoch {epoch}: is the dataset smaller "
                          "than one batch (drop_last)?")
     total_loss, total_correct, total_samples = _sum_over_ranks(
         [loss_sum.item(), float(correct.item()), float(samples)], device)
-    means = {"seconds": timer.seconds}
-    if ags:
-        means["scaled_fraction"] = scaled_steps / steps
-        # inf (a run's first, sensitive step) sorts last: it shifts the median by one place.
-        means["variability_median"] = float(np.median(variability))
+    extra = setup.epoch_metrics(telemetry)
+    means = {"seconds": timer.seconds,
+             **{k: v for k, v in extra.items() if isinstance(v, float)}}
     means = dict(zip(means, _mean_over_ranks(list(means.values()), device)))
-    metrics: dict[str, Any] = {"train_loss": total_loss / total_samples,
-                               "train_accuracy": total_correct / total_samples,
-                               "steps": steps, "lr": lr, **means}
-    if ags:
-        telemetry = optimizer.telemetry  # type: ignore[attr-defined]
-        metrics["variability"] = variability
-        metrics.update({k: float(telemetry[k]) for k in ("scale_mean", "scale_min", "scale_max")})
-    return metrics
+    return {"train_loss": total_loss / total_samples,
+            "train_accuracy": total_correct / total_samples, "steps": steps, "lr": lr,
+            **extra, **means}
 
 
 @torch.no_grad()
@@ -157,13 +138,26 @@ def evaluate(model: nn.Module, loader: DataLoader, device: torch.device | str,
 
 
 def checkpoint_state(model: nn.Module, setup: StrategySetup, epoch: int) -> dict[str, Any]:
-    """A snapshot after `epoch` (deep-copied, torch.save-able): the model unwrapped from
-    DDP, the optimizer (AGS state included), the scheduler and PoLo's hook counter."""
+    """A snapshot after `epoch` (torch.save-able, every tensor copied to the CPU): the model
+    unwrapped from DDP, the optimizer (AGS state included), the scheduler and PoLo's hook
+    counter. Copies go to the CPU, not next to the live tensors: a snapshot on the GPU
+    would double the model's and optimizer's memory on the device."""
     state = {"strategy": setup.name, "epoch": epoch, "model": _unwrap(model).state_dict(),
              "optimizer": setup.optimizer.state_dict(),
              "scheduler": None if setup.scheduler is None else setup.scheduler.state_dict(),
              "comm_iter": None if setup.comm_state is None else setup.comm_state.iter}
-    return copy.deepcopy(state)  # state_dicts are views of live tensors that training mutates
+    return cpu_copy(state)  # state_dicts are views of live tensors that training mutates
+
+
+def cpu_copy(value: Any) -> Any:
+    """`value` with every tensor in it copied to the CPU (dicts, lists, tuples walked)."""
+    if isinstance(value, torch.Tensor):
+        return value.detach().to("cpu", copy=True)
+    if isinstance(value, dict):
+        return {key: cpu_copy(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(cpu_copy(item) for item in value)
+    return value
 
 
 def restore_state(state: dict[str, Any], model: nn.Module, setup: StrategySetup) -> int:
@@ -212,9 +206,70 @@ def optimizer_hyperparameters(workload: Workload) -> dict[str, float]:
     return found
 
 
-def fit(workload: str | Workload, *, global_batch: int, strategy: str = "ags",
-        epochs: int | None = None, seed: int = 0, device: torch.device | str = "cpu",
-        options: dict[str, Any] | None = None, lr: float | None = None,
+@dataclass
+class Run:
+    """Everything one training process needs, as `prepare_run` builds it."""
+
+    workload: Workload
+    model: nn.Module
+    setup: StrategySetup
+    train_loader: DataLoader
+    test_loader: DataLoader
+    loss_fn: Callable
+    device: torch.device
+    epochs: int
+
+
+def prepare_run(workload: str | Workload, *, global_batch: int,
+                strategy: str | TrainingStrategy = "ags", epochs: int | None = None,
+                seed: int = 0, device: torch.device | str = "cpu",
+                options: dict[str, Any] | None = None, lr: float | None = None,
+                num_replicas: int = 1, rank: int = 0,
+                wrap_model: Callable[[nn.Module], nn.Module] | None = None,
+                prepare_loader: Callable[[DataLoader], DataLoader] | None = None) -> Run:
+    """The model, strategy and loaders of one process of a run: shared by `fit` (one
+    process) and the Ray Train worker loop (rank `rank` of `num_replicas`).
+
+    wrap_model: puts the fresh model on its device and wraps it (Ray's `prepare_model`:
+    DDP); default: `.to(device)`. prepare_loader: e.g. Ray's `prepare_data_loader`.
+    The seed fixes the initial weights (the same on every rank) and the data order.
+    """
+    workload = resolve_workload(workload)
+    epochs = workload.epochs if epochs is None else epochs
+    if isinstance(global_batch, bool) or not isinstance(global_batch, int) or global_batch < 1:
+        raise ValueError(f"global_batch={global_batch!r}: must be an integer >= 1")
+    if global_batch % num_replicas:
+        raise ValueError(f"global_batch={global_batch} is not divisible by num_workers="
+                         f"{num_replicas}; B must be a multiple of N")
+    # Equal to len(train loader) per rank: floor(floor(D / N) / (B / N)) = floor(D / B).
+    steps_per_epoch = workload.dataset_size // global_batch
+    if steps_per_epoch < 1:
+        raise ValueError(f"global_batch={global_batch} exceeds the training set of "
+                         f"{workload.name} ({workload.dataset_size} samples): no full batch")
+    device = torch.device(device)
+    torch.manual_seed(seed)  # the same initial weights on every rank (DDP also broadcasts them)
+    model = workload.model_fn()
+    model = model.to(device) if wrap_model is None else wrap_model(model)
+    hyper = optimizer_hyperparameters(workload)
+    if lr is not None:
+        hyper["lr"] = lr
+    # Built before the data load so that a bad strategy or option fails at once.
+    setup = build_strategy(get_strategy(strategy), model, global_batch=global_batch,
+                           steps_per_epoch=steps_per_epoch, epochs=epochs, options=options,
+                           **hyper)
+    train_loader, test_loader = make_loaders(
+        workload, global_batch // num_replicas, seed=seed, num_replicas=num_replicas, rank=rank,
+        pin_memory=device.type == "cuda")
+    if prepare_loader is not None:
+        train_loader, test_loader = prepare_loader(train_loader), prepare_loader(test_loader)
+    return Run(workload, model, setup, train_loader, test_loader, workload.loss_fn(), device,
+               epochs)
+
+
+def fit(workload: str | Workload, *, global_batch: int,
+        strategy: str | TrainingStrategy = "ags", epochs: int | None = None, seed: int = 0,
+        device: torch.device | str = "cpu", options: dict[str, Any] | None = None,
+        lr: float | None = None,
         on_epoch: Callable[[dict[str, Any], nn.Module, StrategySetup], None] | None = None,
         ) -> pd.DataFrame:
     """Train `workload` in this process (world size 1, no Ray) and score it every epoch.
@@ -222,7 +277,8 @@ def fit(workload: str | Workload, *, global_batch: int, strategy: str = "ags",
     Args:
         workload: a Workload or a built-in name (`tula_ray.workloads.get_workload`).
         global_batch: samples per optimizer step.
-        strategy, options: see `tula_ray.training_strategies.build_strategy`.
+        strategy, options: a registered strategy name or a TrainingStrategy, and its
+            options (see `tula_ray.training_strategies`).
         epochs: default the workload's.
         seed: seeds the model initialisation and the data order.
         lr: the base LR before any strategy scaling; None = the workload's (paper: 0.01).
@@ -232,39 +288,23 @@ def fit(workload: str | Workload, *, global_batch: int, strategy: str = "ags",
         One row per epoch with `COLUMNS`; scaled_fraction and variability_median are
         NaN except for ags. `.attrs["notes"]` holds the strategy's notes.
     """
-    workload = resolve_workload(workload)
-    epochs = workload.epochs if epochs is None else epochs
-    if isinstance(global_batch, bool) or not isinstance(global_batch, int) or global_batch < 1:
-        raise ValueError(f"global_batch={global_batch!r}: must be an integer >= 1")
-    steps_per_epoch = workload.dataset_size // global_batch
-    if steps_per_epoch < 1:
-        raise ValueError(f"global_batch={global_batch} exceeds the training set of "
-                         f"{workload.name} ({workload.dataset_size} samples): no full batch")
-    device = torch.device(device)
-    torch.manual_seed(seed)
-    model = workload.model_fn().to(device)
-    hyper = optimizer_hyperparameters(workload)
-    if lr is not None:
-        hyper["lr"] = lr
-    # Built before the data load so that a bad strategy or option fails at once.
-    setup = build_strategy(strategy, model, global_batch=global_batch,
-                           steps_per_epoch=steps_per_epoch, epochs=epochs, options=options, **hyper)
-    train_loader, test_loader = make_loaders(workload, global_batch, seed=seed)
-    loss_fn = workload.loss_fn()
+    run = prepare_run(workload, global_batch=global_batch, strategy=strategy, epochs=epochs,
+                      seed=seed, device=device, options=options, lr=lr)
     rows = []
-    for epoch in range(epochs):
-        metrics = train_epoch(model, setup, loss_fn, train_loader, device, epoch=epoch)
-        metrics.update(evaluate(model, test_loader, device, loss_fn))
-        row = {"epoch": epoch, "strategy": strategy, "global_batch": global_batch, "seed": seed,
-               **{key: metrics.get(key, math.nan) for key in COLUMNS[4:]}}
+    for epoch in range(run.epochs):
+        metrics = train_epoch(run.model, run.setup, run.loss_fn, run.train_loader, run.device,
+                              epoch=epoch)
+        metrics.update(evaluate(run.model, run.test_loader, run.device, run.loss_fn))
+        row = {"epoch": epoch, "strategy": run.setup.name, "global_batch": global_batch,
+               "seed": seed, **{key: metrics.get(key, math.nan) for key in COLUMNS[4:]}}
         rows.append(row)
         logger.info("%s %s B=%d epoch %d: train loss %.4f, test accuracy %.4f (%.1f s)",
-                    workload.name, strategy, global_batch, epoch, row["train_loss"],
+                    run.workload.name, run.setup.name, global_batch, epoch, row["train_loss"],
                     row["test_accuracy"], row["seconds"])
         if on_epoch is not None:
-            on_epoch({**metrics, **row}, model, setup)
+            on_epoch({**metrics, **row}, run.model, run.setup)
     frame = pd.DataFrame(rows, columns=list(COLUMNS))
-    frame.attrs["notes"] = list(setup.notes)
+    frame.attrs["notes"] = list(run.setup.notes)
     return frame
 
 

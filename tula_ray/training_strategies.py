@@ -1,9 +1,16 @@
-"""Large-batch training strategies: AGS and the paper's four baselines (§IV-D).
+"""Large-batch training strategies as objects: AGS and the paper's four baselines (§IV-D).
 
-`build_strategy` turns a strategy name into an optimizer and an LR scheduler
-for a model that trains at a global batch B:
+A strategy (the `TrainingStrategy` protocol) carries, in one object:
+  - `options`: the names of the options it accepts (validated by `check`);
+  - `check(num_workers, global_batch, options)`: its rules on N and B, before any
+    worker starts; it returns the options the run will use and notes on what it changed;
+  - `build(model, ...)`: the optimizer and LR scheduler, as a `StrategySetup`, whose
+    methods are the step hooks `train_epoch` calls (start of epoch, backward, step,
+    telemetry); the epoch loop knows no strategy by name.
 
-  "ags"   the workload's SGD wrapped in `TulaOptimizer` (Algorithm 1);
+Registered in one place, `STRATEGIES` (`register_strategy` adds a fifth):
+  "ags"   the workload's SGD wrapped in `TulaOptimizer` (Algorithm 1; tula_ray.ags_strategy);
+  "ags-ns" the same optimizer with the options of AGS-NS, the variant beyond the paper;
   "lbt"   vanilla large-batch training: the same SGD at B, LR unchanged;
   "lrs"   linear LR scaling lr * B / 128 with a linear warm-up (Goyal et al., [7]);
   "lars"  `pytorch_optimizer.LARS` with the same scaled LR and warm-up;
@@ -20,18 +27,18 @@ dropped silently. No Ray here (core module).
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-import torch.distributed as dist
 from torch import nn
 
+from tula_ray.ags_strategy import AdaptiveGradientScaling, NoiseScaleAGS
+from tula_ray.strategy_base import (BaseStrategy, StrategySetup, TrainingStrategy, check_int,
+                                    check_option_names, world_size)
 from tula_ray.workloads import LR_DEFAULT, MOMENTUM_DEFAULT, WEIGHT_DECAY_DEFAULT, sgd
 
 logger = logging.getLogger(__name__)
 
-STRATEGIES = ("ags", "lbt", "lrs", "lars", "polo")
 BASE_BATCH_DEFAULT = 128  # paper §IV-D: LRS and LARS scale the LR linearly from a base batch 128
 WARMUP_EPOCHS_DEFAULT = 5  # paper §IV-D: LRS, LARS and PoLo warm the LR up for 5 epochs
 POLO_SWITCH_EPOCH = 5  # paper §IV-D: PoLo goes local after 5 epochs ...
@@ -42,42 +49,79 @@ POLO_AVERAGES_PER_EPOCH = 4  # ... and averages the models 4 times per epoch
 # LBT's fell). 0.02 is NVIDIA apex LARC's default.
 LARS_TRUST_COEFFICIENT_DEFAULT = 0.02
 
-AGS_OPTIONS = ("delta", "small_batch", "refresh_every", "granularity", "s_max", "s_min", "source")
-OPTIONS: dict[str, tuple[str, ...]] = {  # strategy -> the options it accepts
-    "ags": AGS_OPTIONS,
-    "lbt": (),
-    "lrs": ("base_batch", "warmup_epochs"),
-    "lars": ("base_batch", "warmup_epochs", "trust_coefficient"),
-    # base_batch sets where PoLo's warm-up starts (see `warmup_scheduler`); PoLo does not scale.
-    "polo": ("switch_epoch", "averages_per_epoch", "warmup_epochs", "base_batch"),
-}
+
+# --------------------------------------------------------------------------- the registry
+
+STRATEGIES: dict[str, TrainingStrategy] = {}
 
 
-@dataclass
-class StrategySetup:
-    """What `build_strategy` returns: the optimizer to step and the scheduler to step after it.
+def register_strategy(strategy: TrainingStrategy) -> TrainingStrategy:
+    """Add a strategy under `strategy.name` (e.g. a user's fifth); returns it.
 
-    optimizer: a `TulaOptimizer` for "ags"; a `PostLocalSGDOptimizer` for "polo"
-        under torch.distributed with world size > 1; otherwise the plain optimizer.
-    scheduler: stepped once per optimizer step, or None (ags, lbt).
-    notes: where this run departs from the paper's recipe, and why.
-    comm_state: PoLo's DDP hook state (`PostLocalSGDState`) when one is registered;
-        checkpoints carry its step counter so a resumed run stays local.
+    Ray workers rebuild the registry on import: a strategy registered only in a
+    driver reaches them when `tula_ray.train` is given the object itself."""
+    if not isinstance(strategy, TrainingStrategy):
+        raise TypeError(f"{strategy!r} is not a TrainingStrategy: it needs name, options, "
+                        "check() and build()")
+    if not isinstance(strategy.name, str) or not strategy.name:
+        raise ValueError(f"strategy name {strategy.name!r}: must be a non-empty string")
+    if strategy.name in STRATEGIES:
+        raise ValueError(f"a strategy named {strategy.name!r} is registered already; "
+                         "unregister_strategy it first")
+    STRATEGIES[strategy.name] = strategy
+    return strategy
+
+
+def unregister_strategy(name: str) -> None:
+    """Remove a registered strategy (tests clean up after themselves with this)."""
+    STRATEGIES.pop(name, None)
+
+
+def get_strategy(strategy: str | TrainingStrategy) -> TrainingStrategy:
+    """A registered strategy by name, or the object itself."""
+    if isinstance(strategy, str):
+        if strategy not in STRATEGIES:
+            raise ValueError(f"strategy {strategy!r} is unknown; use one of {tuple(STRATEGIES)}")
+        return STRATEGIES[strategy]
+    if isinstance(strategy, TrainingStrategy):
+        return strategy
+    raise TypeError(f"strategy must be a name or a TrainingStrategy, not "
+                    f"{type(strategy).__name__}")
+
+
+def build_strategy(name: str | TrainingStrategy, model: nn.Module, *, global_batch: int,
+                   steps_per_epoch: int, epochs: int, lr: float = LR_DEFAULT,
+                   momentum: float = MOMENTUM_DEFAULT, weight_decay: float = WEIGHT_DECAY_DEFAULT,
+                   options: dict[str, Any] | None = None) -> StrategySetup:
+    """The optimizer, scheduler and hooks of strategy `name` for `model` at `global_batch`.
+
+    Args:
+        name: a registered name (`STRATEGIES`) or a TrainingStrategy.
+        model: the model to train, already on its device; DDP-wrapped under torch.distributed.
+        global_batch: B, samples per optimizer step summed over all workers.
+        steps_per_epoch: optimizer steps per epoch (dataset size // B with drop_last).
+        epochs: epochs the run will train (the warm-up is clamped to it).
+        lr, momentum, weight_decay: the workload's SGD (paper §IV-B), before any scaling.
+        options: strategy-specific, see each strategy's `options`.
+    Raises:
+        ValueError: unknown strategy or option, or a value out of range.
     """
+    strategy = get_strategy(name)
+    options = check_option_names(strategy, options)
+    for label, value in (("global_batch", global_batch), ("steps_per_epoch", steps_per_epoch),
+                         ("epochs", epochs)):
+        check_int(label, value, minimum=1)
+    if not lr > 0:
+        raise ValueError(f"lr={lr!r}: the learning rate must be > 0")
+    setup = strategy.build(model, global_batch=global_batch, steps_per_epoch=steps_per_epoch,
+                           epochs=epochs, lr=lr, momentum=momentum, weight_decay=weight_decay,
+                           options=options)
+    for note in setup.notes:
+        logger.warning("strategy %s: %s", setup.name, note)
+    return setup
 
-    name: str
-    optimizer: torch.optim.Optimizer
-    scheduler: torch.optim.lr_scheduler.LRScheduler | None
-    notes: list[str] = field(default_factory=list)
-    comm_state: Any = None
 
-
-def world_size() -> int:
-    """The torch.distributed world size, 1 when it is not initialized."""
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_world_size()
-    return 1
-
+# --------------------------------------------------------------------------- helpers
 
 def linear_scaled_lr(lr: float, global_batch: int, base_batch: int = BASE_BATCH_DEFAULT) -> float:
     """Linear scaling rule (Goyal et al.; paper §IV-D): lr * global_batch / base_batch."""
@@ -102,78 +146,6 @@ def warmup_scheduler(optimizer: torch.optim.Optimizer, *, warmup_steps: int, glo
                                              total_iters=warmup_steps)
 
 
-def build_strategy(name: str, model: nn.Module, *, global_batch: int, steps_per_epoch: int,
-                   epochs: int, lr: float = LR_DEFAULT, momentum: float = MOMENTUM_DEFAULT,
-                   weight_decay: float = WEIGHT_DECAY_DEFAULT,
-                   options: dict[str, Any] | None = None) -> StrategySetup:
-    """The optimizer and LR scheduler of strategy `name` for `model` trained at `global_batch`.
-
-    Args:
-        name: one of `STRATEGIES`.
-        model: the model to train, already on its device; may be DDP-wrapped ("polo"
-            under torch.distributed needs DDP: it registers the post-local-SGD hook).
-        global_batch: B, samples per optimizer step summed over all workers.
-        steps_per_epoch: optimizer steps per epoch (dataset size // B with drop_last).
-        epochs: epochs the run will train (the warm-up is clamped to it).
-        lr, momentum, weight_decay: the workload's SGD (paper §IV-B), before any scaling.
-        options: strategy-specific overrides, see `OPTIONS` (ags: `TulaOptimizer`'s
-            arguments; lrs/lars: base_batch, warmup_epochs; lars: trust_coefficient;
-            polo: switch_epoch, averages_per_epoch, warmup_epochs, base_batch).
-    Raises:
-        ValueError: unknown strategy or option, or a value out of range.
-    """
-    if name not in STRATEGIES:
-        raise ValueError(f"strategy {name!r} is unknown; use one of {STRATEGIES}")
-    options = _check_options(name, options)
-    for label, value in (("global_batch", global_batch), ("steps_per_epoch", steps_per_epoch),
-                         ("epochs", epochs)):
-        _check_int(label, value, minimum=1)
-    if not lr > 0:
-        raise ValueError(f"lr={lr!r}: the learning rate must be > 0")
-    notes: list[str] = []
-    params = list(model.parameters())
-    if name == "ags":
-        optimizer: torch.optim.Optimizer = _ags(sgd(params, lr, momentum, weight_decay),
-                                                global_batch, options)
-        return _setup(name, optimizer, None, notes)
-    if name == "lbt":
-        return _setup(name, sgd(params, lr, momentum, weight_decay), None, notes)
-
-    base_batch = options.get("base_batch", BASE_BATCH_DEFAULT)
-    _check_int("base_batch", base_batch, minimum=1)
-    warmup_epochs = options.get("warmup_epochs", WARMUP_EPOCHS_DEFAULT)
-    _check_int("warmup_epochs", warmup_epochs, minimum=0)
-    if warmup_epochs > epochs:
-        notes.append(f"warm-up clamped from {warmup_epochs} to {epochs} epochs: the run has "
-                     f"only {epochs} (paper §IV-D warms up for {WARMUP_EPOCHS_DEFAULT})")
-        warmup_epochs = epochs
-    warmup_steps = warmup_epochs * steps_per_epoch
-
-    if name in ("lrs", "lars"):
-        scaled = linear_scaled_lr(lr, global_batch, base_batch)
-        if name == "lrs":
-            optimizer = sgd(params, scaled, momentum, weight_decay)
-        else:
-            from pytorch_optimizer import LARS  # here: only this baseline pays for its import
-
-            trust = options.get("trust_coefficient", LARS_TRUST_COEFFICIENT_DEFAULT)
-            if not trust > 0:
-                raise ValueError(f"trust_coefficient={trust!r}: must be > 0 "
-                                 f"(default {LARS_TRUST_COEFFICIENT_DEFAULT})")
-            optimizer = LARS(params, lr=scaled, momentum=momentum, weight_decay=weight_decay,
-                             trust_coefficient=trust)
-        scheduler = warmup_scheduler(optimizer, warmup_steps=warmup_steps,
-                                     global_batch=global_batch, base_batch=base_batch)
-        return _setup(name, optimizer, scheduler, notes)
-
-    # polo: the warm-up schedules the inner SGD, whose step the PoLo wrapper calls.
-    local = sgd(params, lr, momentum, weight_decay)
-    scheduler = warmup_scheduler(local, warmup_steps=warmup_steps, global_batch=global_batch,
-                                 base_batch=base_batch)
-    optimizer, comm_state = _polo(model, local, steps_per_epoch, epochs, options, notes)
-    return _setup(name, optimizer, scheduler, notes, comm_state)
-
-
 def base_optimizer(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
     """The optimizer inside a TulaOptimizer or PostLocalSGDOptimizer (else itself)."""
     for attr in ("base", "optim"):  # TulaOptimizer.base, PostLocalSGDOptimizer.optim
@@ -183,59 +155,92 @@ def base_optimizer(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
     return optimizer
 
 
-# --------------------------------------------------------------------------- helpers
-
-def _setup(name: str, optimizer: torch.optim.Optimizer, scheduler: Any, notes: list[str],
-           comm_state: Any = None) -> StrategySetup:
-    for note in notes:
-        logger.warning("strategy %s: %s", name, note)
-    return StrategySetup(name, optimizer, scheduler, notes, comm_state)
-
-
-def _check_int(label: str, value: Any, *, minimum: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"{label}={value!r}: must be an integer >= {minimum}")
-
-
-def _check_options(name: str, options: dict[str, Any] | None) -> dict[str, Any]:
-    if options is None:
-        return {}
-    if not isinstance(options, dict):
-        raise ValueError(f"options must be a dict of {name} options, not {type(options).__name__}")
-    allowed = OPTIONS[name]
-    unknown = sorted(set(options) - set(allowed))
-    if unknown:
-        raise ValueError(f"option {unknown[0]!r} is unknown for strategy {name!r}; "
-                         f"allowed: {list(allowed) or 'none'}")
-    return dict(options)
+def _warmup(options: dict[str, Any], epochs: int, steps_per_epoch: int,
+            notes: list[str]) -> tuple[int, int]:
+    """(base_batch, warm-up steps) of the LRS/LARS/PoLo recipe, clamped to the run."""
+    base_batch = options.get("base_batch", BASE_BATCH_DEFAULT)
+    check_int("base_batch", base_batch, minimum=1)
+    warmup_epochs = options.get("warmup_epochs", WARMUP_EPOCHS_DEFAULT)
+    check_int("warmup_epochs", warmup_epochs, minimum=0)
+    if warmup_epochs > epochs:
+        notes.append(f"warm-up clamped from {warmup_epochs} to {epochs} epochs: the run has "
+                     f"only {epochs} (paper §IV-D warms up for {WARMUP_EPOCHS_DEFAULT})")
+        warmup_epochs = epochs
+    return base_batch, warmup_epochs * steps_per_epoch
 
 
-def _ags(optimizer: torch.optim.Optimizer, global_batch: int,
-         options: dict[str, Any]) -> torch.optim.Optimizer:
-    """The SGD wrapped in TulaOptimizer; source "local" defaults small_batch to B / world size."""
-    from tula_ray.ags import TulaOptimizer  # lazy: keeps this module importable on its own
+# --------------------------------------------------------------------------- the baselines
 
-    options = dict(options)
-    if options.get("source") == "local":
-        world = world_size()
-        if world < 2:
-            raise ValueError("ags option source='local' takes g_small from each DDP worker's own "
-                             "gradient: it needs torch.distributed with >= 2 workers (world size "
-                             "is 1); use source='sub-batch'")
-        if global_batch % world:
-            raise ValueError(f"global_batch={global_batch} is not divisible by the world size "
-                             f"{world}: source='local' needs equal local batches")
-        options.setdefault("small_batch", global_batch // world)
-    return TulaOptimizer(optimizer, large_batch=global_batch, **options)
+class LargeBatchTraining(BaseStrategy):
+    """"lbt": the workload's SGD at the large batch, LR unchanged."""
+
+    name, options = "lbt", ()
+
+    def build(self, model, *, global_batch, steps_per_epoch, epochs, lr, momentum, weight_decay,
+              options) -> StrategySetup:
+        return StrategySetup(self.name, sgd(model.parameters(), lr, momentum, weight_decay))
+
+
+class LinearScaling(BaseStrategy):
+    """"lrs" (SGD) and "lars" (pytorch_optimizer.LARS): LR x B / base_batch, linear warm-up."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.options = ("base_batch", "warmup_epochs") + (
+            ("trust_coefficient",) if name == "lars" else ())
+
+    def build(self, model, *, global_batch, steps_per_epoch, epochs, lr, momentum, weight_decay,
+              options) -> StrategySetup:
+        notes: list[str] = []
+        base_batch, warmup_steps = _warmup(options, epochs, steps_per_epoch, notes)
+        scaled = linear_scaled_lr(lr, global_batch, base_batch)
+        if self.name == "lrs":
+            optimizer = sgd(model.parameters(), scaled, momentum, weight_decay)
+        else:
+            from pytorch_optimizer import LARS  # here: only this baseline pays for its import
+
+            trust = options.get("trust_coefficient", LARS_TRUST_COEFFICIENT_DEFAULT)
+            if not trust > 0:
+                raise ValueError(f"trust_coefficient={trust!r}: must be > 0 "
+                                 f"(default {LARS_TRUST_COEFFICIENT_DEFAULT})")
+            optimizer = LARS(model.parameters(), lr=scaled, momentum=momentum,
+                             weight_decay=weight_decay, trust_coefficient=trust)
+        scheduler = warmup_scheduler(optimizer, warmup_steps=warmup_steps,
+                                     global_batch=global_batch, base_batch=base_batch)
+        return StrategySetup(self.name, optimizer, scheduler, notes)
+
+
+class PostLocalSGD(BaseStrategy):
+    """"polo": synchronous, then local SGD with periodic model averaging (needs DDP, N >= 2)."""
+
+    # base_batch sets where PoLo's warm-up starts (see `warmup_scheduler`); PoLo does not scale.
+    name, options = "polo", ("switch_epoch", "averages_per_epoch", "warmup_epochs", "base_batch")
+
+    def check(self, num_workers, global_batch, options):
+        options = check_option_names(self, options)
+        notes = [] if num_workers >= 2 else [
+            "polo at N=1 is plain SGD with the warm-up: there are no replicas to go local on"]
+        return options, notes
+
+    def build(self, model, *, global_batch, steps_per_epoch, epochs, lr, momentum, weight_decay,
+              options) -> StrategySetup:
+        notes: list[str] = []
+        base_batch, warmup_steps = _warmup(options, epochs, steps_per_epoch, notes)
+        # The warm-up schedules the inner SGD, whose step the PoLo wrapper calls.
+        local = sgd(model.parameters(), lr, momentum, weight_decay)
+        scheduler = warmup_scheduler(local, warmup_steps=warmup_steps, global_batch=global_batch,
+                                     base_batch=base_batch)
+        optimizer, comm_state = _polo(model, local, steps_per_epoch, epochs, options, notes)
+        return StrategySetup(self.name, optimizer, scheduler, notes, comm_state)
 
 
 def _polo(model: nn.Module, local: torch.optim.Optimizer, steps_per_epoch: int, epochs: int,
           options: dict[str, Any], notes: list[str]) -> tuple[torch.optim.Optimizer, Any]:
     """PostLocalSGDOptimizer + PeriodicModelAverager + DDP's post-local-SGD hook (world > 1)."""
     switch_epoch = options.get("switch_epoch", POLO_SWITCH_EPOCH)
-    _check_int("switch_epoch", switch_epoch, minimum=0)
+    check_int("switch_epoch", switch_epoch, minimum=0)
     averages = options.get("averages_per_epoch", POLO_AVERAGES_PER_EPOCH)
-    _check_int("averages_per_epoch", averages, minimum=1)
+    check_int("averages_per_epoch", averages, minimum=1)
     if world_size() < 2:
         notes.append("polo at world size 1 is plain SGD with the warm-up: there are no "
                      "replicas to go local on or to average")
@@ -267,3 +272,12 @@ def _polo(model: nn.Module, local: torch.optim.Optimizer, steps_per_epoch: int, 
     model.register_comm_hook(state, post_localSGD_hook)
     averager = PeriodicModelAverager(period=period, warmup_steps=switch_step)
     return PostLocalSGDOptimizer(local, averager), state
+
+
+for _strategy in (AdaptiveGradientScaling(), NoiseScaleAGS(), LargeBatchTraining(),
+                  LinearScaling("lrs"), LinearScaling("lars"), PostLocalSGD()):
+    register_strategy(_strategy)
+
+__all__ = ["BASE_BATCH_DEFAULT", "STRATEGIES", "BaseStrategy", "StrategySetup",
+           "TrainingStrategy", "base_optimizer", "build_strategy", "get_strategy",
+           "linear_scaled_lr", "register_strategy", "unregister_strategy", "warmup_scheduler"]

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import functools
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Iterable
 
 import torch
@@ -47,22 +47,31 @@ def sgd(params: Iterable[nn.Parameter], lr: float = LR_DEFAULT, momentum: float 
 class Workload:
     """One training job: build the model, the data, the loss and the optimizer.
 
-    model_fn: a fresh, randomly initialised model. train/test_dataset_fn: map-style
-    datasets of (input, label). optimizer_fn: params -> optimizer. sample_shape:
-    (C, H, W) of one input, so input bytes per sample are known without data.
+    model_fn: a fresh, randomly initialised model. train_dataset_fn: a map-style
+    dataset of (input, label); test_dataset_fn: the same for evaluation, needed by
+    `tula_ray.train` only (a search never evaluates). optimizer_fn: params -> optimizer.
+    sample_shape: (C, H, W) of one input, so that input bytes per sample are known
+    without data; num_classes: the width of the model's output. Both are taken
+    from the data and the model when left None (`with_shapes`).
     train_size: len(train dataset) when known without loading it (else measured once).
     """
 
     name: str
     model_fn: Callable[[], nn.Module]
     train_dataset_fn: Callable[[], Dataset]
-    test_dataset_fn: Callable[[], Dataset]
+    test_dataset_fn: Callable[[], Dataset] | None = None
     loss_fn: Callable[[], nn.Module] = nn.CrossEntropyLoss
     optimizer_fn: Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer] = sgd
     epochs: int = EPOCHS_DEFAULT
-    sample_shape: tuple[int, ...] = SAMPLE_SHAPE
-    num_classes: int = NUM_CLASSES
+    sample_shape: tuple[int, ...] | None = None
+    num_classes: int | None = None
     train_size: int | None = None
+    _checked: bool = field(default=False, init=False, repr=False, compare=False)
+
+    def __repr__(self) -> str:
+        # The default dataclass repr spells out every function: one line of a log or
+        # of Tune's output must stay one line.
+        return f"Workload({self.name!r})"
 
     @property
     def dataset_size(self) -> int:
@@ -74,7 +83,62 @@ class Workload:
     @property
     def input_bytes_per_sample(self) -> int:
         """Bytes of one float32 input: M_batch / b of eq. 3 (labels are negligible)."""
-        return math.prod(self.sample_shape) * torch.float32.itemsize
+        shape = self.sample_shape if self.sample_shape is not None else \
+            self.with_shapes().sample_shape
+        return math.prod(shape) * torch.float32.itemsize
+
+    def with_shapes(self) -> "Workload":
+        """This workload with sample_shape and num_classes known, checked on the model.
+
+        A missing sample_shape is the shape of the first training input (the dataset is
+        loaded once); a missing num_classes is the width of the model's output. Either
+        way, one forward pass on a batch of that shape must give (batch, >= num_classes)
+        outputs, so a wrong shape fails here, naming the field, not later in a worker.
+        """
+        shape, classes = self.sample_shape, self.num_classes
+        if self._checked:
+            return self
+        if shape is None:
+            dataset = self.train_dataset_fn()
+            if len(dataset) == 0:  # type: ignore[arg-type]
+                raise ValueError(f"workload {self.name!r}: train_dataset_fn() returned an "
+                                 "empty dataset")
+            first = dataset[0]
+            inputs = first[0] if isinstance(first, (tuple, list)) else first
+            if not isinstance(inputs, torch.Tensor):
+                raise ValueError(f"workload {self.name!r}: a training sample's input is a "
+                                 f"{type(inputs).__name__}, not a tensor; give sample_shape= "
+                                 "(the shape of one input) or a dataset of tensors")
+            shape = tuple(int(d) for d in inputs.shape)
+            if self.train_size is None:
+                self.train_size = len(dataset)  # type: ignore[arg-type]
+        width = self._output_width(shape)
+        if classes is None:
+            classes = width
+        elif not 1 <= classes <= width:
+            raise ValueError(f"workload {self.name!r}: num_classes={classes!r}, but the model "
+                             f"outputs {width} scores per sample; give num_classes <= {width} "
+                             "(or None: taken from the model)")
+        resolved = replace(self, sample_shape=shape, num_classes=int(classes))
+        resolved._checked = True
+        return resolved
+
+    def _output_width(self, shape: tuple[int, ...]) -> int:
+        model = self.model_fn()
+        model.eval()
+        try:
+            with torch.no_grad():
+                outputs = model(torch.zeros((2, *shape)))
+        except Exception as exc:  # noqa: BLE001 - any failure here is a wrong shape
+            raise ValueError(
+                f"workload {self.name!r}: the model fails on inputs of sample_shape={shape} "
+                f"({type(exc).__name__}: {exc}); set sample_shape to the shape of one input, "
+                "or leave it None to take it from the data") from exc
+        if outputs.ndim != 2:
+            raise ValueError(f"workload {self.name!r}: the model's output has shape "
+                             f"{tuple(outputs.shape)} for a batch of 2; a classifier's output "
+                             "is (batch, num_classes)")
+        return int(outputs.shape[1])
 
 
 # --------------------------------------------------------------------------- models
@@ -163,7 +227,8 @@ def _build(name: str, model_fn: Callable[[], nn.Module], default_optimizer_fn: C
                          "train_subset, subset_seed, fake_size, loss_fn, optimizer_fn, epochs")
     fields.setdefault("optimizer_fn", default_optimizer_fn)
     return Workload(name=name, model_fn=model_fn, train_dataset_fn=train_fn,
-                    test_dataset_fn=test_fn, train_size=size, **fields)
+                    test_dataset_fn=test_fn, train_size=size, sample_shape=SAMPLE_SHAPE,
+                    num_classes=NUM_CLASSES, **fields)
 
 
 # Paper §IV-B: where a model's optimizer differs from the default `sgd`.

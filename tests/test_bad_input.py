@@ -1,0 +1,207 @@
+"""Bad input never reaches Ray (issue 13, item 4).
+
+Hypothesis drives `tula_ray.search()`, `tula_ray.train()` and the YAML config of
+`tula-ray search` with wrong types, out-of-range and unknown values. Each must end in a
+ValueError or TypeError that names the argument, raised before Ray starts: `ray.init`
+is replaced by a function that fails the test, so no session is ever started here.
+"""
+
+import contextlib
+import math
+from unittest import mock
+
+import pytest
+import ray
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import tula_ray
+from tula_ray.cli import main
+from tula_ray.plan import build_plan
+from tula_ray.space import SearchSpace
+from tula_ray.synthetic import example_params, synthetic_profiles
+
+SETTINGS = settings(max_examples=100, deadline=None,
+                    suppress_health_check=[HealthCheck.function_scoped_fixture])
+
+# Values of the wrong type for almost any argument.
+WRONG_TYPES = st.sampled_from([None, "x", [1, 2], {"a": 1}, object(), 1.5j])
+NON_POSITIVE_INTS = st.integers(max_value=0)
+NOT_INTS = st.sampled_from([1.5, "32", True, None, float("nan")])
+NOT_FRACTIONS = st.one_of(st.floats(max_value=-1e-9), st.floats(min_value=1.0 + 1e-9),
+                          st.just(float("nan")), st.just("0.5"))
+
+
+@contextlib.contextmanager
+def ray_must_not_start():
+    def refuse(*args, **kwargs):
+        raise AssertionError("Ray was started for an argument that should have been refused")
+
+    with mock.patch.object(ray, "init", side_effect=refuse), \
+            mock.patch.object(ray, "is_initialized", return_value=False):
+        yield
+
+
+def assert_refused(call, argument: str) -> None:
+    with ray_must_not_start(), pytest.raises((ValueError, TypeError)) as raised:
+        call()
+    assert argument in str(raised.value), f"the error does not name {argument!r}: {raised.value}"
+
+
+RESOURCES = st.sampled_from([{}, {"CPU": 0}, {"CPU": -1}, {"CPU": "4"}, {"CPU": True},
+                             {"GPU": 1.5}, {1: 2}, {"CPU": float("nan")}, "CPU", 4, ["CPU"]])
+TIMEOUTS = st.sampled_from([-1, -0.5, "600", float("nan"), True, [1]])
+
+
+# --- search() -----------------------------------------------------------------------
+
+GOOD_SEARCH = dict(workload="fashion-mnist-cnn", workload_options={"data": "fake"},
+                   cluster_sizes=(1, 2), min_batch=32, max_batch=256)
+BAD_SEARCH = {
+    "cluster_sizes": st.one_of(st.sampled_from([(), (0,), (-1, 2), ("2",), (1.5,), (True,)]),
+                               WRONG_TYPES.filter(lambda v: v != [1, 2])),
+    "min_batch": st.one_of(NON_POSITIVE_INTS, NOT_INTS, WRONG_TYPES),
+    "max_batch": st.one_of(st.integers(min_value=-5, max_value=31), st.just("64"), st.just(1.5)),
+    "objective": st.one_of(st.text().filter(lambda t: t not in ("time", "cost", "knee",
+                                                                 "weighted")), WRONG_TYPES),
+    "pricing": st.one_of(st.sampled_from(["hourly", "fixed:cheap", "memory:-", 5, 2.48]),
+                         st.just({"kind": "spot"})),
+    "weight_time": st.one_of(NOT_FRACTIONS, WRONG_TYPES),
+    "device_memory_gb": st.one_of(st.floats(max_value=0), st.just(float("nan")), st.just("8")),
+    "headroom": st.one_of(NOT_FRACTIONS, WRONG_TYPES),
+    "collective": st.one_of(st.text().filter(lambda t: t not in ("ring", "ps")), WRONG_TYPES),
+    "warmup_steps": st.one_of(st.integers(max_value=-1), NOT_INTS),
+    "measure_steps": st.one_of(NON_POSITIVE_INTS, NOT_INTS),
+    "storage_path": st.sampled_from([5, 1.5, ["runs"], {"path": "runs"}]),
+    "name": st.sampled_from([5, 1.5, ["trial"], ""]),
+    "workload": st.one_of(st.sampled_from([5, None, ["cnn"], "no-such-workload"])),
+    "workload_options": st.sampled_from(["fake", 5, ["data"], {"no_such_option": 1},
+                                        {"data": "imagenet"}, {"train_subset": -3}]),
+    "strategy": st.one_of(st.text().filter(lambda t: t not in ("full", "partial", "adaptive")),
+                          WRONG_TYPES),
+    "strategy_options": st.sampled_from(["fast", 5, ["rounds"], {"no_such_option": 1}]),
+    "measure_seconds": st.one_of(st.floats(max_value=-1e-9), st.just(float("nan")),
+                                 st.just("2"), WRONG_TYPES),
+    "address": st.sampled_from([5, 1.5, ["auto"], "", "   "]),
+    "resources_per_worker": RESOURCES,
+    "provision_timeout_s": TIMEOUTS,
+}
+
+
+@SETTINGS
+@given(data=st.data())
+def test_search_refuses_a_bad_argument_before_ray_starts(data):
+    argument = data.draw(st.sampled_from(sorted(BAD_SEARCH)), label="argument")
+    value = data.draw(BAD_SEARCH[argument], label="value")
+    assert_refused(lambda: tula_ray.search(**{**GOOD_SEARCH, argument: value}), argument)
+
+
+@SETTINGS
+@given(name=st.from_regex(r"[a-z][a-z_]{2,12}", fullmatch=True))
+def test_search_refuses_an_unknown_argument(name):
+    if name in BAD_SEARCH or name in GOOD_SEARCH:
+        return
+    assert_refused(lambda: tula_ray.search(**{**GOOD_SEARCH, name: 1}), name)
+
+
+# --- train() ------------------------------------------------------------------------
+
+SPACE = SearchSpace.build((1, 2), min_batch=32, max_batch=256)
+
+
+@pytest.fixture(scope="module")
+def plan():
+    return build_plan(SPACE, synthetic_profiles(SPACE.candidates(), example_params()),
+                      epochs=2, dataset_size=1000, mode="full", objective="time",
+                      workload="fashion-mnist-cnn",
+                      meta={"workload_options": {"data": "fake", "fake_size": 1000}})
+
+
+BAD_TRAIN = {
+    "strategy": st.one_of(st.text().filter(lambda t: t not in ("ags", "lbt", "lrs", "lars",
+                                                                "polo")), WRONG_TYPES),
+    "epochs": st.one_of(NON_POSITIVE_INTS, NOT_INTS.filter(lambda v: v is not None)),
+    "seed": st.sampled_from([1.5, "0", None, True]),
+    "lr": st.one_of(st.floats(max_value=0), st.just(float("nan")), st.just("0.1")),
+    "max_failures": st.one_of(st.integers(max_value=-2), NOT_INTS),
+    "strategy_options": st.sampled_from([{"no_such_option": 1}, "delta=0.5", 5,
+                                         {"delta": -1.0}, {"delta": "calm"}]),
+    "workload": st.sampled_from([5, ["cnn"], "no-such-workload"]),
+    "workload_options": st.sampled_from(["fake", 5, {"no_such_option": 1}]),
+    "storage_path": st.sampled_from([5, 1.5, ["runs"]]),
+    "name": st.sampled_from([5, 1.5, ["run"], ""]),
+    "use_gpu": st.sampled_from(["yes", 1.5, [True]]),
+    "address": st.sampled_from([5, 1.5, ["auto"], ""]),
+    "resources_per_worker": RESOURCES,
+    "provision_timeout_s": TIMEOUTS,
+}
+
+
+@SETTINGS
+@given(data=st.data())
+def test_train_refuses_a_bad_argument_before_ray_starts(plan, data):
+    argument = data.draw(st.sampled_from(sorted(BAD_TRAIN)), label="argument")
+    value = data.draw(BAD_TRAIN[argument], label="value")
+    assert_refused(lambda: tula_ray.train(plan, **{argument: value}), argument)
+
+
+# --- the YAML config of `tula-ray search` ----------------------------------------------
+
+YAML_VALUES = st.one_of(st.none(), st.booleans(), st.integers(-10, 10), st.text(max_size=8),
+                        st.lists(st.integers(-2, 4), max_size=3),
+                        st.dictionaries(st.text(max_size=4), st.integers(), max_size=2))
+
+
+@SETTINGS
+@given(data=st.data())
+def test_search_config_file_refuses_bad_values_with_the_key_named(tmp_path_factory, data):
+    import yaml
+
+    argument = data.draw(st.sampled_from(sorted(BAD_SEARCH)), label="argument")
+    value = data.draw(YAML_VALUES.filter(lambda v: not _valid(argument, v)), label="value")
+    config = tmp_path_factory.mktemp("config") / "search.yaml"
+    config.write_text(yaml.safe_dump({**GOOD_SEARCH, "cluster_sizes": [1, 2], argument: value}))
+    with ray_must_not_start(), mock.patch("sys.stderr") as stderr:
+        assert main(["search", str(config)]) == 2
+    printed = "".join(str(call.args[0]) for call in stderr.write.call_args_list)
+    assert argument in printed, printed
+
+
+def _valid(argument: str, value) -> bool:
+    """Whether a YAML value is an allowed one (those are not this test's business)."""
+    checks = {
+        "cluster_sizes": lambda v: isinstance(v, list) and v and all(
+            isinstance(n, int) and not isinstance(n, bool) and 0 < n <= 2 for n in v),
+        "min_batch": lambda v: _positive_int(v) and v <= 256,
+        "max_batch": lambda v: v is None or (_positive_int(v) and v >= 32),
+        "objective": lambda v: v in ("time", "cost", "knee", "weighted"),
+        "pricing": lambda v: v in ("fixed", "memory"),
+        "weight_time": lambda v: _number(v) and 0 <= v <= 1,
+        "device_memory_gb": lambda v: v is None or (_number(v) and v > 0),
+        "headroom": lambda v: _number(v) and 0 <= v < 1,
+        "collective": lambda v: v in ("ring", "ps"),
+        "warmup_steps": lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0,
+        "measure_steps": _positive_int,
+        "storage_path": lambda v: v is None or (isinstance(v, str) and v != ""),
+        "name": lambda v: v is None or (isinstance(v, str) and v != ""),
+        "workload": lambda v: v in ("fashion-mnist-cnn",),
+        "workload_options": lambda v: v is None or v == {} or v == {"data": "fake"},
+        "strategy": lambda v: v in ("full", "partial", "adaptive"),
+        "strategy_options": lambda v: v is None or v == {},
+        "measure_seconds": lambda v: _number(v) and v >= 0,
+        # A non-empty string is an address to join: only its connection can tell.
+        "address": lambda v: v is None or (isinstance(v, str) and v.strip() != ""),
+        "resources_per_worker": lambda v: v is None or (isinstance(v, dict) and bool(v) and all(
+            isinstance(k, str) and k and _number(x) and x >= 1e-4
+            and not (k == "GPU" and x > 1 and x != int(x)) for k, x in v.items())),
+        "provision_timeout_s": lambda v: _number(v) and v >= 0,
+    }
+    return bool(checks[argument](value))
+
+
+def _positive_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v > 0
+
+
+def _number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and not math.isnan(v)

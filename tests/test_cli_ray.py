@@ -1,0 +1,89 @@
+"""Every `tula-ray` verb that starts Ray, run to success as a user types it (a subprocess of
+the installed command), and checked by what it wrote: plan rows, the choice, figures and
+the training metrics. Tiny grids and data keep each run to a minute or so."""
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from tula_ray.plan import Plan
+
+pytestmark = pytest.mark.ray
+
+TIMEOUT_S = 900  # a hang fails the test instead of the whole CI run
+
+
+def tula_ray_command(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    """`tula-ray ARGS` from the environment pytest runs in (the installed console script)."""
+    script = Path(sys.executable).with_name("tula-ray")
+    command = [str(script)] if script.exists() else [sys.executable, "-m", "tula_ray.cli"]
+    done = subprocess.run([*command, *args], cwd=cwd, capture_output=True, text=True,
+                          timeout=TIMEOUT_S)
+    assert done.returncode == 0, f"tula-ray {' '.join(args)} failed:\n{done.stderr[-4000:]}"
+    return done
+
+
+def check_plan(out: Path, printed: str, measured: set[tuple[int, int]]) -> Plan:
+    plan = Plan.from_json(out / "plan.json")
+    table = plan.table
+    assert set(zip(table["num_workers"], table["global_batch"])) >= measured
+    rows = table[table["source"] == "measured"]
+    assert set(zip(rows["num_workers"], rows["global_batch"])) == measured
+    assert (rows["status"] == "ok").all() and (rows["measured_step_time_s"] > 0).all()
+    choice = plan.choice
+    assert (choice.num_workers, choice.global_batch) in measured  # every candidate was run
+    assert f"N={choice.num_workers}, B={choice.global_batch}" in printed
+    for figure in ("time_vs_batch.png", "cost_vs_batch.png"):
+        assert (out / figure).read_bytes()[:4] == b"\x89PNG"
+    return plan
+
+
+def check_metrics(path: Path, epochs: int) -> pd.DataFrame:
+    metrics = pd.read_csv(path)
+    assert list(metrics["epoch"]) == list(range(epochs))
+    assert metrics["test_accuracy"].between(0, 1).all() and metrics["train_loss"].gt(0).all()
+    return metrics
+
+
+def test_search_from_a_config_file_then_train_its_plan(tmp_path):
+    config = tmp_path / "search.yaml"
+    config.write_text(f"""\
+workload: fashion-mnist-cnn
+workload_options: {{train_subset: 512}}
+cluster_sizes: [1, 2]
+min_batch: 32
+max_batch: 64
+objective: time
+warmup_steps: 1
+measure_steps: 2
+storage_path: {tmp_path / "ray_results"}
+""")
+    searched = tula_ray_command("search", str(config), "--out", str(tmp_path / "plan"),
+                                cwd=tmp_path)
+    plan = check_plan(tmp_path / "plan", searched.stdout, measured={
+        (n, b) for n in (1, 2) for b in (32, 64)})  # a 2 x 2 grid: every strategy runs it all
+    assert plan.meta["workload_options"] == {"train_subset": 512}
+
+    trained = tula_ray_command(
+        "train", str(tmp_path / "plan" / "plan.json"), "--strategy", "lbt", "--epochs", "1",
+        "--storage-path", str(tmp_path / "ray_results"), "--out", str(tmp_path / "train"),
+        cwd=tmp_path)
+    check_metrics(tmp_path / "train" / "train_metrics.csv", epochs=1)
+    assert (f"trained N={plan.choice.num_workers}, B={plan.choice.global_batch} with lbt"
+            in trained.stdout)
+
+
+def test_demo_searches_and_trains_with_one_ray(tmp_path):
+    demo = tula_ray_command(
+        "demo", "--cluster-sizes", "1", "--min-batch", "64", "--max-batch", "64",
+        "--train", "--strategy", "lbt", "--epochs", "1",
+        "--storage-path", str(tmp_path / "ray_results"), "--out", str(tmp_path / "demo"),
+        cwd=tmp_path)
+    check_plan(tmp_path / "demo", demo.stdout, measured={(1, 64)})
+    check_metrics(tmp_path / "demo" / "train_metrics.csv", epochs=1)
+    assert "memory probe" in demo.stdout and "trained N=1, B=64 with lbt" in demo.stdout
+    shutil.rmtree(tmp_path / "ray_results", ignore_errors=True)

@@ -1,0 +1,146 @@
+"""The AGS training strategies: `TulaOptimizer` over the workload's SGD, its options,
+its N/B rules and its step hooks (the refresh's extra backward, the DDP comm hook).
+
+  "ags"     the paper's Algorithm 1, literally (per-tensor scales from a 32-sample
+            sub-batch, refreshed once per epoch, gated by delta = 0.5);
+  "ags-ns"  noise-scale AGS, the variant beyond the paper (README "AGS-NS"): the same
+            optimizer with other options: per-step moving averages of the squared
+            gradient norms, from each DDP worker's local gradient (the "local" source,
+            no extra backward; a 32-sample sub-batch on one worker), carried to the
+            reference batch 32 by the gradient-noise-scale relation (`gain_ratio`),
+            s = r^(1/2) capped at sqrt(B/32), no variability gate.
+
+No Ray here (core module); registered in `tula_ray.training_strategies.STRATEGIES`.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from typing import Any, Callable
+
+import numpy as np
+import torch
+from torch import nn
+
+from tula_ray.ags import (SMALL_BATCH_DEFAULT, TulaOptimizer, backward_with_refresh,
+                          register_local_gradient_hook)
+from tula_ray.strategy_base import BaseStrategy, StrategySetup, check_option_names, world_size
+from tula_ray.workloads import sgd
+
+logger = logging.getLogger(__name__)
+
+AGS_OPTIONS = ("delta", "small_batch", "refresh_every", "granularity", "s_max", "s_min", "source",
+               "gain_exponent", "estimator", "ema_decay")
+# AGS-NS: what differs from the paper's defaults (the rest is TulaOptimizer's).
+NOISE_SCALE_DEFAULTS = {"estimator": "ema", "refresh_every": 1, "delta": None}
+
+
+class AGSSetup(StrategySetup):
+    """AGS's step hooks: mark epochs, refresh the scales in the backward, record eq. 5."""
+
+    optimizer: TulaOptimizer
+
+    def start_epoch(self, epoch: int) -> None:
+        self.optimizer.start_epoch()
+
+    def backward(self, model: nn.Module, loss_fn: Callable, inputs: torch.Tensor,
+                 targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return backward_with_refresh(model, self.optimizer, loss_fn, inputs, targets)
+
+    def step_telemetry(self) -> dict[str, Any]:
+        telemetry = self.optimizer.telemetry
+        return {"variability": float(telemetry["variability"]), "scaled": bool(telemetry["scaled"])}
+
+    def epoch_metrics(self, telemetry: list[dict[str, Any]]) -> dict[str, Any]:
+        """scaled_fraction (share of scaled steps), variability_median (eq. 5; a run's first
+        step is inf and sorts last), variability (every step), the last scale statistics."""
+        variability = [t["variability"] for t in telemetry]
+        last = self.optimizer.telemetry
+        return {"scaled_fraction": float(np.mean([t["scaled"] for t in telemetry])),
+                "variability_median": float(np.median(variability)) if variability else math.nan,
+                "variability": variability,
+                **{key: float(last[key]) for key in ("scale_mean", "scale_min", "scale_max")}}
+
+
+class AdaptiveGradientScaling(BaseStrategy):
+    """"ags": Algorithm 1 over the workload's SGD; options are TulaOptimizer's."""
+
+    name, options = "ags", AGS_OPTIONS
+
+    def check(self, num_workers: int, global_batch: int,
+              options: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
+        """The small-batch gradient must come from fewer samples than a worker holds.
+
+        Source "sub-batch" takes `small_batch` samples of each worker's local batch
+        B / N, so it needs small_batch < B / N. When the default reference batch does
+        not fit and the user chose neither, N >= 2 workers use source "local": each
+        worker's own gradient is a small-batch gradient of B / N <= the default.
+        """
+        options = check_option_names(self, options)
+        local = global_batch // num_workers
+        if options.get("source") == "local":
+            if num_workers < 2:
+                raise ValueError("ags source='local' needs >= 2 workers (the plan chose N=1); "
+                                 "use source='sub-batch'")
+            return options, []
+        small = options.get("small_batch", SMALL_BATCH_DEFAULT)
+        if small < local:
+            return options, []
+        if num_workers >= 2 and not {"source", "small_batch"} & set(options):
+            note = (f"ags: the default reference small batch {small} does not fit in the local "
+                    f"batch B/N = {local}; using source='local' (each worker's gradient, "
+                    f"b = {local}) as the small-batch gradient")
+            return {**options, "source": "local"}, [note]
+        hint = f" or source='local' (b = {local})" if num_workers >= 2 else ""
+        raise ValueError(f"ags takes its small-batch gradient from {small} samples of each "
+                         f"worker's local batch of {local} (B={global_batch} / N={num_workers}), "
+                         f"which needs fewer than {local}: pass strategy_options with "
+                         f"small_batch < {local}{hint}")
+
+    def build(self, model, *, global_batch, steps_per_epoch, epochs, lr, momentum, weight_decay,
+              options) -> AGSSetup:
+        """The SGD wrapped in TulaOptimizer; source "local" defaults small_batch to B / world."""
+        options = dict(options)
+        if options.get("source") == "local":
+            world = world_size()
+            if world < 2:
+                raise ValueError("ags option source='local' takes g_small from each DDP worker's "
+                                 "own gradient: it needs torch.distributed with >= 2 workers "
+                                 "(world size is 1); use source='sub-batch'")
+            if global_batch % world:
+                raise ValueError(f"global_batch={global_batch} is not divisible by the world "
+                                 f"size {world}: source='local' needs equal local batches")
+            options.setdefault("small_batch", global_batch // world)
+        optimizer = TulaOptimizer(sgd(model.parameters(), lr, momentum, weight_decay),
+                                  large_batch=global_batch, **options)
+        if optimizer.source == "local":  # each worker's gradient, read before the all-reduce
+            register_local_gradient_hook(model, optimizer)
+        return AGSSetup(self.name, optimizer)
+
+
+class NoiseScaleAGS(AdaptiveGradientScaling):
+    """"ags-ns": AGS-NS, `NOISE_SCALE_DEFAULTS` over the paper's; source "local" on >= 2
+    workers (free: the comm hook reads the local gradients), "sub-batch" on one."""
+
+    name = "ags-ns"
+
+    def check(self, num_workers: int, global_batch: int,
+              options: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
+        options = check_option_names(self, options)
+        if "source" not in options:
+            options["source"] = "local" if num_workers >= 2 else "sub-batch"
+        return super().check(num_workers, global_batch, options)
+
+    def build(self, model, *, global_batch, steps_per_epoch, epochs, lr, momentum, weight_decay,
+              options) -> AGSSetup:
+        options = {**NOISE_SCALE_DEFAULTS, **options}
+        if "source" not in options:
+            options["source"] = "local" if world_size() >= 2 else "sub-batch"
+        if options["source"] == "local":  # the reference batch stays b_small, not B/N
+            options.setdefault("small_batch", SMALL_BATCH_DEFAULT)
+        setup = super().build(model, global_batch=global_batch, steps_per_epoch=steps_per_epoch,
+                              epochs=epochs, lr=lr, momentum=momentum,
+                              weight_decay=weight_decay, options=options)
+        setup.name = self.name
+        return setup

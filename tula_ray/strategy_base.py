@@ -1,0 +1,129 @@
+"""The training-strategy protocol and what every strategy shares (no Ray; core module).
+
+`tula_ray.training_strategies` holds the registry and the built-in strategies; this
+module is what a strategy builds on (the AGS strategy and a user's own import it).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Protocol, runtime_checkable
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+
+# --------------------------------------------------------------------------- the protocol
+
+@dataclass
+class StrategySetup:
+    """What a strategy builds: the optimizer, its scheduler, and the step hooks.
+
+    optimizer: a `TulaOptimizer` for "ags"; a `PostLocalSGDOptimizer` for "polo"
+        under torch.distributed with world size > 1; otherwise the plain optimizer.
+    scheduler: stepped once per optimizer step, or None.
+    notes: where this run departs from the paper's recipe, and why.
+    comm_state: a DDP comm hook's state with an `iter` counter (PoLo's
+        `PostLocalSGDState`); checkpoints carry the counter so a resumed run goes on alike.
+    The hook methods below are plain training; a strategy overrides what it changes.
+    """
+
+    name: str
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler | None = None
+    notes: list[str] = field(default_factory=list)
+    comm_state: Any = None
+
+    def start_epoch(self, epoch: int) -> None:
+        """Called before the first step of every epoch."""
+
+    def backward(self, model: nn.Module, loss_fn: Callable, inputs: torch.Tensor,
+                 targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Forward and backward of one step (after zero_grad); returns (loss, outputs)."""
+        outputs = model(inputs)
+        loss = loss_fn(outputs, targets)
+        loss.backward()
+        return loss, outputs
+
+    def step(self) -> None:
+        """The optimizer step, then the scheduler's."""
+        self.optimizer.step()
+        if self.scheduler is not None:
+            self.scheduler.step()
+
+    def step_telemetry(self) -> dict[str, Any]:
+        """What this strategy records about the step just taken (default: nothing)."""
+        return {}
+
+    def epoch_metrics(self, telemetry: list[dict[str, Any]]) -> dict[str, Any]:
+        """The epoch's extra metrics from its steps' telemetry (float values are averaged
+        over the ranks by `train_epoch`; lists are per-step series)."""
+        return {}
+
+
+@runtime_checkable
+class TrainingStrategy(Protocol):
+    """A large-batch training strategy: its name, options, N/B checks and construction."""
+
+    name: str
+    options: tuple[str, ...]
+
+    def check(self, num_workers: int, global_batch: int,
+              options: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
+        """(options to run with, notes) for a run at N workers and global batch B, or
+        ValueError naming what cannot work. Runs in the driver before any worker starts."""
+        ...
+
+    def build(self, model: nn.Module, *, global_batch: int, steps_per_epoch: int, epochs: int,
+              lr: float, momentum: float, weight_decay: float,
+              options: dict[str, Any]) -> StrategySetup:
+        """The optimizer, scheduler and hooks for `model` (already on its device, DDP-wrapped
+        under torch.distributed) trained at `global_batch`; lr etc. are the workload's."""
+        ...
+
+
+class BaseStrategy:
+    """Shared behaviour of the built-in strategies: option-name check, no N/B rule."""
+
+    name: str = ""
+    options: tuple[str, ...] = ()
+
+    def check(self, num_workers: int, global_batch: int,
+              options: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
+        return check_option_names(self, options), []
+
+    def build(self, model: nn.Module, **kwargs: Any) -> StrategySetup:
+        raise NotImplementedError
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(name={self.name!r})"
+
+
+# --------------------------------------------------------------------------- helpers
+
+def world_size() -> int:
+    """The torch.distributed world size, 1 when it is not initialized."""
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_world_size()
+    return 1
+
+
+def check_int(label: str, value: Any, *, minimum: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"{label}={value!r}: must be an integer >= {minimum}")
+
+
+def check_option_names(strategy: TrainingStrategy, options: dict[str, Any] | None
+                       ) -> dict[str, Any]:
+    """A copy of `options`, refused if it is not a dict or names an option `strategy` lacks."""
+    if options is None:
+        return {}
+    if not isinstance(options, dict):
+        raise ValueError(f"options must be a dict of {strategy.name} options, "
+                         f"not {type(options).__name__}")
+    unknown = sorted(set(options) - set(strategy.options))
+    if unknown:
+        raise ValueError(f"option {unknown[0]!r} is unknown for strategy {strategy.name!r}; "
+                         f"allowed: {list(strategy.options) or 'none'}")
+    return dict(options)
