@@ -48,6 +48,11 @@ def assert_refused(call, argument: str) -> None:
     assert argument in str(raised.value), f"the error does not name {argument!r}: {raised.value}"
 
 
+RESOURCES = st.sampled_from([{}, {"CPU": 0}, {"CPU": -1}, {"CPU": "4"}, {"CPU": True},
+                             {"GPU": 1.5}, {1: 2}, {"CPU": float("nan")}, "CPU", 4, ["CPU"]])
+TIMEOUTS = st.sampled_from([-1, -0.5, "600", float("nan"), True, [1]])
+
+
 # --- search() -----------------------------------------------------------------------
 
 GOOD_SEARCH = dict(workload="fashion-mnist-cnn", workload_options={"data": "fake"},
@@ -83,6 +88,8 @@ BAD_SEARCH = {
     "measure_seconds": st.one_of(st.floats(max_value=-1e-9), st.just(float("nan")),
                                  st.just("2"), WRONG_TYPES),
     "address": st.sampled_from([5, 1.5, ["auto"], "", "   "]),
+    "resources_per_worker": RESOURCES,
+    "provision_timeout_s": TIMEOUTS,
 }
 
 
@@ -130,6 +137,8 @@ BAD_TRAIN = {
     "name": st.sampled_from([5, 1.5, ["run"], ""]),
     "use_gpu": st.sampled_from(["yes", 1.5, [True]]),
     "address": st.sampled_from([5, 1.5, ["auto"], ""]),
+    "resources_per_worker": RESOURCES,
+    "provision_timeout_s": TIMEOUTS,
 }
 
 
@@ -191,6 +200,10 @@ def _valid(argument: str, value) -> bool:
         "measure_seconds": lambda v: _number(v) and v >= 0,
         # A non-empty string is an address to join: only its connection can tell.
         "address": lambda v: v is None or (isinstance(v, str) and v.strip() != ""),
+        "resources_per_worker": lambda v: v is None or (isinstance(v, dict) and bool(v) and all(
+            isinstance(k, str) and k and _number(x) and x >= 1e-4
+            and not (k == "GPU" and x > 1 and x != int(x)) for k, x in v.items())),
+        "provision_timeout_s": lambda v: _number(v) and v >= 0,
     }
     return bool(checks[argument](value))
 

@@ -49,6 +49,11 @@ def _write(plan: Plan, out: Path) -> None:
     print(f"wrote {out / 'plan.json'} and {', '.join(str(f) for f in figures)}")
 
 
+def storage_location(value: str) -> str:
+    """`--storage-path`: a cloud URI (s3://..., gs://...) as given, a local path made absolute."""
+    return value if "://" in value else str(Path(value).resolve())
+
+
 def add_address_option(parser: argparse.ArgumentParser) -> None:
     """`--address`: the Ray cluster to run on (tula_ray.cluster.ensure_ray)."""
     parser.add_argument("--address", default=None,
@@ -76,7 +81,7 @@ def add_train_command(commands: Any) -> None:
     add_train_options(parser)
     parser.add_argument("--workload", default=None,
                         help="a built-in workload name, when the plan records none")
-    parser.add_argument("--storage-path", type=Path, default=None,
+    parser.add_argument("--storage-path", type=storage_location, default=None,
                         help="where Ray Train keeps checkpoints (default ~/ray_results)")
     parser.add_argument("--out", type=Path, default=Path("train"),
                         help=f"directory for {METRICS_FILE}")
@@ -96,7 +101,7 @@ def train_and_write(plan: Any, args: argparse.Namespace, workload: str | None = 
     """Train `plan` (a Plan or a path), print the per-epoch table, write the metrics CSV."""
     from tula_ray.train import train  # imports ray
 
-    storage = str(args.storage_path.resolve()) if args.storage_path else None
+    storage = args.storage_path
     retries = {} if args.max_failures is None else {"max_failures": args.max_failures}
     result = train(plan, args.strategy, workload=workload, epochs=args.epochs,
                    storage_path=storage, address=args.address, **retries)
@@ -157,7 +162,7 @@ def _demo(args: argparse.Namespace) -> None:
                       min_batch=args.min_batch, max_batch=args.max_batch,
                       strategy=args.search_strategy, objective=args.objective,
                       pricing=args.pricing, address=args.address,
-                      storage_path=str(args.storage_path.resolve()) if args.storage_path else None)
+                      storage_path=args.storage_path)
         _write(plan, args.out)
         meta = plan.meta
         print(f"memory probe {meta['probe_wall_s']:.0f} s, profiling "
@@ -208,7 +213,7 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument("--min-batch", type=int, default=32)
     demo.add_argument("--max-batch", type=int, default=2048,
                       help="upper bound on B (the memory probe may lower it)")
-    demo.add_argument("--storage-path", type=Path, default=None,
+    demo.add_argument("--storage-path", type=storage_location, default=None,
                       help="where Tune keeps the trials (default ~/ray_results)")
     _add_plan_options(demo)
     add_address_option(demo)
