@@ -200,6 +200,8 @@ def _valid(argument: str, value) -> bool:
         "measure_seconds": lambda v: _number(v) and v >= 0,
         # A non-empty string is an address to join: only its connection can tell.
         "address": lambda v: v is None or (isinstance(v, str) and v.strip() != ""),
+        "resources_per_worker": lambda v: v is None,  # YAML's random dicts are not resources
+        "provision_timeout_s": lambda v: _number(v) and v >= 0,
         "resources_per_worker": lambda v: v is None or (isinstance(v, dict) and bool(v) and all(
             isinstance(k, str) and k and _number(x) and x >= 1e-4
             and not (k == "GPU" and x > 1 and x != int(x)) for k, x in v.items())),
