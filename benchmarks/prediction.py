@@ -1,11 +1,12 @@
 """Issue 5 figures (parts 1 and 3): accuracy of the performance model (paper eq. 2, 4a;
 §IV-C, Fig. 9 and 11b) and the quality of the configuration it selects (§III-A3).
 
-For each workload ONE full search (`tula_ray.search(mode="full")`, N in {1, 2}, B from 32)
+For each workload ONE full search (`tula_ray.search(strategy="full")`, N in {1, 2}, B from 32)
 measures every candidate: that grid is the ground truth. From its profiles:
   full model:     the search's own fit on every profiled candidate (`Plan.perf`);
-  partial model:  `perf.fit(mode="partial")` on the SAME search's corner rows (min/max N x
-                  min/max B), i.e. the same plan rebuilt with `build_plan(mode="partial")`.
+  partial model:  `perf.fit` on the SAME search's corner rows (min/max N x min/max B: the
+                  partial strategy's `fit_rows`), i.e. the same plan rebuilt with
+                  `build_plan(strategy="partial")`.
                   Both models see the same measurements, so their difference is model
                   error only, not the ~15 % run-to-run noise between two searches
                   (NOTES-ENV); a separate partial search (full run only) adds that noise.
@@ -48,11 +49,12 @@ PRICINGS = {f"fixed ${USD_PER_NODE_HOUR_DEFAULT}/node-h": FixedRate(USD_PER_NODE
             f"memory ${USD_PER_GB_HOUR_DEFAULT}/GB-h": MemoryRate(USD_PER_GB_HOUR_DEFAULT)}
 MODELS = ("full", "partial")
 GOAL_COST_RATIO = 0.25  # partial / full profiling wall time
-WALL_KEYS = ("trials", "probe_wall_s", "profiling_wall_s")  # of a search's Plan.meta
+# Of a search's Plan.meta; "trials" are worker-group launches (one per N and round).
+WALL_KEYS = ("trials", "probe_wall_s", "profiling_wall_s")
 
 
-def replan(full_plan, mode: str, objective: str, pricing):
-    """The plan a search in `mode` would make from `full_plan`'s profiles (partial: only the
+def replan(full_plan, strategy: str, objective: str, pricing):
+    """The plan a `strategy` search would make from `full_plan`'s profiles (partial: only the
     corner rows are fitted), for this objective and pricing, through `build_plan`."""
     from tula_ray.plan import build_plan
     from tula_ray.space import SearchSpace
@@ -61,7 +63,8 @@ def replan(full_plan, mode: str, objective: str, pricing):
     space = SearchSpace(tuple(sorted(table["num_workers"].unique().tolist())),
                         tuple(sorted(table["global_batch"].unique().tolist())))
     return build_plan(space, full_plan.profiles, epochs=full_plan.epochs,
-                      dataset_size=full_plan.dataset_size, mode=mode, objective=objective,
+                      dataset_size=full_plan.dataset_size, strategy=strategy,
+                      objective=objective,
                       pricing=pricing, memory=full_plan.memory,
                       max_local_batch=full_plan.meta.get("max_local_batch"),
                       collective=full_plan.perf.collective, workload=full_plan.workload)
@@ -107,14 +110,15 @@ def _selection(full_plan) -> list[dict]:
 
 def _accuracy(full_plan) -> tuple[pd.DataFrame, dict]:
     """Per-candidate predictions of both models against the measurements, and a summary."""
-    from tula_ray.perf import extreme_rows
+    from tula_ray.search_strategies import make_strategy
 
     partial = replan(full_plan, "partial", full_plan.objective, "fixed")
     table = full_plan.table.merge(
         partial.table[["num_workers", "global_batch", "step_time_s", "total_time_s"]],
         on=["num_workers", "global_batch"], suffixes=("_full", "_partial"))
     table = table[table["measured_step_time_s"].notna()].reset_index(drop=True)
-    corners = set(zip(*extreme_rows(full_plan.profiles)[["num_workers", "global_batch"]].T.values))
+    corner_rows = make_strategy("partial").fit_rows(full_plan.profiles)
+    corners = set(zip(corner_rows["num_workers"], corner_rows["global_batch"]))
     table["corner"] = [(n, b) in corners
                        for n, b in zip(table["num_workers"], table["global_batch"])]
     summary = {}
@@ -136,7 +140,7 @@ def _one_workload(name: str, settings: dict, quick: bool, scratch: Path, full=No
     options = dict(**SEARCH, max_batch=settings["max_batch"],
                    workload_options={"train_subset": settings["train_subset"]})
     if full is None:
-        full = tula_ray.search(name, mode="full", storage_path=str(scratch / f"{name}-full"),
+        full = tula_ray.search(name, strategy="full", storage_path=str(scratch / f"{name}-full"),
                                **options)
     suffix = "_quick" if quick else ""
     # The full search's plan (profiles, fits, measurements): selection and fits can be
@@ -147,7 +151,7 @@ def _one_workload(name: str, settings: dict, quick: bool, scratch: Path, full=No
     cost = {"full": {k: full.meta[k] for k in WALL_KEYS},
             "partial": None, "partial_over_full": None, "goal": GOAL_COST_RATIO}
     if not quick:
-        partial = tula_ray.search(name, mode="partial",
+        partial = tula_ray.search(name, strategy="partial",
                                   storage_path=str(scratch / f"{name}-partial"), **options)
         _, errors = cross_search_errors(partial, full)
         cost["partial"] = {**{k: partial.meta[k] for k in WALL_KEYS},

@@ -34,7 +34,9 @@ def _corner_refit_error(full_plan) -> np.ndarray:
     run-to-run noise between two searches (same processes measured every point)."""
     from tula_ray import perf
 
-    params = perf.fit(full_plan.profiles, mode="partial")
+    from tula_ray.search_strategies import make_strategy
+
+    params = perf.fit(make_strategy("partial").fit_rows(full_plan.profiles))
     measured = full_plan.table
     predicted = perf.predict_step_s(params, measured["num_workers"], measured["local_batch"])
     return relative_errors(predicted, measured["measured_step_time_s"])
@@ -57,9 +59,9 @@ def run(quick: bool = False, plans: dict | None = None) -> dict:
             scratch = Path(scratch)
             demo_s = _time_demo(max_batch, scratch / "demo", scratch / "ray_demo")
             with ray_session():
-                plans = {mode: tula_ray.search(**options, mode=mode,
-                                               storage_path=str(scratch / mode))
-                         for mode in ("partial", "full")}
+                plans = {strategy: tula_ray.search(**options, strategy=strategy,
+                                                   storage_path=str(scratch / strategy))
+                         for strategy in ("partial", "full")}
     partial, full = plans["partial"], plans["full"]
     merged, errors = cross_search_errors(partial, full)
     refit = _corner_refit_error(full)

@@ -1,141 +1,186 @@
-"""TulaSearcher: the (N, B) candidates of full or partial search, one Tune trial each.
+"""TulaSearcher: a Ray Tune searcher over a core search strategy.
 
-Full search profiles every candidate; partial search only the extremes
-(min/max N x min/max B, paper §III-A2). A candidate that runs out of memory
-lowers the local-batch bound for every N (memory per worker depends on b
-only), and partial search then falls back to the next batch inward so that the
-model stays identified (paper §IV-B: "relaunching progressively smaller
-batches until a feasible configuration is found").
+A thin adapter, the shape of Ray's `OptunaSearch` over an Optuna sampler: the
+decisions (which candidates, when to stop) live in the strategy
+(`tula_ray.search_strategies`); this class only translates. Each round it asks
+the strategy for candidates and turns them into trials, ONE PER CLUSTER SIZE N
+(one Ray Train worker group profiles every batch of its N), records each (N, B)
+result as it arrives (`on_trial_result`), and asks again when the round is done.
+
+Its state is plain JSON (rows keyed by candidate, the queue, the round), so an
+experiment resumes with `Tuner.restore` and repeats no finished (N, B). What the
+trials share (the workload, step counts, ...) is in the Tuner's `param_space`,
+which Tune merges into every suggested config, as for Ray's own searchers.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import math
+import time
 from typing import Any, Iterable
 
+import pandas as pd
 from ray.tune.search import Searcher
 
-from tula_ray.perf import MODES
-from tula_ray.profile_table import STATUS_OK, STATUS_OOM, profile_row
+from tula_ray.profile_table import (STATUS_ERROR, STATUS_OK, oom_local_batch, profile_frame,
+                                    profile_row)
+from tula_ray.search_strategies import make_strategy
 from tula_ray.space import Candidate
 
 logger = logging.getLogger(__name__)
 
+MAX_ROUNDS = 1000  # a strategy that never stops is a bug; this keeps it from hanging a search
+
 
 def _key(num_workers: int, global_batch: int) -> str:
-    return f"{num_workers}x{global_batch}"
+    return f"{int(num_workers)}x{int(global_batch)}"
 
 
 class TulaSearcher(Searcher):
-    """Suggests candidates as Tune configs {"num_workers": N, "global_batch": B}.
-
-    What every trial shares (the workload, step counts, ...) belongs in the Tuner's
-    `param_space`: Tune merges it into each suggested config, as with Ray's own
-    searchers, so this searcher's state stays plain JSON (a user's Workload object
-    never enters it).
+    """Suggests one trial per cluster size and round:
+    {"num_workers": N, "global_batches": [B, ...], "round": r}.
 
     Args:
         candidates: the (N, B) grid of the search space.
-        search_mode: "full" (every candidate) or "partial" (the extremes).
+        strategy: a registered search strategy ("full", "partial", ...).
+        strategy_options: passed to the strategy's factory.
         metric, mode: as in every Tune searcher (step time, minimised).
     """
 
     def __init__(
         self,
         candidates: Iterable[Candidate],
-        search_mode: str = "partial",
+        strategy: str = "partial",
+        strategy_options: dict[str, Any] | None = None,
         metric: str = "step_time_s",
         mode: str = "min",
     ):
         super().__init__(metric=metric, mode=mode)
-        if search_mode not in MODES:
-            raise ValueError(f"search_mode {search_mode!r} is not allowed; use one of {MODES}")
-        self._candidates = sorted(set(candidates), key=lambda c: (c.num_workers, c.global_batch))
+        self._candidates = sorted(set(candidates))
         if not self._candidates:
             raise ValueError("TulaSearcher needs at least one candidate")
-        self._search_mode = search_mode
-        self._running: dict[str, str] = {}  # trial id -> candidate key
+        self._strategy_name = strategy
+        self._strategy_options = dict(strategy_options or {})
+        self._strategy = make_strategy(strategy, self._strategy_options)
         self._rows: dict[str, dict[str, Any]] = {}  # candidate key -> profile row
+        self._queue: list[list] = []  # [N, [B, ...]] still to launch this round
+        self._running: dict[str, list] = {}  # trial id -> [N, [B, ...], started_at, round]
+        self._sweeps: list[dict[str, Any]] = []  # one per finished trial (= launch)
+        self._round = 0
+        self._stop_reason = ""
 
     # --- what to profile next -------------------------------------------------
 
-    @property
-    def oom_local_batch(self) -> float:
-        """Smallest local batch that ran out of memory so far (inf if none)."""
-        ooms = [row["local_batch"] for row in self._rows.values() if row["status"] == STATUS_OOM]
-        return min(ooms, default=math.inf)
+    def _frame(self) -> pd.DataFrame:
+        return profile_frame(self._rows.values())
 
-    def _state_of(self, candidate: Candidate) -> str:
-        key = _key(candidate.num_workers, candidate.global_batch)
-        if key in self._running.values():
-            return "running"
-        if key in self._rows:
-            return self._rows[key]["status"]
-        if candidate.local_batch >= self.oom_local_batch:
-            return "skipped"
-        return "todo"
-
-    def _needed(self) -> list[Candidate]:
-        if self._search_mode == "full":
-            return [c for c in self._candidates if self._state_of(c) == "todo"]
-        needed = []
-        sizes = [c.num_workers for c in self._candidates]
-        for n in sorted({min(sizes), max(sizes)}):
-            at_n = [c for c in self._candidates if c.num_workers == n]
-            for side in (at_n, at_n[::-1]):  # the smallest batch, then the largest
-                for candidate in side:
-                    state = self._state_of(candidate)
-                    if state in ("todo", "running"):
-                        needed.append(candidate)
-                    if state in ("todo", "running", STATUS_OK):
-                        break  # this side is covered (or will be); else try inward
-        return list(dict.fromkeys(needed))
+    def _next_round(self) -> bool:
+        """Ask the strategy; queue its candidates, one entry per N. False when it is done."""
+        if self._round >= MAX_ROUNDS:
+            self._stop_reason = f"stopped after {MAX_ROUNDS} rounds (the strategy never ended)"
+            return False
+        proposal = self._strategy.propose(self._candidates, self._frame())
+        fresh = [c for c in proposal.candidates if _key(*_pair(c)) not in self._rows]
+        if not fresh:
+            self._stop_reason = proposal.reason if proposal.done else (
+                f"{proposal.reason}; every candidate it named is already profiled")
+            return False
+        self._round += 1
+        by_size: dict[int, list[int]] = {}
+        for candidate in fresh:
+            by_size.setdefault(candidate.num_workers, []).append(candidate.global_batch)
+        self._queue = [[n, sorted(set(batches))] for n, batches in sorted(by_size.items())]
+        logger.info("round %d: %s (%s)", self._round, self._queue, proposal.reason)
+        return True
 
     def suggest(self, trial_id: str) -> dict | str | None:
-        todo = [c for c in self._needed() if self._state_of(c) == "todo"]
-        if todo:
-            candidate = todo[0]
-            self._running[trial_id] = _key(candidate.num_workers, candidate.global_batch)
-            return {"num_workers": candidate.num_workers, "global_batch": candidate.global_batch}
         if self._running:
-            return None  # wait: a running candidate may fail and need a fallback
-        return Searcher.FINISHED
+            return None  # one trial at a time; the next round depends on this one
+        while True:
+            if not self._queue and not self._next_round():
+                return Searcher.FINISHED
+            n, batches = self._queue.pop(0)
+            bound = oom_local_batch(self._frame())
+            # What an earlier trial of this round learned (an OOM bound) still applies.
+            batches = [b for b in batches if _key(n, b) not in self._rows and b // n < bound]
+            if batches:
+                break
+        self._running[trial_id] = [n, batches, time.time(), self._round]
+        return {"num_workers": n, "global_batches": batches, "round": self._round}
+
+    def on_trial_result(self, trial_id: str, result: dict) -> None:
+        """One (N, B) of a running trial measured: record it now, not at the trial's end."""
+        running = self._running.get(trial_id)
+        if running is None or "global_batch" not in result:
+            return
+        n, b = int(running[0]), int(result["global_batch"])
+        key = _key(n, b)
+        if b not in running[1] or key in self._rows:
+            return  # a batch keeps its first row (a failed group re-reports every batch)
+        self._rows[key] = profile_row(n, b, result)
+        if self._rows[key]["status"] != STATUS_OK:
+            logger.warning("candidate N=%d B=%d: %s %s", n, b, self._rows[key]["status"],
+                           self._rows[key].get("error", ""))
 
     def on_trial_complete(self, trial_id: str, result: dict | None = None,
                           error: bool = False) -> None:
-        key = self._running.pop(trial_id, None)
-        config = (result or {}).get("config", {})
-        if key is None and "num_workers" in config:  # a trial resumed by Tune after restore
-            key = _key(config["num_workers"], config["global_batch"])
-        if key is None:
+        if result:
+            self.on_trial_result(trial_id, result)  # recorded already unless it came last
+        running = self._running.pop(trial_id, None)
+        if running is None:
             logger.warning("result of unknown trial %s ignored", trial_id)
             return
-        n, b = (int(part) for part in key.split("x"))
-        failure = str((result or {}).get("error", "trial failed")) if error else None
-        row = profile_row(n, b, result, failure)
-        self._rows[key] = row
-        if row["status"] != STATUS_OK:
-            logger.warning("candidate N=%d B=%d: %s %s", n, b, row["status"], row.get("error", ""))
+        n, batches, started_at, round_ = running
+        bound = oom_local_batch(self._frame())
+        for b in batches:  # a batch the sweep never reached, below any OOM bound: an error
+            if _key(n, b) not in self._rows and b // n < bound:
+                why = "the trial failed" if error else "the worker group ended before it"
+                self._rows[_key(n, b)] = profile_row(n, b, None, f"not profiled: {why}")
+        self._sweeps.append({"round": round_, "num_workers": n, "global_batches": batches,
+                             "wall_s": time.time() - started_at, "error": bool(error)})
 
     # --- results and checkpointing ----------------------------------------------
 
     @property
     def profiles(self) -> list[dict[str, Any]]:
-        """The profile rows collected so far, one per finished candidate."""
+        """The profile rows collected so far, one per profiled candidate."""
         return list(self._rows.values())
 
+    @property
+    def sweeps(self) -> list[dict[str, Any]]:
+        """One entry per finished trial (one worker-group launch): round, N, batches, wall_s."""
+        return list(self._sweeps)
+
+    @property
+    def rounds(self) -> int:
+        return self._round
+
+    @property
+    def stop_reason(self) -> str:
+        """Why the search ended (the strategy's reason), "" while it runs."""
+        return self._stop_reason
+
     def get_state(self) -> dict:
-        return {"search_mode": self._search_mode, "rows": self._rows,
-                "candidates": [[c.num_workers, c.global_batch] for c in self._candidates]}
+        return {"strategy": self._strategy_name, "strategy_options": self._strategy_options,
+                "candidates": [[c.num_workers, c.global_batch] for c in self._candidates],
+                "rows": self._rows, "queue": self._queue, "running": self._running,
+                "sweeps": self._sweeps, "round": self._round, "stop_reason": self._stop_reason}
 
     def set_state(self, state: dict) -> None:
-        self._search_mode = state["search_mode"]
-        self._rows = state["rows"]
+        self._strategy_name = state["strategy"]
+        self._strategy_options = state["strategy_options"]
+        self._strategy = make_strategy(self._strategy_name, self._strategy_options)
         self._candidates = [Candidate(n, b) for n, b in state["candidates"]]
-        # Trials that were running when the search stopped did not finish: they
-        # are profiled again; finished ones are never repeated.
+        self._rows = state["rows"]
+        self._sweeps = state["sweeps"]
+        self._round = state["round"]
+        self._stop_reason = state["stop_reason"]
+        # Trials that were running when the search stopped did not finish: their
+        # batches without a row go first again; finished ones are never repeated.
+        interrupted = [[n, [b for b in batches if _key(n, b) not in self._rows]]
+                       for n, batches, *_ in state["running"].values()]
+        self._queue = [entry for entry in interrupted if entry[1]] + state["queue"]
         self._running = {}
 
     def save(self, checkpoint_path: str) -> None:
@@ -145,3 +190,7 @@ class TulaSearcher(Searcher):
     def restore(self, checkpoint_path: str) -> None:
         with open(checkpoint_path) as handle:
             self.set_state(json.load(handle))
+
+
+def _pair(candidate: Candidate) -> tuple[int, int]:
+    return candidate.num_workers, candidate.global_batch

@@ -1,5 +1,7 @@
 """The `tula-ray` command's offline paths and its errors (no Ray session)."""
 
+from pathlib import Path
+
 import pandas as pd
 
 from tula_ray.cli import main
@@ -16,10 +18,10 @@ def test_replay_synthetic_writes_a_plan_and_figures(tmp_path, capsys):
 
 def test_replay_of_a_saved_plan_refits_its_profiles(tmp_path, capsys):
     main(["replay", "--synthetic", "--out", str(tmp_path / "first")])
-    assert main(["replay", str(tmp_path / "first" / "plan.json"), "--mode", "full",
+    assert main(["replay", str(tmp_path / "first" / "plan.json"), "--search-strategy", "full",
                  "--objective", "time", "--out", str(tmp_path / "again")]) == 0
     again = Plan.from_json(tmp_path / "again" / "plan.json")
-    assert again.mode == "full" and again.perf.num_profiles == 14
+    assert again.strategy == "full" and again.perf.num_profiles == 14
     assert again.choice.objective == "time"
 
 
@@ -49,7 +51,10 @@ def test_train_arguments_are_parsed():
     args = _parser().parse_args(["train", "plan/plan.json", "--strategy", "lrs", "--epochs", "3",
                                  "--storage-path", "runs", "--out", "metrics"])
     assert (args.plan.name, args.strategy, args.epochs) == ("plan.json", "lrs", 3)
-    assert (str(args.storage_path), str(args.out), args.max_failures) == ("runs", "metrics", None)
+    assert (args.storage_path, str(args.out), args.max_failures) == (
+        str(Path("runs").resolve()), "metrics", None)
+    cloud = _parser().parse_args(["demo", "--storage-path", "s3://bucket/tula", "--address", "auto"])
+    assert (cloud.storage_path, cloud.address) == ("s3://bucket/tula", "auto")  # URI kept as is
     defaults = _parser().parse_args(["demo", "--train"])
     assert defaults.train and defaults.strategy == "ags" and defaults.epochs is None
 

@@ -5,8 +5,9 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 from tula_ray import perf
 from tula_ray.profile_table import profile_frame
+from tula_ray.search_strategies import make_strategy
 from tula_ray.space import SearchSpace
-from tula_ray.synthetic import synthetic_profiles
+from paper_profiles import paper_profiles as synthetic_profiles
 
 SPACE = SearchSpace.build((1, 2, 4, 8), min_batch=32, max_batch=2048)
 
@@ -41,7 +42,7 @@ def test_full_fit_recovers_the_model(true, seed):
     power form with p ~ 1, which is the same curve by other parameters. Bounds from
     300 random cases at 5 % noise (worst seen: compute 6.3 %, sync 2.5 % of the step)."""
     profiles = synthetic_profiles(SPACE.candidates(), true, noise=0.05, seed=seed)
-    fitted = perf.fit(profiles, mode="full", form="additive")
+    fitted = perf.fit(profiles, form="additive")
     for n in true.compute:
         b = np.array([SPACE.batch_sizes[0], SPACE.batch_sizes[-1]]) / n
         want = perf.predict_compute_s(true, n, b)
@@ -67,7 +68,7 @@ def test_convex_compute_takes_the_power_form():
     """On 2 CPU cores a step costs ~b^1.12 (NOTES-ENV: 10x the time for 8x the data)."""
     curves = {n: perf.ComputeCurve(0.0, 3e-4, 1.12) for n in SPACE.cluster_sizes}
     true = perf.PerfParams(curves, curves[1], 0.01, "ring")
-    fitted = perf.fit(synthetic_profiles(SPACE.extremes(), true, noise=0.0), mode="partial")
+    fitted = perf.fit(synthetic_profiles(SPACE.extremes(), true, noise=0.0))
     assert fitted.compute[1].exponent == pytest.approx(1.12)
     grid = synthetic_profiles(SPACE.candidates(), true, noise=0.0)
     assert median_rel_error(fitted, grid) < 1e-6
@@ -76,7 +77,7 @@ def test_convex_compute_takes_the_power_form():
 def test_sync_that_grows_with_the_batch_is_recovered():
     true = perf.PerfParams({}, perf.ComputeCurve(2e-3, 2e-4), 0.004, "ring",
                            sync_per_unit_per_sample_s=5e-5)
-    fitted = perf.fit(synthetic_profiles(SPACE.extremes(), true, noise=0.0), mode="partial")
+    fitted = perf.fit(synthetic_profiles(SPACE.extremes(), true, noise=0.0))
     assert fitted.sync_per_unit_s == pytest.approx(0.004, rel=1e-6)
     assert fitted.sync_per_unit_per_sample_s == pytest.approx(5e-5, rel=1e-6)
 
@@ -85,29 +86,30 @@ def test_sync_that_grows_with_the_batch_is_recovered():
 @given(params_strategy, st.integers(0, 10_000))
 def test_partial_fit_from_extremes_predicts_the_grid(true, seed):
     profiles = synthetic_profiles(SPACE.candidates(), true, noise=0.05, seed=seed)
-    fitted = perf.fit(profiles, mode="partial")
+    fitted = perf.fit(make_strategy("partial").fit_rows(profiles))
     assert fitted.num_profiles == 4
     assert median_rel_error(fitted, profiles) <= 0.05
 
 
 def test_partial_uses_only_the_corner_rows():
     profiles = synthetic_profiles(SPACE.candidates(), truth(2e-3, 1e-4, 0.01, 0.3), seed=1)
-    corners = perf.extreme_rows(profiles)
+    partial, full = make_strategy("partial"), make_strategy("full")
+    corners = partial.fit_rows(profiles)
     assert sorted(zip(corners["num_workers"], corners["global_batch"])) == [
         (1, 32), (1, 2048), (8, 32), (8, 2048)]
     # Moving any non-corner row must not change a partial fit.
     moved = profiles.copy()
     inner = (moved["num_workers"] == 2) & (moved["global_batch"] == 256)
     moved.loc[inner, ["compute_time_s", "step_time_s"]] *= 10
-    assert perf.fit(moved, mode="partial") == perf.fit(profiles, mode="partial")
-    assert perf.fit(moved, mode="full") != perf.fit(profiles, mode="full")
+    assert perf.fit(partial.fit_rows(moved)) == perf.fit(partial.fit_rows(profiles))
+    assert perf.fit(full.fit_rows(moved)) != perf.fit(full.fit_rows(profiles))
 
 
 def test_two_diagonal_profiles_identify_a_pooled_model():
     """The minimal partial search: (N_min, B_min) and (N_max, B_max)."""
     true = truth(2e-3, 2e-4, 0.02, 0.0)
     two = synthetic_profiles([SPACE.candidates()[0], SPACE.candidates()[-1]], true, noise=0.0)
-    fitted = perf.fit(two, mode="partial")
+    fitted = perf.fit(two)
     grid = synthetic_profiles(SPACE.candidates(), true, noise=0.0)
     assert median_rel_error(fitted, grid) < 1e-6
 
@@ -126,7 +128,8 @@ def test_parameter_server_model_is_recovered():
     assert median_rel_error(fitted, profiles) < 1e-9
 
 
-def test_custom_collective_plugs_in():
+def test_custom_collective_plugs_in(monkeypatch):
+    monkeypatch.setattr(perf, "COLLECTIVES", dict(perf.COLLECTIVES))  # undone after the test
     perf.register_collective("tree-test", lambda n: np.log2(np.asarray(n, float)))
     true = truth(2e-3, 2e-4, 0.01, 0.0, collective="tree-test")
     profiles = synthetic_profiles(SPACE.candidates(), true, noise=0.0)
@@ -158,8 +161,8 @@ def test_training_time_eq_4a():
 
 def test_fit_rejects_bad_arguments_and_empty_profiles():
     profiles = synthetic_profiles(SPACE.candidates(), truth(2e-3, 2e-4, 0.02, 0.0))
-    with pytest.raises(ValueError, match="mode 'fast' is not allowed"):
-        perf.fit(profiles, mode="fast")
+    with pytest.raises(ValueError, match="form 'fast' is not allowed"):
+        perf.fit(profiles, form="fast")
     with pytest.raises(ValueError, match="collective 'mesh' is unknown"):
         perf.fit(profiles, collective="mesh")
     failed = profiles.assign(status="oom")

@@ -6,14 +6,15 @@ import pytest
 
 from tula_ray.plan import Plan, build_plan
 from tula_ray.space import SearchSpace
-from tula_ray.synthetic import example_params, synthetic_profiles
+from paper_profiles import paper_profiles as synthetic_profiles
+from tula_ray.synthetic import example_params
 
 SPACE = SearchSpace.build((1, 2), min_batch=32, max_batch=1024)
 
 
 def make_plan(**kwargs):
     profiles = synthetic_profiles(SPACE.extremes(), example_params(), seed=2)
-    options = dict(epochs=5, dataset_size=10000, mode="partial", objective="knee")
+    options = dict(epochs=5, dataset_size=10000, strategy="partial", objective="knee")
     options.update(kwargs)
     return build_plan(SPACE, profiles, **options)
 
@@ -43,7 +44,7 @@ def test_oom_profile_lowers_the_bound_for_every_cluster_size():
     profiles = synthetic_profiles(SPACE.candidates(), example_params(), seed=2)
     oom = (profiles["num_workers"] == 1) & (profiles["global_batch"] == 512)
     profiles.loc[oom, ["status", "step_time_s"]] = ["oom", np.nan]
-    plan = build_plan(SPACE, profiles, epochs=5, dataset_size=10000, mode="full",
+    plan = build_plan(SPACE, profiles, epochs=5, dataset_size=10000, strategy="full",
                       objective="time")
     table = plan.table.set_index(["num_workers", "global_batch"])
     assert table.loc[(1, 512), "infeasible_reason"] == "out of memory when profiled"
@@ -92,8 +93,8 @@ def test_the_knee_does_not_depend_on_rounding_steps_per_epoch(dataset_size):
     # ripple for the knee (resnet18 here: B~34 instead of ~139). On the smooth curve the
     # knee depends on the model only, not on D.
     profiles = synthetic_profiles(SPACE.candidates(), example_params(), noise=0.0)
-    reference = build_plan(SPACE, profiles, epochs=5, dataset_size=10**9, mode="full")
-    plan = build_plan(SPACE, profiles, epochs=5, dataset_size=dataset_size, mode="full")
+    reference = build_plan(SPACE, profiles, epochs=5, dataset_size=10**9, strategy="full")
+    plan = build_plan(SPACE, profiles, epochs=5, dataset_size=dataset_size, strategy="full")
     assert reference.choice.knee_global_batch > SPACE.batch_sizes[0]
     assert plan.choice.knee_global_batch == pytest.approx(reference.choice.knee_global_batch)
 
@@ -135,7 +136,7 @@ def exact_profiles(candidates) -> pd.DataFrame:
 
 def exact_plan(objective: str, **kwargs) -> Plan:
     return build_plan(SPACE, exact_profiles(SPACE.candidates()), epochs=EPOCHS,
-                      dataset_size=DATASET, mode="full", objective=objective,
+                      dataset_size=DATASET, strategy="full", objective=objective,
                       pricing=f"fixed:{USD_PER_NODE_HOUR}", **kwargs)
 
 

@@ -1,4 +1,5 @@
-"""The profiling trainable on a real local Ray: Tune trial -> TorchTrainer -> workers -> one row."""
+"""The profiling trainable on a real local Ray: Tune trial -> ONE TorchTrainer per cluster
+size -> workers -> one row (one Tune result) per global batch."""
 
 from __future__ import annotations
 
@@ -7,27 +8,42 @@ import math
 import pytest
 
 ray = pytest.importorskip("ray")
-from ray import tune  # noqa: E402
-from ray.tune.search import BasicVariantGenerator  # noqa: E402
+import sys  # noqa: E402
 
-from trainables.profiling_trial import trainable_with_resources  # noqa: E402
-from tula_ray.cluster import DRIVER_RESOURCE, worker_resources  # noqa: E402
+from ray import cloudpickle, tune  # noqa: E402
+
+from trainables.profiling_trial import profile_cluster_size  # noqa: E402
+from tula_ray.cluster import DRIVER_RESOURCE, trial_resources, worker_resources  # noqa: E402
+from tula_ray import measure  # noqa: E402
 from tula_ray.profile_table import PROFILE_COLUMNS, empty_row, profile_frame  # noqa: E402
+from tula_ray.workloads import get_workload  # noqa: E402
 
 pytestmark = pytest.mark.ray
+cloudpickle.register_pickle_by_value(sys.modules[__name__])  # workers cannot import tests/
 
 BASE = {"workload": "fashion-mnist-cnn", "workload_options": {"data": "fake", "fake_size": 512},
         "warmup_steps": 3, "measure_steps": 10}
 
 
-CASES = {  # name -> the candidate's config on top of BASE
-    "one": {"num_workers": 1, "global_batch": 64},
-    "two": {"num_workers": 2, "global_batch": 64},
-    "oom": {"num_workers": 1, "global_batch": 64, "device_memory_bytes": 1e6},
-    "indivisible": {"num_workers": 2, "global_batch": 33},
+_FAKE = get_workload("fashion-mnist-cnn-fake")
+# Between the peaks at b = 16 and b = 32: 16 fits, 32 does not.
+_LIMIT = sum(measure.peak_memory_bytes(_FAKE, b, device="cpu") for b in (16, 32)) / 2
+
+CASES = {  # name -> the trial's config on top of BASE
+    "one": {"num_workers": 1, "global_batches": [32, 64]},  # one worker group, two batches
+    "two": {"num_workers": 2, "global_batches": [64]},
+    "oom": {"num_workers": 1, "global_batches": [64, 32, 16], "device_memory_bytes": _LIMIT},
+    "indivisible": {"num_workers": 2, "global_batches": [33]},
     "unknown": {"workload": "no-such-model"},
-    "too-big": {"global_batch": 1024},  # the fake dataset holds 512
+    "too-big": {"global_batches": [1024]},  # the fake dataset holds 512
 }
+
+
+def _case_trial(config: dict) -> None:
+    """The profiling trainable on one case's config (lists such as global_batches do not go
+    through Tune's variant generator)."""
+    profile_cluster_size({"num_workers": 1, "global_batches": [64], **config,
+                          **CASES[config["case"]]})
 
 
 @pytest.fixture(scope="module")
@@ -36,34 +52,43 @@ def rows(tmp_path_factory) -> dict[str, dict]:
     # Loopback Ray does not rewrite; trials hold `train_driver` instead of a CPU.
     # address="local": a new instance even if another Ray runs on this machine
     # (a bare ray.init() joins the most recently started cluster).
-    ray.init(address="local", _node_ip_address="127.0.0.2", resources={DRIVER_RESOURCE: 4},
+    # num_cpus=2: the cases below assume two CPUs, whatever this machine has.
+    ray.init(address="local", num_cpus=2, _node_ip_address="127.0.0.2",
+             resources={DRIVER_RESOURCE: 4},
              include_dashboard=True, dashboard_host="127.0.0.2", log_to_driver=False)
     try:
-        # points_to_evaluate may only set keys the param space has: give defaults.
-        space = {**BASE, "case": "", "num_workers": 1, "global_batch": 64,
-                 "device_memory_bytes": None}
-        points = [{**config, "case": name} for name, config in CASES.items()]
+        space = {**BASE, "case": tune.grid_search(list(CASES))}
         tuner = tune.Tuner(
             # Concurrency is bounded by the 2 CPUs: the N=2 trial runs alone.
-            trainable_with_resources(), param_space=space,
-            tune_config=tune.TuneConfig(
-                search_alg=BasicVariantGenerator(points_to_evaluate=points),
-                num_samples=len(points)),
+            tune.with_resources(_case_trial, trial_resources()), param_space=space,
             run_config=tune.RunConfig(storage_path=str(tmp_path_factory.mktemp("tune")),
                                       verbose=0))
         results = tuner.fit()
         assert not results.errors, results.errors
-        return {result.config["case"]: result.metrics for result in results}
+        # Every result of every trial: one per (N, B) the trial profiled.
+        return {result.config["case"]: result.metrics_dataframe.to_dict("records")
+                for result in results}
     finally:
         ray.shutdown()
 
 
+def test_one_worker_group_reports_each_batch_smallest_first(rows):
+    """One trial, one launch, two results: (1, 32) then (1, 64), both measured."""
+    sweep = rows["one"]
+    assert [r["global_batch"] for r in sweep] == [32, 64]
+    assert all(r["status"] == "ok" for r in sweep)
+    assert sweep[0]["launch_wall_s"] == sweep[1]["launch_wall_s"] > 0  # one worker group
+    for r in sweep:  # the timed steps are part of the batch's wall time
+        assert 0 < r["timed_wall_s"] < r["profile_wall_s"]
+        assert r["measure_steps"] >= BASE["measure_steps"]
+
+
 def test_one_and_two_workers_report_every_field(rows):
-    one, two = rows["one"], rows["two"]
+    one, two = rows["one"][-1], rows["two"][0]
     for row in (one, two):
         assert set(PROFILE_COLUMNS) <= set(row)
         assert row["status"] == "ok" and row["error"] == ""
-        assert 0 < row["compute_time_s"] <= row["step_time_s"] < 5
+        assert 0 < row["compute_time_s"] <= row["step_time_s"]  # no wall-clock bound
         assert row["samples_per_s"] == pytest.approx(64 / row["step_time_s"])
         assert row["peak_mem_bytes"] > 3 * 215_000 * 4  # params + grads + momentum at least
     assert (one["num_workers"], one["local_batch"], two["local_batch"]) == (1, 64, 32)
@@ -77,10 +102,13 @@ def test_one_and_two_workers_report_every_field(rows):
     assert len(profile_frame([one, two])) == 2  # the table the models fit from accepts them
 
 
-def test_memory_over_device_limit_is_oom_not_a_crash(rows):
-    row = rows["oom"]
-    assert row["status"] == "oom" and "device_memory_bytes" in row["error"]
-    assert row["peak_mem_bytes"] > 1e6
+def test_memory_over_device_limit_is_oom_and_ends_the_sweep(rows):
+    """Asked for 64, 32, 16: run smallest first; 16 fits, 32 is out of memory, and 64 is
+    never run (a larger local batch would run out too)."""
+    sweep = rows["oom"]
+    assert [(r["global_batch"], r["status"]) for r in sweep] == [(16, "ok"), (32, "oom")]
+    row = sweep[1]
+    assert "device_memory_bytes" in row["error"] and row["peak_mem_bytes"] > _LIMIT
     assert math.isnan(row["step_time_s"])  # present (Tune's metric check) but not measured
 
 
@@ -88,7 +116,7 @@ def test_memory_over_device_limit_is_oom_not_a_crash(rows):
     ("indivisible", "not divisible"), ("unknown", "'no-such-model' is unknown"),
     ("too-big", "larger than the dataset")])
 def test_infeasible_candidate_is_an_error_row(rows, case, message):
-    row = rows[case]
+    (row,) = rows[case]
     assert row["status"] == "error" and message in row["error"]
     assert math.isnan(row["step_time_s"])
 

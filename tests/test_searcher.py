@@ -1,4 +1,4 @@
-"""TulaSearcher logic, driven by hand (no Ray session)."""
+"""TulaSearcher (the Tune adapter) and the search strategies, driven by hand (no Ray session)."""
 
 import json
 
@@ -6,105 +6,175 @@ import pytest
 from ray.tune.search import Searcher
 
 from searchers import TulaSearcher
-from tula_ray.space import SearchSpace
+from tula_ray import search_strategies
+from tula_ray.profile_table import profile_frame
+from tula_ray.search_strategies import STRATEGIES, Proposal, make_strategy, register_strategy
+from tula_ray.space import Candidate, SearchSpace
 
 SPACE = SearchSpace.build((1, 2, 4), min_batch=32, max_batch=256)
 
 
-def ok_row(config, step=0.1):
+def ok_row(n, b, step=0.1):
     return {"status": "ok", "step_time_s": step, "compute_time_s": step, "sync_time_s": 0.0,
-            "num_workers": config["num_workers"], "global_batch": config["global_batch"],
-            "local_batch": config["global_batch"] // config["num_workers"], "error": ""}
+            "num_workers": n, "global_batch": b, "local_batch": b // n, "error": ""}
 
 
-def run(searcher, outcome=lambda config: ok_row(config)):
-    """Tune's loop with one trial at a time: suggest, run, complete."""
-    suggested = []
+def run(searcher, outcome=lambda n, b: ok_row(n, b), stop_after=None):
+    """Tune's loop with one trial at a time: suggest, one result per batch in order (a sweep
+    ends at its first OOM, as the worker loop does), complete. Returns the trials' configs."""
+    trials = []
     for i in range(100):
         config = searcher.suggest(f"t{i}")
         if config == Searcher.FINISHED:
-            return suggested
-        assert config is not None
-        suggested.append((config["num_workers"], config["global_batch"]))
-        searcher.on_trial_complete(f"t{i}", outcome(config))
+            return trials
+        assert config is not None and set(config) == {"num_workers", "global_batches", "round"}
+        trials.append(config)
+        if stop_after is not None and len(trials) > stop_after:
+            return trials  # the driver dies with this trial running
+        n = config["num_workers"]
+        for b in config["global_batches"]:
+            row = outcome(n, b)
+            searcher.on_trial_result(f"t{i}", row)
+            if row["status"] == "oom":
+                break
+        searcher.on_trial_complete(f"t{i}", row)
     raise AssertionError("searcher never finished")
 
 
-def test_full_search_suggests_every_candidate_once():
-    suggested = run(TulaSearcher(SPACE.candidates(), "full"))
-    assert sorted(suggested) == sorted((c.num_workers, c.global_batch) for c in SPACE.candidates())
+def pairs(trials):
+    return sorted((t["num_workers"], b) for t in trials for b in t["global_batches"])
 
 
-def test_partial_search_suggests_the_corners():
-    suggested = run(TulaSearcher(SPACE.candidates(), "partial"))
-    assert sorted(suggested) == [(1, 32), (1, 256), (4, 32), (4, 256)]
+def test_full_search_launches_once_per_cluster_size():
+    searcher = TulaSearcher(SPACE.candidates(), "full")
+    trials = run(searcher)
+    assert [t["num_workers"] for t in trials] == [1, 2, 4]  # one worker group per N
+    assert pairs(trials) == sorted((c.num_workers, c.global_batch) for c in SPACE.candidates())
+    assert all(t["global_batches"] == sorted(t["global_batches"]) for t in trials)
+    assert len(searcher.sweeps) == 3 and searcher.rounds == 1
+    assert "every feasible candidate is profiled" in searcher.stop_reason
+
+
+def test_partial_search_profiles_the_corners_in_two_launches():
+    trials = run(TulaSearcher(SPACE.candidates(), "partial"))
+    assert [(t["num_workers"], t["global_batches"]) for t in trials] == [
+        (1, [32, 256]), (4, [32, 256])]
 
 
 def test_suggestions_hold_the_searched_keys_only_and_the_state_is_json():
     """What trials share (the user's Workload, steps) comes from the Tuner's param_space,
     which Tune merges into each suggestion: the searcher never holds it."""
     searcher = TulaSearcher(SPACE.candidates(), "partial")
-    assert set(searcher.suggest("a")) == {"num_workers", "global_batch"}
+    assert set(searcher.suggest("a")) == {"num_workers", "global_batches", "round"}
     json.dumps(searcher.get_state())
 
 
-def test_oom_lowers_the_bound_and_partial_falls_back_inward():
-    def outcome(config):
-        row = ok_row(config)
-        if row["local_batch"] >= 128:
+def oom_from(local_batch):
+    def outcome(n, b):
+        row = ok_row(n, b)
+        if b // n >= local_batch:
             row.update(status="oom", step_time_s=None)
         return row
+    return outcome
 
+
+def test_oom_ends_the_sweep_and_partial_falls_back_inward():
     searcher = TulaSearcher(SPACE.candidates(), "partial")
-    suggested = run(searcher, outcome)
-    # (1, 256) runs out of memory at b = 256; (1, 128) too; (1, 64) is the new corner.
-    assert (1, 256) in suggested and (1, 128) in suggested and (1, 64) in suggested
-    assert (4, 256) in suggested  # b = 64 fits
-    assert searcher.oom_local_batch == 128
+    trials = run(searcher, oom_from(128))
+    # N=1 runs 32 then 256 (OOM at b=256); N=4's b=64 fits. Then the next batch inward
+    # at N=1, one relaunch each (paper §IV-B): 128 (OOM), then 64.
+    assert [(t["round"], t["num_workers"], t["global_batches"]) for t in trials] == [
+        (1, 1, [32, 256]), (1, 4, [32, 256]), (2, 1, [128]), (3, 1, [64])]
     ok = {(r["num_workers"], r["global_batch"]) for r in searcher.profiles if r["status"] == "ok"}
     assert {(1, 32), (1, 64), (4, 32), (4, 256)} <= ok
 
 
-def test_full_search_skips_candidates_above_the_oom_bound():
-    def outcome(config):
-        row = ok_row(config)
-        if row["local_batch"] >= 64:
-            row.update(status="oom", step_time_s=None)
-        return row
-
-    suggested = run(TulaSearcher(SPACE.candidates(), "full"), outcome)
-    assert (1, 128) not in suggested and (1, 256) not in suggested  # b >= 64 never tried
-    assert (4, 128) in suggested  # b = 32
+def test_full_search_drops_batches_an_earlier_sweep_found_too_large():
+    trials = run(TulaSearcher(SPACE.candidates(), "full"), oom_from(64))
+    sweeps = {t["num_workers"]: t["global_batches"] for t in trials}
+    assert sweeps[1] == [32, 64, 128, 256]  # OOM at 64: 128 and 256 never run
+    assert sweeps[2] == [32, 64]  # b = 16, 32 only: b >= 64 is known not to fit
+    assert sweeps[4] == [32, 64, 128]
 
 
-def test_crashed_candidate_is_recorded_not_fatal():
+def test_a_crashed_worker_group_is_recorded_not_fatal():
     searcher = TulaSearcher(SPACE.candidates(), "partial")
     config = searcher.suggest("a")
-    searcher.on_trial_complete("a", None, error=True)
-    row = searcher.profiles[0]
-    assert row["status"] == "error"
-    assert (row["num_workers"], row["global_batch"]) == (config["num_workers"], config["global_batch"])
-    assert run(searcher)  # the search goes on, with a fallback for the crashed corner
+    searcher.on_trial_result("a", ok_row(1, 32))
+    searcher.on_trial_complete("a", None, error=True)  # died before B = 256
+    rows = {(r["num_workers"], r["global_batch"]): r for r in searcher.profiles}
+    assert rows[(1, 32)]["status"] == "ok" and rows[(1, 256)]["status"] == "error"
+    assert config["global_batches"] == [32, 256]
+    rest = run(searcher)  # the search goes on: N=4, then N=1's next batch inward
+    assert (1, 128) in pairs(rest)
+
+
+def test_a_failed_group_re_reporting_every_batch_keeps_the_measured_ones():
+    searcher = TulaSearcher(SPACE.candidates(), "partial")
+    searcher.suggest("a")
+    searcher.on_trial_result("a", ok_row(1, 32))
+    for b in (32, 256):  # the trial's failure path reports every batch as an error
+        searcher.on_trial_result("a", {**ok_row(1, b), "status": "error", "error": "boom"})
+    searcher.on_trial_complete("a", None)
+    rows = {r["global_batch"]: r["status"] for r in searcher.profiles}
+    assert rows == {32: "ok", 256: "error"}
 
 
 def test_save_and_restore_resume_without_repeating_finished_candidates(tmp_path):
     first = TulaSearcher(SPACE.candidates(), "full")
-    done = []
-    for i in range(3):
-        config = first.suggest(f"t{i}")
-        done.append((config["num_workers"], config["global_batch"]))
-        first.on_trial_complete(f"t{i}", ok_row(config))
-    interrupted = first.suggest("t3")  # running when the search stops
+    done = pairs(run(first, stop_after=1)[:1])  # N=1 finished; N=2 was running
+    first.on_trial_result("t1", ok_row(2, 32))  # one batch of the running group measured
     first.save(str(tmp_path / "searcher.json"))
 
     resumed = TulaSearcher(SPACE.candidates()[:1], "partial")  # state comes from the file
     resumed.restore(str(tmp_path / "searcher.json"))
     rest = run(resumed)
-    assert not set(done) & set(rest)
-    assert (interrupted["num_workers"], interrupted["global_batch"]) in rest
+    assert not set(done) & set(pairs(rest))
+    assert (2, 32) not in pairs(rest) and (2, 64) in pairs(rest)
     assert len(resumed.profiles) == len(SPACE.candidates())
 
 
-def test_bad_search_mode():
-    with pytest.raises(ValueError, match="search_mode 'half' is not allowed"):
+def test_unknown_strategy_names_the_known_ones():
+    with pytest.raises(ValueError, match=r"search strategy 'half' is unknown; use one of "
+                                         r"\['full', 'partial'"):
         TulaSearcher(SPACE.candidates(), "half")
+    with pytest.raises(ValueError, match="strategy_options=.* do not fit search strategy 'full'"):
+        make_strategy("full", {"rounds": 3})
+
+
+class DiagonalSearch:
+    """A fourth strategy, as a user adds one: the (N_min, B_min) and (N_max, B_max) corners."""
+
+    name = "diagonal"
+
+    def propose(self, grid, rows):
+        todo = search_strategies.open_candidates([grid[0], grid[-1]], rows)
+        return Proposal(tuple(todo), "diagonal" if todo else "diagonal done")
+
+    def fit_rows(self, rows):
+        return rows
+
+
+@pytest.fixture
+def diagonal():
+    register_strategy("diagonal", DiagonalSearch)
+    try:
+        yield
+    finally:
+        STRATEGIES.pop("diagonal")
+
+
+def test_a_fourth_strategy_is_one_registration(diagonal):
+    searcher = TulaSearcher(SPACE.candidates(), "diagonal")
+    trials = run(searcher)
+    assert pairs(trials) == [(1, 32), (4, 256)] and searcher.stop_reason == "diagonal done"
+
+
+def test_partial_fit_rows_are_the_corners_of_what_was_measured():
+    rows = profile_frame([ok_row(n, b) for n in (1, 2, 4) for b in (32, 64, 128)]
+                         + [{**ok_row(1, 256), "status": "oom", "step_time_s": None}])
+    corners = make_strategy("partial").fit_rows(rows)
+    assert sorted(zip(corners["num_workers"], corners["global_batch"])) == [
+        (1, 32), (1, 128), (4, 32), (4, 128)]
+    assert SPACE.extremes() == [Candidate(1, 32), Candidate(1, 256), Candidate(4, 32),
+                                Candidate(4, 256)]

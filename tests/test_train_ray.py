@@ -30,7 +30,7 @@ def _plan(cluster_sizes=(CHOSEN_N,), batch_sizes=(32, CHOSEN_B), workload="fashi
     """A plan whose choice (fastest, one N only) is the largest batch."""
     space = SearchSpace(cluster_sizes, batch_sizes)
     profiles = synthetic_profiles(space.candidates(), example_params())
-    return build_plan(space, profiles, epochs=EPOCHS, dataset_size=TRAIN_SUBSET, mode="full",
+    return build_plan(space, profiles, epochs=EPOCHS, dataset_size=TRAIN_SUBSET, strategy="full",
                       objective="time", workload=workload,
                       meta={"workload_options": {"train_subset": TRAIN_SUBSET}}
                       if meta is None else meta)

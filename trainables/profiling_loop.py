@@ -1,26 +1,34 @@
-"""The Ray Train per-worker loop that profiles one (N, B) candidate (DESIGN "Data flow" step 3).
+"""The Ray Train per-worker loop that profiles one cluster size N at several global batches
+(DESIGN "Data flow" step 3): one worker group, every batch the search assigned to N,
+smallest first, one report (one Tune result) per (N, B).
 
-Phases, all at local batch b = B / N on the workload's real data:
+Phases for each batch, at local batch b = B / N on the workload's real data:
   1. memory (CPU only): one short MemTracker pass on a separate model copy;
-     a peak over `device_memory_bytes` ends the candidate as "oom";
+     a peak over `device_memory_bytes` ends the batch as "oom";
   2. warm-up: `warmup_steps` synced steps, not timed (allocator, thread pools);
-  3. compute: `measure_steps` steps under DDP's `no_sync()`: no all-reduce;
-  4. synced: `measure_steps` ordinary DDP steps.
+  3. compute: steps under DDP's `no_sync()`: no all-reduce;
+  4. synced: ordinary DDP steps.
 Compute and synced steps are separate phases, not interleaved: with BatchNorm,
 DDP broadcasts buffers in the forward after a synced step (NOTES-ENV).
 Only the train step is timed; fetching the next batch is outside the timer.
+
+The model, optimizer and data are built once per worker group: a further batch costs
+its own steps, not a new launch. Short steps are cheap, so each phase takes at least
+`measure_steps` steps and more while they fit in `measure_seconds` (up to
+`MAX_MEASURE_STEPS`): the median of more steps has less spread. Every worker takes
+the same number of steps (the count comes from the warm-up's all-reduced step time),
+or DDP's collectives would wait for a step a worker never takes.
+An out-of-memory batch ends the sweep: every larger local batch would run out too.
 """
 
 from __future__ import annotations
 
 import contextlib
 import itertools
-import json
 import logging
 import math
 import statistics
-import tempfile
-from pathlib import Path
+import time
 from typing import Any, Iterator
 
 import ray.train
@@ -36,7 +44,11 @@ from tula_ray.workloads import resolve_workload
 logger = logging.getLogger(__name__)
 
 WARMUP_STEPS_DEFAULT = 3
-MEASURE_STEPS_DEFAULT = 8
+MEASURE_STEPS_DEFAULT = 8  # at least this many timed steps per phase
+# ... and more while a phase takes less than this: cheap for short steps, where the
+# median of a few steps is noisiest relative to the step (fixed costs, scheduler jitter).
+MEASURE_SECONDS_DEFAULT = 1.0
+MAX_MEASURE_STEPS = 64
 SEED_DEFAULT = 0
 
 
@@ -78,108 +90,127 @@ def _spread(seconds: list[float]) -> float:
     return (q3 - q1) / statistics.median(seconds)
 
 
-def _report(row: dict[str, Any], with_checkpoint: bool) -> None:
-    """Every worker reports (it is a barrier); rank 0's metrics are the ones kept.
-
-    A tiny checkpoint is optional: Train V2 fills `Result.metrics` only when a
-    checkpoint was reported, while the Tune route (TuneReportCallback) needs none.
-    """
-    rank = ray.train.get_context().get_world_rank()
-    if not with_checkpoint or rank != 0:
-        ray.train.report(row)
-        return
-    with tempfile.TemporaryDirectory() as directory:
-        Path(directory, "profile.json").write_text(json.dumps(row))
-        ray.train.report(row, checkpoint=ray.train.Checkpoint.from_directory(directory))
+def measured_step_count(warmup_step_s: float, min_steps: int, budget_s: float,
+                        max_steps: int = MAX_MEASURE_STEPS) -> int:
+    """Steps per timed phase: at least `min_steps`, more while they fit in `budget_s`."""
+    if not math.isfinite(warmup_step_s) or warmup_step_s <= 0:
+        return min_steps
+    return max(min_steps, min(max_steps, int(budget_s // warmup_step_s)))
 
 
 def profile_loop_per_worker(config: dict[str, Any]) -> None:
-    """Ray Train loop: profile `config["global_batch"]` on this worker group, report one row.
+    """Ray Train loop: profile each of `config["global_batches"]` on this worker group,
+    smallest first, and report one row per batch.
 
-    config: workload (name or Workload), workload_options, global_batch,
-    warmup_steps, measure_steps, device_memory_bytes (optional: a CPU peak above
-    it is "oom"), measure_memory (default True), seed, report_checkpoint.
+    config: workload (name or Workload), workload_options, global_batches (or one
+    global_batch), warmup_steps, measure_steps, measure_seconds, device_memory_bytes
+    (optional: a CPU peak above it is "oom"), measure_memory (default True), seed,
+    round, trial_started_at (time.time() when the trial started: the launch's wall time).
     """
     context = ray.train.get_context()
     world_size = context.get_world_size()
-    global_batch = int(config["global_batch"])
-    row = empty_row(world_size, global_batch)
-    try:
-        row.update(_profile(config, world_size, global_batch))
-    except torch.OutOfMemoryError as exc:
-        # Every worker runs the same local batch, so all of them fail alike.
-        logger.warning("out of memory at B=%d N=%d: %s", global_batch, world_size, exc)
-        row.update(status=STATUS_OOM, error=f"OutOfMemoryError: {exc}"[-MAX_ERROR_CHARS:])
-    _report(row, bool(config.get("report_checkpoint", False)))
+    launch_s = time.time() - float(config.get("trial_started_at", time.time()))
+    batches = sorted(int(b) for b in config.get("global_batches", [config.get("global_batch")]))
+    sweep = _Sweep(config, world_size)
+    for global_batch in batches:
+        started = time.perf_counter()
+        row = empty_row(world_size, global_batch)
+        try:
+            row.update(sweep.profile(global_batch))
+        except torch.OutOfMemoryError as exc:
+            # Every worker runs the same local batch, so all of them fail alike.
+            logger.warning("out of memory at B=%d N=%d: %s", global_batch, world_size, exc)
+            row.update(status=STATUS_OOM, error=f"OutOfMemoryError: {exc}"[-MAX_ERROR_CHARS:])
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
+        row.update(round=config.get("round", math.nan), launch_wall_s=launch_s,
+                   profile_wall_s=time.perf_counter() - started)
+        ray.train.report(row)  # every worker reports (a barrier); rank 0's row is kept
+        if row["status"] == STATUS_OOM:
+            break  # memory per worker grows with b: every larger batch runs out too
 
 
-def _profile(config: dict[str, Any], world_size: int, global_batch: int) -> dict[str, Any]:
-    if global_batch % world_size:
-        raise ValueError(f"global_batch={global_batch} is not divisible by num_workers="
-                         f"{world_size}; B must be a multiple of N")
-    local_batch = global_batch // world_size
-    warmup = int(config.get("warmup_steps", WARMUP_STEPS_DEFAULT))
-    measure = int(config.get("measure_steps", MEASURE_STEPS_DEFAULT))
-    if warmup < 0 or measure < 1:
-        raise ValueError(f"warmup_steps={warmup}, measure_steps={measure}; "
-                         "need warmup_steps >= 0 and measure_steps >= 1")
-    workload = resolve_workload(config["workload"], config.get("workload_options"))
-    device = ray.train.torch.get_device()
-    torch.manual_seed(int(config.get("seed", SEED_DEFAULT)))
-    # Diagnostics beside the profile fields: per-worker compute speed depends on them (NOTES-ENV).
-    result: dict[str, Any] = {"torch_threads": torch.get_num_threads(), "device": device.type,
-                              "cpus_per_worker": config.get("cpus_per_worker", math.nan)}
+class _Sweep:
+    """What a worker group builds once and reuses for every batch: workload, model, data."""
 
-    # 1. Memory. CUDA: the allocator's counter over the real run (below).
-    limit = config.get("device_memory_bytes")
-    if device.type != "cuda" and config.get("measure_memory", True):
-        (peak,) = _max_over_workers([float(peak_memory_bytes(workload, local_batch,
-                                                             device=device))], device)
-        result.update(peak_mem_bytes=peak, memory_source="memtracker")
-        if limit is not None and peak > float(limit):
-            return {**result, "status": STATUS_OOM,
-                    "error": f"peak {peak:.4g} bytes > device_memory_bytes {float(limit):.4g}"}
+    def __init__(self, config: dict[str, Any], world_size: int) -> None:
+        self.config, self.world_size = config, world_size
+        self.warmup = int(config.get("warmup_steps", WARMUP_STEPS_DEFAULT))
+        self.measure = int(config.get("measure_steps", MEASURE_STEPS_DEFAULT))
+        self.budget_s = float(config.get("measure_seconds", MEASURE_SECONDS_DEFAULT))
+        if self.warmup < 0 or self.measure < 1:
+            raise ValueError(f"warmup_steps={self.warmup}, measure_steps={self.measure}; "
+                             "need warmup_steps >= 0 and measure_steps >= 1")
+        self.workload = resolve_workload(config["workload"], config.get("workload_options"))
+        self.device = ray.train.torch.get_device()
+        torch.manual_seed(int(config.get("seed", SEED_DEFAULT)))
+        self.dataset = self.workload.train_dataset_fn()
+        self.model = ray.train.torch.prepare_model(self.workload.model_fn())
+        self.model.train()
+        self.optimizer = self.workload.optimizer_fn(self.model.parameters())
+        self.loss_fn = self.workload.loss_fn()
 
-    dataset = workload.train_dataset_fn()
-    if len(dataset) < global_batch:  # type: ignore[arg-type]
-        raise ValueError(f"global_batch={global_batch} is larger than the dataset of "
-                         f"{workload.name} ({len(dataset)} samples)")  # type: ignore[arg-type]
-    loader = ray.train.torch.prepare_data_loader(
-        DataLoader(dataset, batch_size=local_batch, shuffle=True, drop_last=True))
-    model = ray.train.torch.prepare_model(workload.model_fn())
-    model.train()
-    optimizer, loss_fn = workload.optimizer_fn(model.parameters()), workload.loss_fn()
-    batches = _cycle(loader)
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
+    def profile(self, global_batch: int) -> dict[str, Any]:
+        world_size, device, config = self.world_size, self.device, self.config
+        if global_batch % world_size:
+            raise ValueError(f"global_batch={global_batch} is not divisible by num_workers="
+                             f"{world_size}; B must be a multiple of N")
+        local_batch = global_batch // world_size
+        # Diagnostics beside the profile fields: per-worker compute speed depends on them.
+        result: dict[str, Any] = {"torch_threads": torch.get_num_threads(),
+                                  "device": device.type,
+                                  "cpus_per_worker": config.get("cpus_per_worker", math.nan)}
 
-    # 2-4. Warm-up, compute-only, synced. One worker: no DDP wrapper, no
-    # collective, so the synced phase would repeat the compute phase: sync = 0.
-    _timed_steps(warmup, batches, model, optimizer, loss_fn, device)
-    distributed = isinstance(model, torch.nn.parallel.DistributedDataParallel)
-    with model.no_sync() if distributed else contextlib.nullcontext():
-        compute = _timed_steps(measure, batches, model, optimizer, loss_fn, device)
-    step = _timed_steps(measure, batches, model, optimizer, loss_fn, device) if distributed \
-        else compute
+        # 1. Memory. CUDA: the allocator's counter over the real run (below).
+        limit = config.get("device_memory_bytes")
+        if device.type != "cuda" and config.get("measure_memory", True):
+            (peak,) = _max_over_workers([float(peak_memory_bytes(
+                self.workload, local_batch, device=device))], device)
+            result.update(peak_mem_bytes=peak, memory_source="memtracker")
+            if limit is not None and peak > float(limit):
+                return {**result, "status": STATUS_OOM,
+                        "error": f"peak {peak:.4g} bytes > device_memory_bytes {float(limit):.4g}"}
 
-    medians = [statistics.median(compute), statistics.median(step), _spread(step)]
-    if device.type == "cuda":
-        medians.append(float(torch.cuda.max_memory_allocated(device)))
-    reduced = _max_over_workers(medians, device)
-    compute_s, step_s, spread = reduced[:3]
-    # Timing noise (~15 % here) can make the compute-only median exceed the
-    # synced one when the collective is cheap; sync cannot be negative, so the
-    # whole step is then compute and the row stays consistent: step = compute + sync.
-    compute_s = min(compute_s, step_s)
-    result.update(
-        compute_time_s=compute_s, step_time_s=step_s, sync_time_s=step_s - compute_s,
-        samples_per_s=global_batch / step_s, step_time_spread=spread,
-        warmup_steps=warmup, measure_steps=measure, status=STATUS_OK, error="")
-    if device.type == "cuda":
-        result.update(peak_mem_bytes=reduced[3], memory_source="cuda")
-        # The user may declare a device smaller than this GPU.
-        if limit is not None and reduced[3] > float(limit):
-            result.update(status=STATUS_OOM, error=f"peak {reduced[3]:.4g} bytes > "
-                                                   f"device_memory_bytes {float(limit):.4g}")
-    return result
+        if len(self.dataset) < global_batch:  # type: ignore[arg-type]
+            raise ValueError(f"global_batch={global_batch} is larger than the dataset of "
+                             f"{self.workload.name} ({len(self.dataset)} samples)")  # type: ignore[arg-type]
+        loader = ray.train.torch.prepare_data_loader(
+            DataLoader(self.dataset, batch_size=local_batch, shuffle=True, drop_last=True))
+        batches = _cycle(loader)
+        model, optimizer, loss_fn = self.model, self.optimizer, self.loss_fn
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
 
+        # 2-4. Warm-up, compute-only, synced. One worker: no DDP wrapper, no
+        # collective, so the synced phase would repeat the compute phase: sync = 0.
+        warm = _timed_steps(self.warmup, batches, model, optimizer, loss_fn, device)
+        (warm_s,) = _max_over_workers([warm[-1] if warm else math.nan], device)
+        steps = measured_step_count(warm_s, self.measure, self.budget_s)
+        distributed = isinstance(model, torch.nn.parallel.DistributedDataParallel)
+        with model.no_sync() if distributed else contextlib.nullcontext():
+            compute = _timed_steps(steps, batches, model, optimizer, loss_fn, device)
+        step = _timed_steps(steps, batches, model, optimizer, loss_fn, device) if distributed \
+            else compute
+
+        medians = [statistics.median(compute), statistics.median(step), _spread(step),
+                   sum(compute) + (sum(step) if distributed else 0.0)]
+        if device.type == "cuda":
+            medians.append(float(torch.cuda.max_memory_allocated(device)))
+        reduced = _max_over_workers(medians, device)
+        compute_s, step_s, spread, timed_s = reduced[:4]
+        # Timing noise (~15 % here) can make the compute-only median exceed the
+        # synced one when the collective is cheap; sync cannot be negative, so the
+        # whole step is then compute and the row stays consistent: step = compute + sync.
+        compute_s = min(compute_s, step_s)
+        result.update(
+            compute_time_s=compute_s, step_time_s=step_s, sync_time_s=step_s - compute_s,
+            samples_per_s=global_batch / step_s, step_time_spread=spread,
+            warmup_steps=self.warmup, measure_steps=steps, timed_wall_s=timed_s,
+            status=STATUS_OK, error="")
+        if device.type == "cuda":
+            result.update(peak_mem_bytes=reduced[4], memory_source="cuda")
+            # The user may declare a device smaller than this GPU.
+            if limit is not None and reduced[4] > float(limit):
+                result.update(status=STATUS_OOM, error=f"peak {reduced[4]:.4g} bytes > "
+                                                       f"device_memory_bytes {float(limit):.4g}")
+        return result

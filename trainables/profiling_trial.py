@@ -1,4 +1,5 @@
-"""The Tune trainable that profiles one (N, B) candidate with a Ray Train TorchTrainer.
+"""The Tune trainable that profiles one cluster size N at several global batches with ONE
+Ray Train TorchTrainer (one worker group; DESIGN "Data flow" step 3).
 
 Train V2 (the default in Ray 2.60) does not accept `Tuner(trainer)`; the
 supported pattern is a Tune function trainable that builds and fits a
@@ -7,16 +8,18 @@ TorchTrainer and forwards the workers' reports to Tune with
 `train_driver` resource (`tula_ray.cluster.trial_resources`).
 
     tune.Tuner(trainable_with_resources(), param_space={"num_workers": 2,
-               "global_batch": 256, "workload": "fashion-mnist-cnn"}, ...)
+               "global_batches": [64, 256], "workload": "fashion-mnist-cnn"}, ...)
 
-Whatever happens, the trial reports exactly one row with every
-`tula_ray.profile_table.PROFILE_COLUMNS` field; failures are rows with status
-"oom" or "error", never a crashed search.
+The trial reports one Tune result per batch, each a row with every
+`tula_ray.profile_table.PROFILE_COLUMNS` field (so each shows in Tune's output and the
+dashboard as it is measured); failures are rows with status "oom" or "error", never a
+crashed search. Launches per search = trials = distinct N per round.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any, Callable
 
 from ray import tune
@@ -32,30 +35,41 @@ from tula_ray.workloads import resolve_workload
 logger = logging.getLogger(__name__)
 
 # Keys of a trial config read by the trial itself; the rest go to the worker loop.
-TRIAL_KEYS = ("num_workers", "use_gpu", "cpus_per_worker", "storage_path")
+TRIAL_KEYS = ("num_workers", "use_gpu", "cpus_per_worker", "resources_per_worker", "storage_path")
 
 
 def trainable_with_resources() -> Callable:
-    """`profile_candidate` wrapped with `trial_resources()`, ready for `tune.Tuner`."""
-    return tune.with_resources(profile_candidate, trial_resources())
+    """`profile_cluster_size` wrapped with `trial_resources()`, ready for `tune.Tuner`."""
+    return tune.with_resources(profile_cluster_size, trial_resources())
+
+
+def batches_of(config: dict[str, Any]) -> list[int]:
+    """The global batches a trial config asks for, smallest first (`global_batches`, or
+    one `global_batch`)."""
+    batches = config.get("global_batches")
+    if batches is None:
+        batches = [config["global_batch"]]
+    return sorted(int(b) for b in batches)
 
 
 def build_trainer(config: dict[str, Any], callbacks: list | None = None) -> TorchTrainer:
-    """The TorchTrainer that runs `profile_loop_per_worker` for one candidate.
+    """The TorchTrainer that runs `profile_loop_per_worker` for one cluster size.
 
-    config: num_workers, global_batch, workload, workload_options, use_gpu
-    (default: the cluster has GPUs), cpus_per_worker, warmup_steps, measure_steps,
-    device_memory_bytes, storage_path (default: Ray's, ~/ray_results), and the
-    loop's other keys (report_checkpoint=True makes `fit().metrics` the row).
+    config: num_workers, global_batches, workload, workload_options, use_gpu
+    (default: the cluster has GPUs), resources_per_worker (one worker's, as in Ray's
+    ScalingConfig) or cpus_per_worker, warmup_steps, measure_steps, measure_seconds,
+    device_memory_bytes, storage_path (default: Ray's, ~/ray_results), and the loop's
+    other keys.
     """
     num_workers = int(config["num_workers"])
     use_gpu = config.get("use_gpu")
     if use_gpu is None:
         use_gpu = use_gpu_default()
-    resources = worker_resources(num_workers, bool(use_gpu), config.get("cpus_per_worker"))
+    resources = worker_resources(num_workers, bool(use_gpu), config.get("cpus_per_worker"),
+                                 config.get("resources_per_worker"))
     loop_config = {k: v for k, v in config.items() if k not in TRIAL_KEYS}
-    loop_config["cpus_per_worker"] = resources["CPU"]  # reported with the row
-    name = f"profile-N{num_workers}-B{int(config['global_batch'])}"
+    loop_config["cpus_per_worker"] = resources.get("CPU", 0.0)  # reported with the row
+    name = f"profile-N{num_workers}-B{'-'.join(str(b) for b in batches_of(config))}"
     return TorchTrainer(
         profile_loop_per_worker,
         train_loop_config=loop_config,
@@ -68,27 +82,37 @@ def build_trainer(config: dict[str, Any], callbacks: list | None = None) -> Torc
     )
 
 
-def profile_candidate(config: dict[str, Any]) -> None:
-    """Tune function trainable: profile (config["num_workers"], config["global_batch"]).
+def profile_cluster_size(config: dict[str, Any]) -> None:
+    """Tune function trainable: profile config["num_workers"] at each config["global_batches"].
 
-    Reports one row (the PROFILE_COLUMNS plus diagnostics) to Tune, via the
-    workers and TuneReportCallback on success, directly on failure.
+    Reports one row per batch to Tune: from the workers via TuneReportCallback as each
+    batch is measured; directly for a batch that cannot run (found without starting
+    workers) and, should the worker group fail, for every batch (the searcher keeps a
+    batch's first row, so the ones already measured stay measured).
     """
-    num_workers, global_batch = int(config["num_workers"]), int(config["global_batch"])
-    problem = _infeasible(num_workers, global_batch, config)
-    if problem:  # no need to start N workers to learn this
-        tune.report(empty_row(num_workers, global_batch, STATUS_ERROR, problem))
+    started_at = time.time()
+    num_workers = int(config["num_workers"])
+    runnable = []
+    for global_batch in batches_of(config):
+        problem = _infeasible(num_workers, global_batch, config)
+        if problem:  # no need to start N workers to learn this
+            tune.report(empty_row(num_workers, global_batch, STATUS_ERROR, problem))
+        else:
+            runnable.append(global_batch)
+    if not runnable:
         return
     # The Train run is stored inside its Tune trial unless the config names a place.
-    config = {**config, "storage_path": config.get("storage_path")
-              or tune.get_context().get_trial_dir()}
+    config = {**config, "global_batches": runnable, "trial_started_at": started_at,
+              "storage_path": config.get("storage_path") or tune.get_context().get_trial_dir()}
     try:
         build_trainer(config, callbacks=[TuneReportCallback()]).fit()
-    except Exception as exc:  # noqa: BLE001 - any failure is one "error" row, never a crash
+    except Exception as exc:  # noqa: BLE001 - any failure is an "error" row, never a crash
         message = f"{type(exc).__name__}: {exc}"
         status = STATUS_OOM if "OutOfMemoryError" in message else STATUS_ERROR
-        logger.warning("candidate N=%d B=%d failed: %s", num_workers, global_batch, message)
-        tune.report(empty_row(num_workers, global_batch, status, message))
+        logger.warning("cluster size N=%d failed at batches %s: %s", num_workers, runnable,
+                       message)
+        for global_batch in runnable:
+            tune.report(empty_row(num_workers, global_batch, status, message))
 
 
 def _infeasible(num_workers: int, global_batch: int, config: dict[str, Any]) -> str:

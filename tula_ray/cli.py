@@ -21,9 +21,9 @@ from typing import Any, Iterator
 
 import pandas as pd
 
-from tula_ray.perf import MODES
 from tula_ray.plan import Plan, build_plan
 from tula_ray.policy import OBJECTIVES
+from tula_ray.search_strategies import STRATEGIES as SEARCH_STRATEGIES
 from tula_ray.space import SearchSpace
 
 METRICS_FILE = "train_metrics.csv"
@@ -33,8 +33,10 @@ SHOWN_COLUMNS = ("epoch", "resumed_from", "train_loss", "train_accuracy", "test_
 
 
 def _add_plan_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--mode", choices=MODES, default="partial",
-                        help="fit from all profiles (full) or only the extremes (partial)")
+    parser.add_argument("--search-strategy", "--mode", dest="search_strategy",
+                        choices=sorted(SEARCH_STRATEGIES), default="partial",
+                        help="which candidates to profile and fit from: only the extremes "
+                             "(partial) or all (full); --mode is the former name")
     parser.add_argument("--objective", choices=OBJECTIVES, default="knee")
     parser.add_argument("--pricing", default="fixed",
                         help="fixed[:USD_PER_NODE_HOUR] or memory[:USD_PER_GB_HOUR]")
@@ -47,6 +49,11 @@ def _write(plan: Plan, out: Path) -> None:
     plan.to_json(out / "plan.json")
     figures = plan.plot(out)
     print(f"wrote {out / 'plan.json'} and {', '.join(str(f) for f in figures)}")
+
+
+def storage_location(value: str) -> str:
+    """`--storage-path`: a cloud URI (s3://..., gs://...) as given, a local path made absolute."""
+    return value if "://" in value else str(Path(value).resolve())
 
 
 def add_address_option(parser: argparse.ArgumentParser) -> None:
@@ -76,7 +83,7 @@ def add_train_command(commands: Any) -> None:
     add_train_options(parser)
     parser.add_argument("--workload", default=None,
                         help="a built-in workload name, when the plan records none")
-    parser.add_argument("--storage-path", type=Path, default=None,
+    parser.add_argument("--storage-path", type=storage_location, default=None,
                         help="where Ray Train keeps checkpoints (default ~/ray_results)")
     parser.add_argument("--out", type=Path, default=Path("train"),
                         help=f"directory for {METRICS_FILE}")
@@ -137,7 +144,7 @@ def train_and_write(plan: Any, args: argparse.Namespace, workload: str | None = 
     """Train `plan` (a Plan or a path), print the per-epoch table, write the metrics CSV."""
     from tula_ray.train import train  # imports ray
 
-    storage = str(args.storage_path.resolve()) if args.storage_path else None
+    storage = args.storage_path
     retries = {} if args.max_failures is None else {"max_failures": args.max_failures}
     tuned = _tuned_config(getattr(args, "config", None)) or {"strategy": args.strategy}
     result = train(plan, workload=workload, epochs=args.epochs, storage_path=storage,
@@ -200,7 +207,8 @@ def _replay(args: argparse.Namespace) -> None:
         space = SearchSpace(tuple(profiles["num_workers"].astype(int).unique().tolist()),
                             tuple(profiles["global_batch"].astype(int).unique().tolist()))
     plan = build_plan(space, profiles, epochs=epochs, dataset_size=dataset_size,
-                      mode=args.mode, objective=args.objective, pricing=args.pricing,
+                      strategy=args.search_strategy, objective=args.objective,
+                      pricing=args.pricing,
                       workload=workload, meta={"source": "replay"})
     _write(plan, args.out)
 
@@ -211,13 +219,16 @@ def _demo(args: argparse.Namespace) -> None:
     # With --train, one Ray for the search and the training.
     with _ray_for(args.train, args.address):
         plan = search("fashion-mnist-cnn", cluster_sizes=tuple(args.cluster_sizes),
-                      min_batch=args.min_batch, max_batch=args.max_batch, mode=args.mode,
-                      objective=args.objective, pricing=args.pricing, address=args.address,
-                      storage_path=str(args.storage_path.resolve()) if args.storage_path else None)
+                      min_batch=args.min_batch, max_batch=args.max_batch,
+                      strategy=args.search_strategy, objective=args.objective,
+                      pricing=args.pricing, address=args.address,
+                      storage_path=args.storage_path)
         _write(plan, args.out)
         meta = plan.meta
         print(f"memory probe {meta['probe_wall_s']:.0f} s, profiling "
-              f"{meta['profiling_wall_s']:.0f} s for {meta['trials']} trials")
+              f"{meta['profiling_wall_s']:.0f} s: {meta['candidates_profiled']} candidates in "
+              f"{meta['launches']} worker-group launches, {meta['rounds']} rounds "
+              f"({meta['stop_reason']})")
         if args.train:
             train_and_write(plan, args)
 
@@ -262,7 +273,7 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument("--min-batch", type=int, default=32)
     demo.add_argument("--max-batch", type=int, default=2048,
                       help="upper bound on B (the memory probe may lower it)")
-    demo.add_argument("--storage-path", type=Path, default=None,
+    demo.add_argument("--storage-path", type=storage_location, default=None,
                       help="where Tune keeps the trials (default ~/ray_results)")
     _add_plan_options(demo)
     add_address_option(demo)

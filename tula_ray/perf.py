@@ -35,7 +35,6 @@ from tula_ray.profile_table import usable
 
 logger = logging.getLogger(__name__)
 
-MODES = ("full", "partial")
 FORMS = ("auto", "additive", "overlap")
 OVERLAP_P_BOUNDS = (1.0, 10.0)  # p = 1 is additive; p -> inf is perfect overlap (max)
 # The overlap form has one more parameter: keep it only when it predicts clearly
@@ -104,7 +103,7 @@ class PerfParams:
     collective: str  # key of COLLECTIVES
     sync_per_unit_per_sample_s: float = 0.0  # growth of exposed sync with b (stragglers)
     overlap_p: float = 1.0  # p-norm exponent; 1.0 is the paper's additive eq. 2a
-    mode: str = "full"  # which profiles it was fitted from
+    strategy: str = "full"  # the search strategy that chose the rows it was fitted from
     num_profiles: int = 0
     loo_median_rel_error: float | None = None  # leave-one-out step-time error of this fit
     notes: tuple[str, ...] = field(default_factory=tuple)
@@ -122,6 +121,8 @@ class PerfParams:
     @classmethod
     def from_dict(cls, data: dict) -> "PerfParams":
         data = dict(data)
+        if "mode" in data:  # plans written before the search's `mode` became `strategy`
+            data["strategy"] = data.pop("mode")
         data["compute"] = {int(n): ComputeCurve(**line) for n, line in data["compute"].items()}
         data["compute_pooled"] = ComputeCurve(**data["compute_pooled"])
         data["notes"] = tuple(data.get("notes", ()))
@@ -195,18 +196,6 @@ def training_time_s(step_time_s, epochs: int, dataset_size: int, global_batch,
 
 
 # --- fitting ------------------------------------------------------------------
-
-def extreme_rows(profiles: pd.DataFrame) -> pd.DataFrame:
-    """The rows partial search fits from: min/max cluster size x min/max batch (§III-A2)."""
-    rows = usable(profiles)
-    if rows.empty:
-        return rows
-    picked = []
-    for n in sorted({rows["num_workers"].min(), rows["num_workers"].max()}):
-        at_n = rows[rows["num_workers"] == n]
-        picked += [at_n["global_batch"].idxmin(), at_n["global_batch"].idxmax()]
-    return rows.loc[sorted(set(picked))].reset_index(drop=True)
-
 
 def fit_compute_curve(local_batch, compute_s) -> ComputeCurve:
     """Eq. 2b fitted to (b, compute time) minimising RELATIVE residuals.
@@ -286,7 +275,7 @@ def _fit_overlap(params: PerfParams, rows: pd.DataFrame) -> PerfParams:
                    sync_per_unit_per_sample_s=float(solution[1]), overlap_p=float(solution[2]))
 
 
-def _fit_form(rows: pd.DataFrame, collective: str, form: str, mode: str) -> PerfParams:
+def _fit_form(rows: pd.DataFrame, collective: str, form: str, strategy: str) -> PerfParams:
     if rows.empty:
         raise ValueError(
             "no usable profile rows (status 'ok' with a step time) to fit the performance "
@@ -298,21 +287,21 @@ def _fit_form(rows: pd.DataFrame, collective: str, form: str, mode: str) -> Perf
     if sync is None:
         notes = ("no multi-worker profile: sync time taken as 0 for every N",)
         sync = (0.0, 0.0)
-    params = PerfParams(per_n, pooled, sync[0], collective, sync[1], 1.0, mode, len(rows), None,
+    params = PerfParams(per_n, pooled, sync[0], collective, sync[1], 1.0, strategy, len(rows), None,
                         notes)
     if form == "overlap":
         params = _fit_overlap(params, rows)
     return params
 
 
-def _loo_error(rows: pd.DataFrame, collective: str, form: str, mode: str) -> float | None:
+def _loo_error(rows: pd.DataFrame, collective: str, form: str, strategy: str) -> float | None:
     """Median relative error of each row's step time predicted by a fit without it."""
     if len(rows) < 3:
         return None
     errors = []
     for i in range(len(rows)):
         rest = rows.drop(index=rows.index[i])
-        params = _fit_form(rest, collective, form, mode)
+        params = _fit_form(rest, collective, form, strategy)
         row = rows.iloc[i]
         predicted = float(predict_step_s(params, row["num_workers"], row["local_batch"]))
         errors.append(abs(predicted - row["step_time_s"]) / row["step_time_s"])
@@ -325,36 +314,35 @@ def _enough_for_overlap(rows: pd.DataFrame, collective: str) -> bool:
 
 
 def fit(
-    profiles: pd.DataFrame,
+    rows: pd.DataFrame,
     *,
-    mode: str = "full",
     collective: str = "ring",
     form: str = "auto",
+    strategy: str = "full",
 ) -> PerfParams:
-    """Fit the performance model from profile rows.
+    """Fit the performance model from profile rows: every usable one it is given (the
+    search strategy decides which: `search_strategies.SearchStrategy.fit_rows`).
 
-    mode: "full" uses every usable row; "partial" only the extremes (`extreme_rows`).
     collective: a key of COLLECTIVES ("ring", "ps", or one registered).
     form: "additive" (eq. 2a), "overlap" (p-norm), or "auto": overlap only when
       there are enough multi-worker rows and its leave-one-out error is lower.
+    strategy: recorded with the parameters (which strategy chose the rows).
     """
-    if mode not in MODES:
-        raise ValueError(f"mode {mode!r} is not allowed; use one of {MODES}")
     if form not in FORMS:
         raise ValueError(f"form {form!r} is not allowed; use one of {FORMS}")
     _collective(collective)
-    rows = extreme_rows(profiles) if mode == "partial" else usable(profiles)
+    rows = usable(rows)
     candidates = [form] if form != "auto" else ["additive"]
     if form == "auto" and _enough_for_overlap(rows, collective):
         candidates.append("overlap")
     best: PerfParams | None = None
     for name in candidates:
-        params = _fit_form(rows, collective, name, mode)
-        loo = _loo_error(rows, collective, name, mode)
+        params = _fit_form(rows, collective, name, strategy)
+        loo = _loo_error(rows, collective, name, strategy)
         params = replace(params, loo_median_rel_error=loo)
         best_loo = math.inf if best is None or best.loo_median_rel_error is None else best.loo_median_rel_error
         if best is None or (loo is not None and loo < OVERLAP_MIN_GAIN * best_loo):
             best = params
-    logger.info("perf model: %s form from %d %s rows, LOO error %s",
-                best.form, best.num_profiles, mode, best.loo_median_rel_error)
+    logger.info("perf model: %s form from %d rows (%s), LOO error %s",
+                best.form, best.num_profiles, strategy, best.loo_median_rel_error)
     return best

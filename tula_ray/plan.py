@@ -10,6 +10,7 @@ plan can be re-made offline from recorded profiles.
 from __future__ import annotations
 
 import json
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -21,7 +22,8 @@ from tula_ray import memory as memory_model
 from tula_ray import perf
 from tula_ray.policy import Choice, choose
 from tula_ray.pricing import Pricing, parse_pricing, pricing_from_dict, pricing_to_dict
-from tula_ray.profile_table import profile_frame, usable
+from tula_ray.profile_table import oom_local_batch, profile_frame, usable
+from tula_ray.search_strategies import make_strategy
 from tula_ray.space import SearchSpace
 
 PLAN_FORMAT = 1
@@ -33,7 +35,7 @@ class Plan:
     """Result of a search: profiles, fitted models, one row per candidate, and the choice."""
 
     workload: str
-    mode: str
+    strategy: str  # the search strategy (tula_ray.search_strategies) that chose the fitted rows
     objective: str
     epochs: int
     dataset_size: int
@@ -56,7 +58,7 @@ class Plan:
         return {
             "format": PLAN_FORMAT,
             "workload": self.workload,
-            "mode": self.mode,
+            "strategy": self.strategy,
             "objective": self.objective,
             "epochs": self.epochs,
             "dataset_size": self.dataset_size,
@@ -88,7 +90,8 @@ class Plan:
             raise ValueError(f"plan format {data.get('format')!r} is not supported; "
                              f"this tula-ray reads format {PLAN_FORMAT}")
         return cls(
-            workload=data["workload"], mode=data["mode"], objective=data["objective"],
+            workload=data["workload"], strategy=data.get("strategy", data.get("mode")),
+            objective=data["objective"],
             epochs=data["epochs"], dataset_size=data["dataset_size"],
             profiles=_frame_from_json(data["profiles"]),
             perf=perf.PerfParams.from_dict(data["perf"]),
@@ -116,7 +119,7 @@ class Plan:
         loo = self.perf.loo_median_rel_error
         lines = [
             shown.to_string(index=False, float_format=lambda v: f"{v:.4g}"),
-            f"performance model: {self.mode} fit, {self.perf.form} form, "
+            f"performance model: {self.strategy} search's fit, {self.perf.form} form, "
             f"{self.perf.num_profiles} profiles, leave-one-out error "
             + ("n/a" if loo is None else f"{loo:.1%}"),
             f"choice ({c.objective}): N={c.num_workers}, B={c.global_batch} "
@@ -181,20 +184,13 @@ def _infeasible_reason(row: pd.Series, oom_local_batch: float, max_local_batch: 
     return ""
 
 
-def oom_local_batch(profiles: pd.DataFrame) -> float:
-    """Smallest local batch that ran out of memory (inf if none). Memory per worker
-    depends on b only, so an OOM at b makes every b' >= b infeasible for every N."""
-    oom = profiles[profiles["status"] == "oom"]
-    return float(oom["local_batch"].min()) if len(oom) else np.inf
-
-
 def build_plan(
     space: SearchSpace,
     profiles: pd.DataFrame,
     *,
     epochs: int,
     dataset_size: int,
-    mode: str = "partial",
+    strategy: str = "partial",
     objective: str = "knee",
     pricing: Pricing | str | dict = "fixed",
     memory: memory_model.MemoryParams | None = None,
@@ -206,14 +202,22 @@ def build_plan(
     form: str = "auto",
     workload: str = "custom",
     meta: dict[str, Any] | None = None,
+    mode: str | None = None,
 ) -> Plan:
-    """Fit, predict every candidate of `space`, apply constraints, choose (DESIGN step 4)."""
+    """Fit, predict every candidate of `space`, apply constraints, choose (DESIGN step 4).
+
+    strategy: the search strategy whose rows the model is fitted from (`fit_rows`: full,
+      every usable row; partial, the corners), see tula_ray.search_strategies.
+    mode: the former name of `strategy` (deprecated).
+    """
+    strategy = deprecated_mode(strategy, mode)
     for name, value in (("epochs", epochs), ("dataset_size", dataset_size)):
         if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value <= 0:
             raise ValueError(f"{name}={value!r}; it must be a positive integer")
     pricing = parse_pricing(pricing)
     profiles = profile_frame(profiles.to_dict("records"))
-    params = perf.fit(profiles, mode=mode, collective=collective, form=form)
+    params = perf.fit(make_strategy(strategy).fit_rows(profiles), collective=collective,
+                      form=form, strategy=strategy)
     memory = memory if memory is not None else fit_memory_from_profiles(profiles)
     if memory is None and "memory" in pricing_to_dict(pricing)["kind"]:
         raise ValueError("memory-based pricing needs a memory model: profile at least two "
@@ -245,8 +249,17 @@ def build_plan(
     dense = _dense_curve(space, params, memory, pricing, epochs, dataset_size,
                          oom_bound, max_local_batch, max_workers, max_global_batch)
     choice = choose(table, objective, dense=dense, weight_time=weight_time)
-    return Plan(workload, mode, objective, epochs, dataset_size, profiles, params, memory,
+    return Plan(workload, strategy, objective, epochs, dataset_size, profiles, params, memory,
                 pricing_to_dict(pricing), table, choice, dict(meta or {}))
+
+
+def deprecated_mode(strategy: str, mode: str | None) -> str:
+    """`mode=` was the search strategy's name before it clashed with Ray's `mode` (min/max)."""
+    if mode is None:
+        return strategy
+    warnings.warn("`mode=` is deprecated: the search strategy is `strategy=` (Ray's `mode` "
+                  "means min/max)", FutureWarning, stacklevel=3)
+    return mode
 
 
 def _dense_curve(space, params, memory, pricing, epochs, dataset_size, oom_local,

@@ -26,10 +26,17 @@ PROFILE_COLUMNS = (
     "step_time_s",  # one synchronous data-parallel step
     "peak_mem_bytes",  # peak device memory of one worker
     "samples_per_s",  # B / step_time_s
+    "step_time_spread",  # (q3 - q1) / median of the synced steps: this row's own timing noise
+    "measure_steps",  # steps timed in each phase (more where steps are short: same budget)
+    "round",  # the search round that asked for this candidate (1, 2, ...)
+    "launch_wall_s",  # start of the worker group that profiled it (same for its whole sweep)
+    "profile_wall_s",  # wall time of this candidate inside its worker group
+    "timed_wall_s",  # of which the timed steps (compute and synced phases)
     "status",
     "error",
 )
-NUMERIC_COLUMNS = PROFILE_COLUMNS[:8]
+ID_COLUMNS = PROFILE_COLUMNS[:3]
+NUMERIC_COLUMNS = PROFILE_COLUMNS[:-2]
 MAX_ERROR_CHARS = 2000  # keep a traceback-sized message out of every results table
 
 
@@ -71,7 +78,8 @@ def profile_row(num_workers: int, global_batch: int, metrics: Mapping | None,
     if error is not None or not metrics or "status" not in metrics:
         row.update(status=STATUS_ERROR, error=error or "no result reported")
     else:
-        row.update({k: metrics[k] for k in PROFILE_COLUMNS[3:] if k in metrics})
+        row.update({k: metrics[k] for k in PROFILE_COLUMNS if k in metrics
+                    and k not in ID_COLUMNS})
     return row
 
 
@@ -79,3 +87,10 @@ def usable(profiles: pd.DataFrame) -> pd.DataFrame:
     """The rows a model can fit: status ok and a finite step time."""
     ok = profiles[(profiles["status"] == STATUS_OK) & profiles["step_time_s"].notna()]
     return ok.reset_index(drop=True)
+
+
+def oom_local_batch(profiles: pd.DataFrame) -> float:
+    """Smallest local batch that ran out of memory (inf if none). Memory per worker
+    depends on b only, so an OOM at b makes every b' >= b infeasible for every N."""
+    oom = profiles[profiles["status"] == STATUS_OOM]
+    return float(oom["local_batch"].min()) if len(oom) else math.inf

@@ -12,22 +12,24 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Sequence
 
-import pandas as pd
 import ray
 from ray import tune
 
 from searchers import TulaSearcher
 from trainables.memory_probe import check_max_local_batch, probe_memory
-from trainables.profiling_loop import MEASURE_STEPS_DEFAULT, WARMUP_STEPS_DEFAULT
+from trainables.profiling_loop import (MEASURE_SECONDS_DEFAULT, MEASURE_STEPS_DEFAULT,
+                                      WARMUP_STEPS_DEFAULT)
 from trainables.profiling_trial import trainable_with_resources
 from tula_ray import memory as memory_model
-from tula_ray.cluster import (CPU_MEMORY_SHARE_DEFAULT, check_capacity, ensure_ray,
-                              node_memory_bytes, use_gpu_default)
-from tula_ray.perf import COLLECTIVES, MODES
-from tula_ray.plan import Plan, build_plan
+from tula_ray.cluster import (CPU_MEMORY_SHARE_DEFAULT, PROVISION_TIMEOUT_S_DEFAULT,
+                              check_storage_path, check_worker_request, ensure_ray,
+                              node_memory_bytes, provision_workers, release_workers)
+from tula_ray.perf import COLLECTIVES
+from tula_ray.plan import Plan, build_plan, deprecated_mode
 from tula_ray.policy import OBJECTIVES
 from tula_ray.pricing import Pricing, parse_pricing
-from tula_ray.profile_table import profile_frame, profile_row
+from tula_ray.profile_table import profile_frame
+from tula_ray.search_strategies import STRATEGIES, make_strategy
 from tula_ray.space import MIN_BATCH_DEFAULT, SearchSpace, check_positive_ints
 from tula_ray.workloads import Workload, resolve_workload
 from tula_ray.arguments import (check_choice, check_int, check_mapping, check_number, check_text,
@@ -42,7 +44,11 @@ def _check_arguments(a: dict[str, Any]) -> None:
                         "positive integers")
     check_positive_ints("cluster_sizes", a["cluster_sizes"])
     check_choice("objective", a["objective"], OBJECTIVES)
-    check_choice("mode", a["mode"], MODES)
+    check_choice("strategy", a["strategy"], sorted(STRATEGIES))
+    if a["mode"] is not None:  # the former name of `strategy`
+        check_choice("mode", a["mode"], sorted(STRATEGIES))
+    check_mapping("strategy_options", a["strategy_options"])
+    check_number("measure_seconds", a["measure_seconds"], low=0.0)
     check_choice("collective", a["collective"], sorted(COLLECTIVES))
     check_number("weight_time", a["weight_time"], low=0.0, high=1.0)
     check_number("headroom", a["headroom"], low=0.0, high=1.0, high_open=True)
@@ -56,10 +62,13 @@ def _check_arguments(a: dict[str, Any]) -> None:
     check_mapping("workload_options", a["workload_options"])
     for label in ("storage_path", "name", "address"):
         check_text(label, a[label], optional=True)
+    check_worker_request(a["resources_per_worker"], a["provision_timeout_s"])
 
 
 def _validate(r: "_Request") -> None:
     """What depends on several arguments or on the workload."""
+    # An unknown name or option fails here.
+    named_arguments(make_strategy, "strategy", "strategy_options")(r.strategy, r.strategy_options)
     if r.max_batch is not None and r.max_batch < r.min_batch:
         raise ValueError(f"max_batch={r.max_batch} is below min_batch={r.min_batch}; "
                          "max_batch must be >= min_batch")
@@ -79,7 +88,8 @@ class _Request:
     min_batch: int
     max_batch: int | None
     objective: str
-    mode: str
+    strategy: str
+    strategy_options: dict[str, Any]
     pricing: Pricing
     weight_time: float
     device_memory_gb: float | None
@@ -90,6 +100,7 @@ class _Request:
     storage_path: str | None
     name: str | None
     epochs: int
+    measure_seconds: float
 
 
 def search(
@@ -99,7 +110,7 @@ def search(
     min_batch: int = MIN_BATCH_DEFAULT,
     max_batch: int | None = None,
     objective: str = "knee",
-    mode: str = "partial",
+    strategy: str = "partial",
     pricing: Pricing | str | dict = "fixed",
     weight_time: float = 0.5,
     device_memory_gb: float | None = None,
@@ -111,7 +122,12 @@ def search(
     name: str | None = None,
     workload_options: dict[str, Any] | None = None,
     epochs: int | None = None,
+    strategy_options: dict[str, Any] | None = None,
+    measure_seconds: float = MEASURE_SECONDS_DEFAULT,
     address: str | None = None,
+    mode: str | None = None,
+    resources_per_worker: dict[str, float] | None = None,
+    provision_timeout_s: float = PROVISION_TIMEOUT_S_DEFAULT,
 ) -> Plan:
     """Profile candidates on Ray, fit the models, and return the Plan with the choice.
 
@@ -120,17 +136,30 @@ def search(
     cluster_sizes: the N to consider; each must fit the cluster's GPUs (or CPUs).
     min_batch, max_batch: global batch bounds; the memory probe lowers max_batch
       to what one device holds (times the largest N), and the dataset size caps it.
-    mode: "partial" profiles only the extremes; "full" every candidate.
+    strategy: the search strategy (tula_ray.search_strategies.STRATEGIES): "partial"
+      profiles only the extremes, "full" every candidate; strategy_options go to it.
+      (`mode` is its former, deprecated name: Ray's `mode` means min/max.)
     objective, weight_time, pricing: see tula_ray.policy.choose and tula_ray.pricing.
     device_memory_gb: memory of one device; GPUs report theirs, on CPU this is the
       share of RAM a worker may use (default 25 % of the node's RAM).
     storage_path, name: where Ray Tune keeps the experiment (default ~/ray_results).
     epochs: E of eq. 4a, the training the plan predicts (default the workload's).
+    warmup_steps, measure_steps, measure_seconds: per batch, untimed steps, then at least
+      measure_steps timed steps per phase, more while they fit in measure_seconds.
+    One Ray Train worker group per cluster size and round profiles all of its batches.
     address: the Ray cluster to join ("auto": the one this machine belongs to); default
       $RAY_ADDRESS, else a new local Ray on loopback (see tula_ray.cluster.ensure_ray).
       A Ray this process already initialised is used as it is.
+    resources_per_worker: one worker's resources as in Ray's ScalingConfig, e.g.
+      {"CPU": 4}; default one device per worker (a GPU when the cluster has or can add
+      GPUs, else a CPU), so N counts devices.
+    provision_timeout_s: how long to wait for an autoscaler to add the nodes the largest
+      cluster size needs (see tula_ray.cluster.provision_workers).
+    On a multi-node cluster storage_path must be reachable from every node (a shared
+    file system or a cloud URI); the search refuses otherwise, before any trial.
     """
     _check_arguments(locals())
+    strategy = deprecated_mode(strategy, mode)
     options = dict(workload_options or {})
     # A user's Workload is completed and checked here, in the driver (its sample shape and
     # class count from its data and model): a wrong shape fails now, naming the field.
@@ -139,22 +168,31 @@ def search(
     spec = resolved if isinstance(workload, Workload) else workload
     request = _Request(
         spec, options, resolved, tuple(sorted(set(cluster_sizes))),
-        min_batch, max_batch, objective, mode, named_arguments(parse_pricing, "pricing")(pricing),
-        weight_time,
+        min_batch, max_batch, objective, strategy, dict(strategy_options or {}),
+        named_arguments(parse_pricing, "pricing")(pricing), weight_time,
         device_memory_gb, headroom, collective, warmup_steps, measure_steps, storage_path, name,
-        resolved.epochs if epochs is None else epochs)
+        resolved.epochs if epochs is None else epochs, measure_seconds)
     _validate(request)
+    resources = check_worker_request(resources_per_worker, provision_timeout_s)
     started_ray = ensure_ray(address)
+    workers = None
     try:
-        use_gpu = use_gpu_default()
-        check_capacity(request.cluster_sizes, use_gpu)
+        workers = provision_workers(request.cluster_sizes[-1], resources,
+                                    timeout_s=provision_timeout_s)
+        check_storage_path(request.storage_path)
+        use_gpu = workers.use_gpu
         started = time.perf_counter()
         space, probe, device_bytes = _bounded_space(request, use_gpu)
         probe_s = time.perf_counter() - started
-        profiles, experiment_path = _profile(request, space, use_gpu, device_bytes)
+        searcher, experiment_path = _profile(request, space, use_gpu, device_bytes,
+                                             workers.resources)
+        profiles = profile_frame(searcher.profiles)
         meta = {"probe_wall_s": probe_s,
                 "profiling_wall_s": time.perf_counter() - started - probe_s,
-                "trials": len(profiles), "device_memory_bytes": device_bytes,
+                "trials": len(searcher.sweeps), "launches": len(searcher.sweeps),
+                "rounds": searcher.rounds, "stop_reason": searcher.stop_reason,
+                "sweeps": searcher.sweeps, "candidates_profiled": len(profiles),
+                "device_memory_bytes": device_bytes,
                 "max_local_batch": probe["max_local_batch"], "use_gpu": use_gpu,
                 "ray_version": ray.__version__, "experiment_path": experiment_path,
                 "memory_probe": probe["rows"],
@@ -162,11 +200,12 @@ def search(
         workload = request.workload
         return build_plan(
             space, profiles, epochs=request.epochs, dataset_size=workload.dataset_size,
-            mode=request.mode, objective=request.objective, pricing=request.pricing,
+            strategy=request.strategy, objective=request.objective, pricing=request.pricing,
             memory=probe["params"], max_local_batch=probe["max_local_batch"],
             weight_time=request.weight_time, collective=request.collective,
             workload=workload.name, meta=meta)
     finally:
+        release_workers(workers)
         if started_ray:
             ray.shutdown()
 
@@ -213,16 +252,18 @@ def _bounded_space(request: _Request, use_gpu: bool) -> tuple[SearchSpace, dict,
     return space, probe, device_bytes
 
 
-def _profile(request: _Request, space: SearchSpace, use_gpu: bool,
-             device_bytes: float) -> tuple[pd.DataFrame, str]:
-    """DESIGN step 3: one Tune trial per candidate, one at a time (concurrent trials
-    would share the CPUs or the network and distort each other's step times)."""
+def _profile(request: _Request, space: SearchSpace, use_gpu: bool, device_bytes: float,
+             resources: dict[str, float]) -> tuple[TulaSearcher, str]:
+    """DESIGN step 3: one Tune trial per cluster size and round, one at a time (concurrent
+    trials would share the CPUs or the network and distort each other's step times)."""
     # What every trial shares goes in the param space, which Tune merges into each
     # suggested config (as for Ray's own searchers): the searcher's state stays JSON.
     constants = {"workload": request.spec, "workload_options": request.options,
                  "use_gpu": use_gpu, "warmup_steps": request.warmup_steps,
-                 "measure_steps": request.measure_steps, "device_memory_bytes": device_bytes}
-    searcher = TulaSearcher(space.candidates(), request.mode)
+                 "measure_steps": request.measure_steps,
+                 "measure_seconds": request.measure_seconds, "device_memory_bytes": device_bytes,
+                 "resources_per_worker": resources}
+    searcher = TulaSearcher(space.candidates(), request.strategy, request.strategy_options)
     name = request.name or f"tula-{request.workload.name}-{datetime.now():%Y%m%d-%H%M%S}"
     tuner = tune.Tuner(
         trainable_with_resources(),
@@ -234,18 +275,11 @@ def _profile(request: _Request, space: SearchSpace, use_gpu: bool,
         run_config=tune.RunConfig(storage_path=request.storage_path, name=name, verbose=1),
     )
     results = tuner.fit()
-    return profile_frame(_rows(results)), results.experiment_path
+    return searcher, results.experiment_path
 
 
 def trial_name(trial: Any) -> str:
     """A short trial name (and directory) from the searched keys only: Tune's default
     spells out the whole config, a user's Workload object included."""
     config = trial.config
-    return f"profile_N{config.get('num_workers')}_B{config.get('global_batch')}_{trial.trial_id}"
-
-
-def _rows(results: tune.ResultGrid) -> list[dict[str, Any]]:
-    """One profile row per trial; a trial that raised is a row with status 'error'."""
-    return [profile_row(result.config["num_workers"], result.config["global_batch"],
-                        result.metrics, None if result.error is None else str(result.error))
-            for result in results]
+    return f"profile_N{config.get('num_workers')}_round{config.get('round')}_{trial.trial_id}"

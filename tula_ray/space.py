@@ -137,9 +137,7 @@ class SearchSpace:
 
     def extremes(self) -> list[Candidate]:
         """The corners (min/max N) x (min/max B): what partial search profiles (paper §III-A2)."""
-        ns = sorted({self.cluster_sizes[0], self.cluster_sizes[-1]})
-        bs = sorted({self.batch_sizes[0], self.batch_sizes[-1]})
-        return [Candidate(n, b) for n in ns for b in bs]
+        return corners(self.candidates())
 
     def bounded(self, max_local_batch: int, max_global_batch: int | None = None) -> "SearchSpace":
         """Drop batch sizes no cluster size can run: B > max N x max local batch.
@@ -158,6 +156,19 @@ class SearchSpace:
                 "lower min_batch or give the device more memory"
             )
         return SearchSpace(self.cluster_sizes, kept)
+
+
+def corners(candidates: Iterable[Candidate]) -> list[Candidate]:
+    """The extremes of a set of (N, B) pairs: at its smallest and its largest N, the
+    smallest and the largest B present at that N (paper §III-A2's partial search)."""
+    pairs = sorted(set(candidates))
+    if not pairs:
+        return []
+    picked = []
+    for n in sorted({pairs[0].num_workers, pairs[-1].num_workers}):
+        at_n = [c for c in pairs if c.num_workers == n]
+        picked += [at_n[0], at_n[-1]]
+    return sorted(set(picked))
 
 
 def _lcm(values: Iterable[int]) -> int:

@@ -1,0 +1,152 @@
+"""Search strategies: which (N, B) candidates to profile next, and when the search is done.
+
+One protocol, `SearchStrategy`, and a registry, `STRATEGIES`: full and partial search
+(paper §III-A2) are registered here; a fourth strategy is one `register_strategy` call.
+A strategy is a pure function of the grid and the rows measured so far: it keeps no
+state of its own, so the Tune searcher that drives it (`searchers.TulaSearcher`, a thin
+adapter, as Ray's `OptunaSearch` is over an Optuna sampler) saves and restores the
+search as plain JSON rows. It also says which measured rows the performance model is
+fitted from (`fit_rows`).
+
+Round by round: the adapter asks `propose`, profiles what it names (one worker group
+per cluster size N), records the rows, and asks again; an empty proposal ends the
+search, and its `reason` says why.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Protocol, Sequence
+
+import pandas as pd
+
+from tula_ray.profile_table import STATUS_OK, oom_local_batch, usable
+from tula_ray.space import Candidate, corners
+
+
+@dataclass(frozen=True)
+class Proposal:
+    """What to profile next; empty when the search is done, and why in either case."""
+
+    candidates: tuple[Candidate, ...]
+    reason: str
+
+    @property
+    def done(self) -> bool:
+        return not self.candidates
+
+
+class SearchStrategy(Protocol):
+    """Decides what a search profiles. Implementations hold only their options."""
+
+    name: str
+
+    def propose(self, grid: Sequence[Candidate], rows: pd.DataFrame) -> Proposal:
+        """The candidates to profile in the next round, given every row measured so far
+        (a `profile_table.profile_frame`: ok, oom and error rows). Never a candidate
+        that already has a row; an empty proposal ends the search."""
+        ...
+
+    def fit_rows(self, rows: pd.DataFrame) -> pd.DataFrame:
+        """The measured rows the performance model is fitted from."""
+        ...
+
+
+def _key(candidate: Candidate) -> tuple[int, int]:
+    return candidate.num_workers, candidate.global_batch
+
+
+def measured_keys(rows: pd.DataFrame) -> set[tuple[int, int]]:
+    """(N, B) of every row, whatever its status: a candidate is profiled at most once."""
+    return set(zip(rows["num_workers"].astype(int), rows["global_batch"].astype(int)))
+
+
+def open_candidates(grid: Sequence[Candidate], rows: pd.DataFrame) -> list[Candidate]:
+    """Candidates with no row yet and a local batch below every out-of-memory one
+    (memory per worker depends on b only: an OOM at b rules out b' >= b for every N)."""
+    done, bound = measured_keys(rows), oom_local_batch(rows)
+    return [c for c in grid if _key(c) not in done and c.local_batch < bound]
+
+
+class FullSearch:
+    """Every candidate of the grid (paper §III-A2, "full search")."""
+
+    name = "full"
+
+    def propose(self, grid: Sequence[Candidate], rows: pd.DataFrame) -> Proposal:
+        todo = open_candidates(grid, rows)
+        if todo:
+            return Proposal(tuple(todo), f"full search: {len(todo)} candidates not yet profiled")
+        return Proposal((), "full search: every feasible candidate is profiled")
+
+    def fit_rows(self, rows: pd.DataFrame) -> pd.DataFrame:
+        return usable(rows)
+
+
+class PartialSearch:
+    """The extremes: min/max N x min/max B (paper §III-A2, "partial search").
+
+    A corner that ran out of memory or crashed is replaced by the next batch inward at
+    the same N (paper §IV-B: "relaunching progressively smaller batches until a
+    feasible configuration is found"), so that the model stays identified.
+    """
+
+    name = "partial"
+
+    def propose(self, grid: Sequence[Candidate], rows: pd.DataFrame) -> Proposal:
+        status = {(int(n), int(b)): s for n, b, s in
+                  zip(rows["num_workers"], rows["global_batch"], rows["status"])}
+        bound = oom_local_batch(rows)
+        sizes = sorted({c.num_workers for c in grid})
+        needed = []
+        for n in sorted({sizes[0], sizes[-1]}):
+            at_n = sorted((c for c in grid if c.num_workers == n), key=lambda c: c.global_batch)
+            for side in (at_n, at_n[::-1]):  # the smallest batch, then the largest
+                for candidate in side:
+                    state = status.get(_key(candidate))
+                    if state is None and candidate.local_batch < bound:
+                        needed.append(candidate)
+                        break
+                    if state == STATUS_OK:
+                        break  # this side is covered; failed or too large: try inward
+        needed = list(dict.fromkeys(needed))
+        if needed:
+            return Proposal(tuple(needed), "partial search: the extremes of N and B "
+                                           "(the next batch inward where one failed)")
+        return Proposal((), "partial search: every extreme is profiled")
+
+    def fit_rows(self, rows: pd.DataFrame) -> pd.DataFrame:
+        """The usable rows at the corners of what was measured: min/max N x min/max B."""
+        ok = usable(rows)
+        if ok.empty:
+            return ok
+        pairs = [Candidate(int(n), int(b)) for n, b in zip(ok["num_workers"], ok["global_batch"])]
+        keep = {_key(c) for c in corners(pairs)}
+        picked = [(int(n), int(b)) in keep for n, b in zip(ok["num_workers"], ok["global_batch"])]
+        return ok[picked].reset_index(drop=True)
+
+
+STRATEGIES: dict[str, Callable[..., SearchStrategy]] = {
+    "full": FullSearch,
+    "partial": PartialSearch,
+}
+
+
+def register_strategy(name: str, factory: Callable[..., SearchStrategy]) -> None:
+    """Add a search strategy: `factory(**options)` returns an object with `name`,
+    `propose(grid, rows)` and `fit_rows(rows)` (see `SearchStrategy`)."""
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"strategy name {name!r}; it must be a non-empty string")
+    STRATEGIES[name] = factory
+
+
+def make_strategy(name: str, options: dict[str, Any] | None = None) -> SearchStrategy:
+    """The registered strategy `name`, built with `options`; a clear error otherwise."""
+    if name not in STRATEGIES:
+        raise ValueError(f"search strategy {name!r} is unknown; use one of {sorted(STRATEGIES)} "
+                         "(or add one with tula_ray.search_strategies.register_strategy)")
+    try:
+        return STRATEGIES[name](**dict(options or {}))
+    except TypeError as exc:
+        raise ValueError(f"strategy_options={dict(options or {})!r} do not fit search "
+                         f"strategy {name!r} ({exc})") from exc
