@@ -19,7 +19,6 @@ from ray.train.torch import TorchTrainer
 from ray.tune.integration.ray_train import TuneReportCallback
 
 from trainables.training_loop import train_loop_per_worker
-from tula_ray.cluster import worker_resources
 
 logger = logging.getLogger(__name__)
 
@@ -31,7 +30,8 @@ def tune_trial(config: dict[str, Any], fixed: dict[str, Any]) -> None:
     """Tune function trainable: train with the sampled `config` ("lr" and strategy options).
 
     fixed (through `tune.with_parameters`): workload, workload_options, num_workers,
-    global_batch, epochs, strategy, strategy_options, seed, validation_fraction, use_gpu.
+    global_batch, epochs, strategy, strategy_options, seed, validation_fraction, use_gpu,
+    resources (one worker's, as `tula_ray.cluster.provision_workers` settled them).
     """
     sampled = dict(config)
     lr = sampled.pop("lr", None)
@@ -45,7 +45,7 @@ def tune_trial(config: dict[str, Any], fixed: dict[str, Any]) -> None:
     trainer = TorchTrainer(
         train_loop_per_worker, train_loop_config=loop_config,
         scaling_config=ScalingConfig(num_workers=num_workers, use_gpu=use_gpu,
-                                     resources_per_worker=worker_resources(num_workers, use_gpu)),
+                                     resources_per_worker=dict(fixed["resources"])),
         run_config=RunConfig(name="train", storage_path=tune.get_context().get_trial_dir(),
                              callbacks=[TuneReportCallback()],
                              # A failed configuration is a result (accuracy 0), not a retry.

@@ -30,8 +30,9 @@ from ray.tune.schedulers import ASHAScheduler
 from ray.tune.search.optuna import OptunaSearch
 
 from trainables.tuning_trial import METRIC, tune_trial
-from tula_ray.arguments import check_int, check_number, check_text
-from tula_ray.cluster import check_capacity, ensure_ray, trial_resources, use_gpu_default
+from tula_ray.arguments import check_bool, check_int, check_number, check_text
+from tula_ray.cluster import (PROVISION_TIMEOUT_S_DEFAULT, ensure_ray, provision_workers,
+                              release_workers, trial_resources)
 from tula_ray.plan import Plan
 from tula_ray.train import _dry_run, _job  # one way to resolve a plan's training job
 from tula_ray.training_strategies import TrainingStrategy, get_strategy
@@ -80,6 +81,7 @@ def tune_training(plan: Plan | str | Path, strategy: str | TrainingStrategy = "a
     check_number("validation_fraction", validation_fraction, low=0.0, high=1.0,
                  low_open=True, high_open=True)
     check_int("seed", seed)
+    check_bool("use_gpu", use_gpu, optional=True)
     for label, value in (("storage_path", storage_path), ("name", name)):
         check_text(label, value, optional=True)
     plan = plan if isinstance(plan, Plan) else Plan.from_json(plan)
@@ -96,11 +98,15 @@ def tune_training(plan: Plan | str | Path, strategy: str | TrainingStrategy = "a
              "strategy_options": job.strategy_options, "seed": seed,
              "validation_fraction": validation_fraction}
     started_ray = ensure_ray()
+    workers = None
     try:
-        fixed["use_gpu"] = use_gpu_default() if use_gpu is None else use_gpu
-        check_capacity((job.num_workers,), fixed["use_gpu"])
+        # Refuses a cluster too small for N (or asks its autoscaler), as `train` does.
+        workers = provision_workers(job.num_workers, use_gpu=use_gpu,
+                                    timeout_s=PROVISION_TIMEOUT_S_DEFAULT)
+        fixed.update(use_gpu=workers.use_gpu, resources=workers.resources)
         grid = _tuner(job, fixed, space, trials, grace, seed, storage_path, name).fit()
     finally:
+        release_workers(workers)
         if started_ray:
             ray.shutdown()
     return _best(grid, job)
