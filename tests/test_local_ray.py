@@ -46,9 +46,19 @@ class _Echo:
         return value
 
 
+def _this_rays_processes() -> list[int]:
+    """This session's Ray processes: those of this process's descendants that name its
+    session, and everything they started (workers rename themselves to "ray::..."); not
+    what an earlier test of the same pytest run may have left behind."""
+    session = ray._private.worker.global_worker.node.session_name
+    mine = descendants(os.getpid())
+    roots = [pid for pid in mine if session in command(pid)]
+    return sorted({*roots, *(child for root in roots for child in descendants(root))})
+
+
 def test_every_socket_ray_listens_on_is_loopback(local_ray):
     sockets = listening_sockets()
-    found = [(pid, command(pid), *sockets[inode]) for pid in descendants(os.getpid())
+    found = [(pid, command(pid), *sockets[inode]) for pid in _this_rays_processes()
              for inode in socket_inodes(pid) if inode in sockets]
     exposed = [f"{line[:80]} on {host}:{port}" for _, line, host, port in found
                if not is_loopback(host)]

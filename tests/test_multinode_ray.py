@@ -9,6 +9,7 @@ item 4: Train V2 would keep the run's files on the driver's node).
 """
 
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -35,11 +36,19 @@ def _gcs() -> str:
 DRIVER = Path(__file__).parents[1] / "examples" / "cluster_driver.py"
 
 
+def _free_port(host: str) -> int:
+    with socket.socket() as probe:
+        probe.bind((host, 0))
+        return probe.getsockname()[1]
+
+
 @pytest.fixture(scope="module")
 def two_nodes():
     cluster = Cluster()  # nodes added inside `try`, so a failed start is still shut down
     try:
+        # Its own dashboard port: 8265 may be taken by another Ray on this machine.
         cluster.add_node(num_cpus=1, node_ip_address="127.0.0.3", include_dashboard=True,
+                         dashboard_host="127.0.0.3", dashboard_port=_free_port("127.0.0.3"),
                          resources={DRIVER_RESOURCE: 4})
         cluster.add_node(num_cpus=1, node_ip_address="127.0.0.4")
         cluster.wait_for_nodes()

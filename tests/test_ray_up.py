@@ -191,11 +191,11 @@ def job(cluster):
 
     client = JobSubmissionClient(DASHBOARD)
     scratch = cluster["scratch"]
-    # As README shows: the driver's directory uploaded as the job's working directory.
-    job_id = client.submit_job(
-        entrypoint=(f"python {DRIVER.name} --storage-path {scratch / 'runs'} --name ray-up "
-                    f"--out {scratch / 'runs' / 'plan'}"),
-        runtime_env={"working_dir": str(DRIVER.parent)})
+    # As README shows for this cluster: the script by its path (both nodes are this machine;
+    # with --working-dir the job's directory vanished under it here, see cluster-local.yaml).
+    job_id = client.submit_job(entrypoint=(
+        f"python {DRIVER} --storage-path {scratch / 'runs'} --name ray-up "
+        f"--out {scratch / 'runs' / 'plan'}"))
     while (status := client.get_job_status(job_id)) not in (
             JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.STOPPED):
         time.sleep(JOB_POLL_S)
