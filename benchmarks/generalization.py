@@ -230,6 +230,9 @@ epoch, mean ± std over seeds (diverged seeds included); "diverged": seeds that 
 chance accuracy or with a non-finite loss. "scaled" is AGS's fraction of scaled steps.
 Strategies with the paper's recipe (their defaults): ags is Algorithm 1 literally, ags-ns
 is AGS-NS (README). Tuned configurations: not run yet (issue 12 item 6, see the report).
+Runs of a label's current recipe version are reused across sessions and commits (the
+baselines' code is unchanged since they were recorded); wall times depend on the machine's
+load when each run was recorded.
 
 | B | strategy | test accuracy | seeds | diverged | scaled | wall per run (s) |
 |---|---|---|---|---|---|---|
