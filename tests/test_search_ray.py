@@ -213,7 +213,9 @@ def test_out_of_memory_candidate_is_infeasible_and_the_search_goes_on(
     (dict(strategy="half"), "strategy='half' is not allowed"),
     (dict(min_batch=0), "min_batch=0; it must be an integer >= 1"),
     (dict(min_batch=64, max_batch=32), "max_batch=32 is below min_batch=64"),
-    (dict(device_memory_gb=1e-6), "min_batch=32 does not fit"),
+    # 1 kB cannot even hold DDP's gradient buckets; 5 MB holds the model, not 16 samples.
+    (dict(device_memory_gb=1e-6), "nothing is left for training on a device of 1e-06 GB"),
+    (dict(device_memory_gb=0.005), "min_batch=32 does not fit"),
     (dict(epochs=0), "epochs=0"),
     (dict(workload=dataclasses.replace(USER_WORKLOAD, sample_shape=(1, 28, 28)),
           workload_options=None), r"sample_shape=\(1, 28, 28\)"),
