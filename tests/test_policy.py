@@ -103,3 +103,26 @@ def test_bad_objective_and_empty_feasible_set():
     nothing = HAND.assign(feasible=False, infeasible_reason="out of memory when profiled")
     with pytest.raises(ValueError, match="no feasible candidate among 5.*out of memory"):
         choose(nothing, "time")
+
+
+def test_ties_within_the_uncertainty_are_named_and_how_they_were_broken():
+    """Fastest: 100 s +- 10 % ties 105 s +- 10 % (intervals overlap: 90..110 and 94.5..115.5)
+    but not 130 s +- 10 % (117..143 starts above 110)."""
+    rows = table([(1, 32, 100.0, 1.0), (2, 64, 105.0, 2.0), (4, 128, 130.0, 4.0)])
+    rows["rel_uncertainty"] = 0.10
+    choice = choose(rows, "time", uncertainty="rel_uncertainty")
+    assert (choice.num_workers, choice.global_batch) == (1, 32)
+    assert choice.ties == ((2, 64),) and "central estimate" in choice.tie_break
+    assert "N=2, B=64" in choice.describe_ties()
+    rows["rel_uncertainty"] = 0.01  # 99..101 and 103.95..106.05 no longer overlap
+    assert choose(rows, "time", uncertainty="rel_uncertainty").ties == ()
+
+
+def test_knee_ties_survive_an_uncertainty_above_the_curve_itself():
+    """A measured spread of 70 % (tiny steps on a loaded machine) must not tilt the curve
+    below zero: the choice stands and any ties are candidates of the table."""
+    rows = table([(1, b, 1000.0 / b ** 0.5 + 10, 1.0) for b in (32, 64, 128, 256, 512, 1024)])
+    dense = rows.assign(feasible=True)
+    choice = choose(rows, "knee", dense=dense, uncertainty="total_time_s",
+                    dense_uncertainty=1.7)
+    assert set(choice.ties) <= set(zip(rows["num_workers"], rows["global_batch"]))

@@ -136,7 +136,7 @@ def test_save_and_restore_resume_without_repeating_finished_candidates(tmp_path)
 
 def test_unknown_strategy_names_the_known_ones():
     with pytest.raises(ValueError, match=r"search strategy 'half' is unknown; use one of "
-                                         r"\['full', 'partial'"):
+                                         r"\['adaptive', 'full', 'partial'"):
         TulaSearcher(SPACE.candidates(), "half")
     with pytest.raises(ValueError, match="strategy_options=.* do not fit search strategy 'full'"):
         make_strategy("full", {"rounds": 3})
@@ -178,3 +178,62 @@ def test_partial_fit_rows_are_the_corners_of_what_was_measured():
         (1, 32), (1, 128), (4, 32), (4, 128)]
     assert SPACE.extremes() == [Candidate(1, 32), Candidate(1, 256), Candidate(4, 32),
                                 Candidate(4, 256)]
+
+
+# --- adaptive search (issue 11, item 3) -------------------------------------------------
+
+GRID = SearchSpace.build((1, 2, 4), min_batch=32, max_batch=1024)
+EPOCHS, DATASET = 2, 8192
+
+
+def paper_step_s(n, b):
+    """Ground truth from the paper's equations, written here: eq. 2b compute = a + c b
+    (b = B / N), eq. 2c ring sync = s (1 - 1/N), eq. 2a step = compute + sync."""
+    compute = 0.05 + 3e-4 * (b // n)  # a large fixed cost per step: a marked knee in B
+    return compute, 0.05 * (1 - 1 / n)
+
+
+def paper_row(n, b, spread=0.02):
+    compute, sync = paper_step_s(n, b)
+    return {**ok_row(n, b, compute + sync), "compute_time_s": compute, "sync_time_s": sync,
+            "step_time_spread": spread, "launch_wall_s": 10.0, "profile_wall_s": 1.0,
+            "peak_mem_bytes": 1e7 + 1e4 * (b // n)}
+
+
+def adaptive(**options):
+    # The knee: on the paper's linear model the fastest and the cheapest candidates are
+    # corners (T falls with B; sync and compute trade evenly in N), the knee is inside.
+    return TulaSearcher(GRID.candidates(), "adaptive",
+                        dict(objective="knee", epochs=EPOCHS, dataset_size=DATASET, **options))
+
+
+def with_round(searcher, outcome):
+    """Rows carry the round that asked for them, as the worker loop reports it."""
+    def rows(n, b):
+        return {**outcome(n, b), "round": searcher.rounds}
+    return rows
+
+
+def test_adaptive_search_measures_its_choice_and_stops_when_nothing_ties_it():
+    searcher = adaptive()
+    trials = run(searcher, with_round(searcher, paper_row))
+    assert trials[0]["round"] == 1 and pairs(trials[:2]) == [(1, 32), (1, 1024), (4, 32), (4, 1024)]
+    profiled = set(pairs(trials))
+    assert searcher.rounds >= 2 and len(profiled) < len(GRID.candidates())  # not the whole grid
+    assert "is measured and no unmeasured candidate ties it" in searcher.stop_reason
+    chosen = searcher.stop_reason.split("the choice N=")[1].split(" is measured")[0]
+    n, b = (int(part.split("=")[-1]) for part in chosen.split(", "))
+    assert (n, b) in profiled  # the plan's choice is a measured candidate
+
+
+def test_adaptive_search_stops_when_its_budget_is_spent():
+    searcher = adaptive(max_rounds=1)
+    trials = run(searcher, with_round(searcher, paper_row))
+    assert {t["round"] for t in trials} == {1}
+    assert "budget spent after 1 rounds (max_rounds=1)" in searcher.stop_reason
+    assert "is predicted, not measured" in searcher.stop_reason  # the knee is inside the grid
+
+
+def test_adaptive_options_are_checked():
+    with pytest.raises(ValueError, match="max_rounds=0"):
+        make_strategy("adaptive", {"max_rounds": 0})

@@ -98,7 +98,7 @@ class Plan:
             memory=None if data["memory"] is None
             else memory_model.MemoryParams.from_dict(data["memory"]),
             pricing=data["pricing"], table=_frame_from_json(data["table"]),
-            choice=Choice(**data["choice"]), meta=data["meta"],
+            choice=Choice.from_dict(data["choice"]), meta=data["meta"],
         )
 
     def plot(self, directory: str | Path) -> list[Path]:
@@ -110,9 +110,9 @@ class Plan:
     def summary(self) -> str:
         """A printable table of the candidates and the choice."""
         columns = ["num_workers", "global_batch", "local_batch", "step_time_s",
-                   "measured_step_time_s", "total_time_s", "cost_usd", "peak_mem_bytes",
-                   "source", "feasible"]
-        shown = self.table[columns].copy()
+                   "measured_step_time_s", "rel_uncertainty", "total_time_s", "cost_usd",
+                   "peak_mem_bytes", "source", "feasible"]
+        shown = self.table[[c for c in columns if c in self.table]].copy()
         shown["peak_mem_bytes"] = (shown["peak_mem_bytes"] / 2**20).round(1)
         shown = shown.rename(columns={"peak_mem_bytes": "peak_mem_MiB"})
         c = self.choice
@@ -125,6 +125,10 @@ class Plan:
             f"choice ({c.objective}): N={c.num_workers}, B={c.global_batch} "
             f"(b={c.local_batch}) - {c.reason}",
         ]
+        if c.ties:
+            lines.append(c.describe_ties())
+        if self.meta.get("stop_reason"):
+            lines.append(f"search stopped: {self.meta['stop_reason']}")
         return "\n".join(lines)
 
 
@@ -239,6 +243,7 @@ def build_plan(
     table["step_time_rel_error"] = (
         (table["step_time_s"] - table["measured_step_time_s"]).abs()
         / table["measured_step_time_s"])
+    predicted_u = _add_uncertainty(table, profiles, params)
 
     oom_bound = oom_local_batch(profiles)
     reasons = [_infeasible_reason(row, oom_bound, max_local_batch, max_workers, max_global_batch)
@@ -248,9 +253,33 @@ def build_plan(
 
     dense = _dense_curve(space, params, memory, pricing, epochs, dataset_size,
                          oom_bound, max_local_batch, max_workers, max_global_batch)
-    choice = choose(table, objective, dense=dense, weight_time=weight_time)
+    choice = choose(table, objective, dense=dense, weight_time=weight_time,
+                    uncertainty="rel_uncertainty", dense_uncertainty=predicted_u)
     return Plan(workload, strategy, objective, epochs, dataset_size, profiles, params, memory,
                 pricing_to_dict(pricing), table, choice, dict(meta or {}))
+
+
+def _add_uncertainty(table: pd.DataFrame, profiles: pd.DataFrame,
+                     params: perf.PerfParams) -> float:
+    """How sure the plan is of each row (issue 11, item 4), as a relative half-width:
+    a measured row, its own measured spread (interquartile range / median of its
+    steps); a predicted row, the fit's out-of-sample error (leave-one-out median) plus
+    the median measured spread. Adds `rel_uncertainty` and the training-time interval
+    `total_time_low_s` / `total_time_high_s`; returns the predicted rows' value."""
+    spreads = usable(profiles)["step_time_spread"] if "step_time_spread" in profiles else \
+        pd.Series(dtype=float)
+    spreads = spreads.dropna()
+    typical = float(spreads.median()) if len(spreads) else 0.0
+    out_of_sample = params.loo_median_rel_error
+    predicted = (out_of_sample if out_of_sample is not None else 0.0) + typical
+    spread = table.merge(profiles[["num_workers", "global_batch", "step_time_spread"]],
+                         on=["num_workers", "global_batch"], how="left")["step_time_spread"]
+    measured = (table["source"] == "measured").to_numpy()
+    u = np.where(measured, spread.fillna(typical).to_numpy(float), predicted)
+    table["rel_uncertainty"] = u
+    table["total_time_low_s"] = table["total_time_s"] * (1.0 - u)
+    table["total_time_high_s"] = table["total_time_s"] * (1.0 + u)
+    return predicted
 
 
 def deprecated_mode(strategy: str, mode: str | None) -> str:

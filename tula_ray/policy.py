@@ -7,7 +7,7 @@ weighted balance of time and cost, among the feasible candidates only.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 import numpy as np
 import pandas as pd
@@ -18,6 +18,7 @@ WEIGHT_TIME_DEFAULT = 0.5  # "weighted": equal say to time and cost
 # take the smallest batch whose time is within this fraction of the best one:
 # the same "diminishing returns" idea, stated as a tolerance.
 KNEE_FALLBACK_TOLERANCE = 0.05
+MAX_KNEE_TILT = 0.9  # the largest relative tilt of a curve when looking for knee ties
 
 
 @dataclass(frozen=True)
@@ -29,13 +30,32 @@ class Choice:
     objective: str
     reason: str
     knee_global_batch: float | None = None  # the knee on the dense curve, before snapping
+    # Candidates that tie with the choice within the uncertainty of the estimates
+    # ((N, B) pairs, the choice excluded), and how the tie was broken.
+    ties: tuple[tuple[int, int], ...] = ()
+    tie_break: str = ""
 
     @property
     def local_batch(self) -> int:
         return self.global_batch // self.num_workers
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        data = asdict(self)
+        data["ties"] = [list(pair) for pair in self.ties]
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "Choice":
+        data = dict(data)
+        data["ties"] = tuple((int(n), int(b)) for n, b in data.get("ties", ()))
+        return cls(**data)
+
+    def describe_ties(self) -> str:
+        """One line for the plan's summary: the tie and how it was broken, or '' if none."""
+        if not self.ties:
+            return ""
+        named = ", ".join(f"N={n}, B={b}" for n, b in self.ties)
+        return f"ties within the uncertainty: {named}; broken by {self.tie_break}"
 
 
 def find_knee(global_batch: np.ndarray, metric: np.ndarray) -> float | None:
@@ -98,7 +118,81 @@ def _knee(feasible: pd.DataFrame, dense: pd.DataFrame | None, metric: str) -> Ch
     return _row_choice(row, "knee", how, knee)
 
 
+def _minimum_ties(feasible: pd.DataFrame, score: pd.Series, chosen: int,
+                  uncertainty: pd.Series | None) -> tuple[tuple[int, int], ...]:
+    """Rows whose interval score * (1 +- u) overlaps the chosen row's: a tie within noise."""
+    if uncertainty is None:
+        return ()
+    u = uncertainty.reindex(feasible.index).fillna(0.0).clip(lower=0.0)
+    best_high = score[chosen] * (1.0 + u[chosen])
+    tied = feasible[(score * (1.0 - u) <= best_high) & (feasible.index != chosen)]
+    return tuple((int(n), int(b)) for n, b in zip(tied["num_workers"], tied["global_batch"]))
+
+
+def _knee_ties(feasible: pd.DataFrame, dense: pd.DataFrame | None, metric: str, chosen: Choice,
+               dense_uncertainty: float | None) -> tuple[tuple[int, int], ...]:
+    """The candidates the knee snaps to when the curve is tilted within its uncertainty:
+    metric * (1 + u t) and metric * (1 - u t), t from -1 at the smallest B to +1 at the
+    largest (linear in log2 B), the two shapes that move a knee the most."""
+    if dense is None or not dense_uncertainty or not np.isfinite(dense_uncertainty):
+        return ()
+    # Beyond +-100 % the tilted curve would cross zero: cap the tilt below it.
+    u = min(float(dense_uncertainty), MAX_KNEE_TILT)
+    x = np.log2(dense["global_batch"].to_numpy(float))
+    t = (2 * (x - x.min()) / max(x.max() - x.min(), 1e-12)) - 1.0
+    picks = set()
+    for sign in (1.0, -1.0):
+        tilted = dense.assign(**{metric: dense[metric] * (1.0 + sign * u * t)})
+        other = _knee(feasible, tilted, metric)
+        picks.add((other.num_workers, other.global_batch))
+    picks.discard((chosen.num_workers, chosen.global_batch))
+    return tuple(sorted(picks))
+
+
 def choose(
+    table: pd.DataFrame,
+    objective: str = "knee",
+    *,
+    dense: pd.DataFrame | None = None,
+    weight_time: float = WEIGHT_TIME_DEFAULT,
+    knee_metric: str = "total_time_s",
+    uncertainty: str | None = None,
+    dense_uncertainty: float | None = None,
+) -> Choice:
+    """The choice (see `_choose`), with the candidates that tie with it within the
+    uncertainty: `table[uncertainty]` is each row's relative uncertainty (a measured
+    row's spread, a predicted row's interval); `dense_uncertainty` that of the dense
+    curve the knee is found on. Ties are broken by the central estimate (the choice
+    itself), and the Choice names them."""
+    choice = _choose(table, objective, dense=dense, weight_time=weight_time,
+                     knee_metric=knee_metric)
+    if uncertainty is None:
+        return choice
+    feasible = _feasible(table)
+    u = feasible[uncertainty] if uncertainty in feasible else None
+    if objective == "knee":
+        ties = _knee_ties(feasible, dense, knee_metric, choice, dense_uncertainty)
+        how = ("the knee of the central predicted curve (the tied candidates are where the "
+               "knee lands when the curve is tilted within its uncertainty)")
+    else:
+        score = _score(feasible, objective, weight_time)
+        chosen = feasible[(feasible["num_workers"] == choice.num_workers)
+                          & (feasible["global_batch"] == choice.global_batch)].index[0]
+        ties = _minimum_ties(feasible, score, chosen, u)
+        how = f"the lowest central estimate of the {objective} score"
+    return replace(choice, ties=ties, tie_break=how if ties else "")
+
+
+def _score(feasible: pd.DataFrame, objective: str, weight_time: float) -> pd.Series:
+    if objective == "time":
+        return feasible["total_time_s"]
+    if objective == "cost":
+        return feasible["cost_usd"]
+    return (weight_time * feasible["total_time_s"] / feasible["total_time_s"].min()
+            + (1 - weight_time) * feasible["cost_usd"] / feasible["cost_usd"].min())
+
+
+def _choose(
     table: pd.DataFrame,
     objective: str = "knee",
     *,

@@ -27,7 +27,7 @@ from tula_ray.cluster import (CPU_MEMORY_SHARE_DEFAULT, PROVISION_TIMEOUT_S_DEFA
 from tula_ray.perf import COLLECTIVES
 from tula_ray.plan import Plan, build_plan, deprecated_mode
 from tula_ray.policy import OBJECTIVES
-from tula_ray.pricing import Pricing, parse_pricing
+from tula_ray.pricing import Pricing, parse_pricing, pricing_to_dict
 from tula_ray.profile_table import profile_frame
 from tula_ray.search_strategies import STRATEGIES, make_strategy
 from tula_ray.space import MIN_BATCH_DEFAULT, SearchSpace, check_positive_ints
@@ -184,7 +184,7 @@ def search(
         started = time.perf_counter()
         space, probe, device_bytes = _bounded_space(request, use_gpu)
         probe_s = time.perf_counter() - started
-        searcher, experiment_path = _profile(request, space, use_gpu, device_bytes,
+        searcher, experiment_path = _profile(request, space, use_gpu, device_bytes, probe,
                                              workers.resources)
         profiles = profile_frame(searcher.profiles)
         meta = {"probe_wall_s": probe_s,
@@ -252,8 +252,21 @@ def _bounded_space(request: _Request, use_gpu: bool) -> tuple[SearchSpace, dict,
     return space, probe, device_bytes
 
 
+def _strategy_options(request: _Request, probe: dict) -> dict[str, Any]:
+    """The user's strategy options, plus the plan's context for a strategy that plans as
+    it goes (adaptive): all JSON, so the searcher's state stays JSON."""
+    options = dict(request.strategy_options)
+    if getattr(STRATEGIES[request.strategy], "needs_plan_context", False):
+        options.update(objective=request.objective, epochs=request.epochs,
+                       dataset_size=request.workload.dataset_size,
+                       pricing=pricing_to_dict(request.pricing), weight_time=request.weight_time,
+                       collective=request.collective, memory=probe["params"].to_dict(),
+                       max_local_batch=probe["max_local_batch"])
+    return options
+
+
 def _profile(request: _Request, space: SearchSpace, use_gpu: bool, device_bytes: float,
-             resources: dict[str, float]) -> tuple[TulaSearcher, str]:
+             probe: dict, resources: dict[str, float]) -> tuple[TulaSearcher, str]:
     """DESIGN step 3: one Tune trial per cluster size and round, one at a time (concurrent
     trials would share the CPUs or the network and distort each other's step times)."""
     # What every trial shares goes in the param space, which Tune merges into each
@@ -263,7 +276,10 @@ def _profile(request: _Request, space: SearchSpace, use_gpu: bool, device_bytes:
                  "measure_steps": request.measure_steps,
                  "measure_seconds": request.measure_seconds, "device_memory_bytes": device_bytes,
                  "resources_per_worker": resources}
-    searcher = TulaSearcher(space.candidates(), request.strategy, request.strategy_options)
+    # Above the memory probe's checked bound a candidate is infeasible: the plan says so,
+    # and no worker group is launched to learn it again.
+    grid = [c for c in space.candidates() if c.local_batch <= probe["max_local_batch"]]
+    searcher = TulaSearcher(grid, request.strategy, _strategy_options(request, probe))
     name = request.name or f"tula-{request.workload.name}-{datetime.now():%Y%m%d-%H%M%S}"
     tuner = tune.Tuner(
         trainable_with_resources(),

@@ -1,0 +1,216 @@
+"""Issue 11, item 6: the search strategies past this machine, by simulation.
+
+Synthetic profiles of the paper's own grid (N in {2, 4, 8, 16}, B from 32 to the memory
+bound), drawn from a known model with GPU-like noise and launch costs, fed through the
+real adapter (`searchers.TulaSearcher`: the same rounds, one worker group per N, an OOM
+ends a sweep) and the real planner (`build_plan`). No Ray is started (the adapter's
+module imports ray.tune's `Searcher` class only); the whole run takes seconds.
+
+Ground truth (paper eq. 2a-2c, 4a), ResNet-50-like on one V100 per worker: compute
+INTERCEPT_S + PER_SAMPLE_S * b, ring all-reduce SYNC_S * (1 - 1/N) (~100 MB of fp32
+gradients over 10 Gb/s), a memory bound of MAX_LOCAL_BATCH samples per GPU (memory
+grows STATIC_BYTES + BYTES_PER_SAMPLE * b). Noise: each launch (a process) draws a level
+factor in [1 - noise, 1 + noise] and each row its own in [1 - noise/2, 1 + noise/2].
+Profiling cost: LAUNCH_S per worker-group launch, and per profiled batch its warm-up and
+timed steps at the true step time plus BATCH_OVERHEAD_S. Regret: of each strategy's
+plan's choice, measured on the TRUE grid, against the choice on the true grid
+(`policy.choose`), per objective and pricing; for the knee it is signed (on time).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+import numpy as np
+import pandas as pd
+
+from benchmarks.common import provenance, write_result
+
+NAME = "strategy_simulation"
+CLUSTER_SIZES = (2, 4, 8, 16)  # paper §IV-B
+MIN_BATCH = 32  # paper §IV-B
+MAX_LOCAL_BATCH = 256  # ResNet-50, fp32, 16 GB V100
+INTERCEPT_S, PER_SAMPLE_S, SYNC_S = 0.010, 0.0011, 0.16
+STATIC_BYTES, BYTES_PER_SAMPLE = 0.4e9, 0.05e9
+LAUNCH_S = 45.0  # a worker group on GPU nodes: processes, CUDA context, NCCL init
+BATCH_OVERHEAD_S = 2.0  # loader, memory check, per batch inside a launched group
+WARMUP_STEPS, MEASURE_STEPS = 3, 8  # the profiling loop's defaults, two timed phases
+EPOCHS, DATASET = 100, 50_000  # CIFAR-10-sized training (eq. 4a)
+NOISES = (0.02, 0.05)
+STRATEGIES = ("full", "partial", "adaptive")
+OBJECTIVES = ("time", "cost", "knee")
+SEEDS = 20
+QUICK_SEEDS = 1
+
+
+def true_step_s(n, b):
+    """Eq. 2a-2c, written here: compute a + c b plus ring sync s (1 - 1/N)."""
+    return INTERCEPT_S + PER_SAMPLE_S * np.asarray(b, float) + SYNC_S * (1 - 1 / np.asarray(n, float))
+
+
+def _grid(cluster_sizes, batch_sizes):
+    from tula_ray.space import SearchSpace
+
+    space = SearchSpace(tuple(cluster_sizes), tuple(batch_sizes))
+    # The memory probe's bound: candidates above it are infeasible, not profiled.
+    return space, [c for c in space.candidates() if c.local_batch <= MAX_LOCAL_BATCH]
+
+
+def _truth_table(space, pricing):
+    """Every candidate with its true training time and cost (the oracle's table)."""
+    rows = []
+    for c in space.candidates():
+        step = float(true_step_s(c.num_workers, c.local_batch))
+        rows.append({**c.as_dict(), "total_time_s": EPOCHS * math.ceil(DATASET / c.global_batch) * step,
+                     "peak_mem_bytes": STATIC_BYTES + BYTES_PER_SAMPLE * c.local_batch,
+                     "feasible": c.local_batch <= MAX_LOCAL_BATCH, "infeasible_reason": ""})
+    table = pd.DataFrame(rows)
+    table["cost_usd"] = pricing.cost_usd(table["total_time_s"].to_numpy(), table["num_workers"].to_numpy(float),
+                                         table["peak_mem_bytes"].to_numpy())
+    return table
+
+
+def simulate(strategy: str, cluster_sizes, batch_sizes, noise: float, seed: int,
+             objective: str = "knee", pricing=None) -> dict:
+    """One search: rows, launches, profiling seconds, and its plan."""
+    from ray.tune.search import Searcher
+
+    from searchers import TulaSearcher
+    from tula_ray.plan import build_plan
+    from tula_ray.pricing import FixedRate, pricing_to_dict
+    from tula_ray.profile_table import profile_frame
+
+    pricing = pricing or FixedRate()
+    space, grid = _grid(cluster_sizes, batch_sizes)
+    options = {}
+    if strategy == "adaptive":
+        options = dict(objective=objective, epochs=EPOCHS, dataset_size=DATASET,
+                       pricing=pricing_to_dict(pricing), max_local_batch=MAX_LOCAL_BATCH)
+    searcher = TulaSearcher(grid, strategy, options)
+    rng = np.random.default_rng(seed)
+    seconds, launches = 0.0, 0
+    for trial in range(1000):
+        config = searcher.suggest(f"t{trial}")
+        if config == Searcher.FINISHED:
+            break
+        n, level = config["num_workers"], rng.uniform(1 - noise, 1 + noise)
+        launches += 1
+        seconds += LAUNCH_S
+        for b in config["global_batches"]:
+            factor = level * rng.uniform(1 - noise / 2, 1 + noise / 2)
+            compute = (INTERCEPT_S + PER_SAMPLE_S * b / n) * factor
+            sync = SYNC_S * (1 - 1 / n) * factor
+            step = compute + sync
+            seconds += (WARMUP_STEPS + 2 * MEASURE_STEPS) * step + BATCH_OVERHEAD_S
+            searcher.on_trial_result(f"t{trial}", {
+                "num_workers": n, "global_batch": b, "local_batch": b // n, "status": "ok",
+                "error": "", "compute_time_s": compute, "sync_time_s": sync, "step_time_s": step,
+                "samples_per_s": b / step, "step_time_spread": noise, "round": config["round"],
+                "launch_wall_s": LAUNCH_S, "profile_wall_s": BATCH_OVERHEAD_S,
+                "peak_mem_bytes": STATIC_BYTES + BYTES_PER_SAMPLE * b / n})
+        searcher.on_trial_complete(f"t{trial}")
+    rows = profile_frame(searcher.profiles)
+    plan = build_plan(space, rows, epochs=EPOCHS, dataset_size=DATASET, strategy=strategy,
+                      objective=objective, pricing=pricing, max_local_batch=MAX_LOCAL_BATCH)
+    return {"plan": plan, "launches": launches, "profiling_s": seconds,
+            "candidates": len(rows), "rounds": searcher.rounds}
+
+
+def _regret(plan, truth: pd.DataFrame, objective: str) -> float:
+    from tula_ray.policy import choose
+
+    metric = "cost_usd" if objective == "cost" else "total_time_s"
+    oracle = choose(truth, objective)
+    indexed = truth.set_index(["num_workers", "global_batch"])
+    best = float(indexed.loc[(oracle.num_workers, oracle.global_batch), metric])
+    got = float(indexed.loc[(plan.choice.num_workers, plan.choice.global_batch), metric])
+    return (got - best) / best
+
+
+def run(quick: bool = False) -> dict:
+    from tula_ray.pricing import FixedRate, MemoryRate
+    from tula_ray.space import geometric
+
+    seeds = QUICK_SEEDS if quick else SEEDS
+    batches = geometric(MIN_BATCH, MAX_LOCAL_BATCH * CLUSTER_SIZES[-1])
+    pricings = {"fixed": FixedRate(), "memory": MemoryRate()}
+    table = []
+    for noise in NOISES[-1:] if quick else NOISES:
+        for strategy in STRATEGIES:
+            for objective in OBJECTIVES:
+                for label, pricing in pricings.items():
+                    if objective != "cost" and label == "memory":
+                        continue  # time and knee do not depend on the pricing
+                    truth = _truth_table(_grid(CLUSTER_SIZES, batches)[0], pricing)
+                    runs = [simulate(strategy, CLUSTER_SIZES, batches, noise, seed, objective,
+                                     pricing) for seed in range(seeds)]
+                    regrets = [_regret(r["plan"], truth, objective) for r in runs]
+                    table.append({
+                        "noise": noise, "strategy": strategy, "objective": objective,
+                        "pricing": label, "launches": float(np.median([r["launches"] for r in runs])),
+                        "candidates": float(np.median([r["candidates"] for r in runs])),
+                        "profiling_s": float(np.median([r["profiling_s"] for r in runs])),
+                        "regret_median": float(np.median(regrets)),
+                        "regret_max_abs": float(np.max(np.abs(regrets)))})
+    growth = []
+    grids = ((2, 4), (2, 4, 8, 16)) if quick else ((2, 4), (2, 4, 8), (2, 4, 8, 16),
+                                                   (2, 4, 8, 16, 32))
+    for sizes in grids:
+        for max_local in (64,) if quick else (64, 256):
+            b = geometric(MIN_BATCH, max_local * sizes[-1])
+            for strategy in STRATEGIES:
+                r = simulate(strategy, sizes, b, NOISES[-1], 0, "knee")
+                growth.append({"cluster_sizes": list(sizes), "batch_sizes": len(b),
+                               "max_local_for_grid": max_local, "strategy": strategy,
+                               "launches": r["launches"], "candidates": r["candidates"],
+                               "profiling_s": r["profiling_s"]})
+    result = {**provenance(), "quick": quick, "seeds": seeds, "grid": {
+        "cluster_sizes": list(CLUSTER_SIZES), "batch_sizes": list(batches),
+        "max_local_batch": MAX_LOCAL_BATCH}, "model": {
+        "intercept_s": INTERCEPT_S, "per_sample_s": PER_SAMPLE_S, "sync_s": SYNC_S,
+        "launch_s": LAUNCH_S, "batch_overhead_s": BATCH_OVERHEAD_S},
+        "load_avg_1min": os.getloadavg()[0], "table": table, "growth": growth}
+    markdown = _markdown(result)
+    write_result(NAME + ("_quick" if quick else ""), result, markdown)
+    print(markdown)
+    return result
+
+
+def _markdown(r: dict) -> str:
+    rows = "\n".join(
+        f"| {t['noise']:.0%} | {t['strategy']} | {t['objective']} | {t['pricing']} | "
+        f"{t['launches']:.0f} | {t['candidates']:.0f} | {t['profiling_s']:.0f} | "
+        f"{t['regret_median']:+.1%} | {t['regret_max_abs']:.1%} |" for t in r["table"])
+    growth = "\n".join(
+        f"| {g['cluster_sizes']} | {g['batch_sizes']} | {g['strategy']} | {g['launches']} | "
+        f"{g['candidates']} | {g['profiling_s']:.0f} |" for g in r["growth"])
+    m, grid = r["model"], r["grid"]
+    return f"""### Search strategies on the paper's grid, by simulation (issue 11, item 6)
+
+`{r['command']}` — commit {r['commit']}, {r['date']}, {r['machine']}; {r['seeds']} seeds per row
+(no Ray; seconds of CPU).
+
+Synthetic profiles from a known model (eq. 2a-2c: compute {m['intercept_s'] * 1e3:.0f} ms +
+{m['per_sample_s'] * 1e3:.1f} ms x b, ring sync {m['sync_s'] * 1e3:.0f} ms x (1 - 1/N)), N in
+{grid['cluster_sizes']}, B in {grid['batch_sizes']} (memory bound b <= {grid['max_local_batch']}:
+larger local batches are not profiled), noise per launch and per row, {m['launch_s']:.0f} s per
+worker-group launch and {m['batch_overhead_s']:.0f} s per batch inside it, fed through the real
+`TulaSearcher` and `build_plan`. Profiling cost = simulated seconds (launches + steps).
+Regret of the plan's choice on the true grid against the true grid's choice: median and
+largest absolute over seeds (knee: signed, on training time).
+
+| noise | strategy | objective | pricing | launches | candidates profiled | profiling cost (s) | regret median | regret max abs |
+|---|---|---|---|---|---|---|---|---|
+{rows}
+
+How the cost grows with the grid (knee, 5 % noise, one seed):
+
+| cluster sizes | batch sizes | strategy | launches | candidates profiled | profiling cost (s) |
+|---|---|---|---|---|---|
+{growth}
+"""
+
+
+if __name__ == "__main__":
+    run()
