@@ -2,16 +2,19 @@
 
 Fashion-MNIST, a fixed 10k-image train subset, the full 10k test set, the small
 CNN, 20 epochs. A reference run at B=32 (plain SGD) against B = 512, 1024 and 2048
-(Table I's three large batches) trained with each strategy: lbt, lrs, lars, polo,
-ags (sub-batch source, per-tensor scales), ags-local (the DDP-local gradient as
-g_small) and ags-element (per-element scales). Every run is data-parallel on N=2 gloo workers (the embedded default's
-shape), so PoLo really goes local and AGS's local source exists. Each strategy
-comes from `tula_ray.training_strategies.build_strategy` and each epoch from
+(Table I's three large batches) trained with each registered strategy and the
+paper's recipe: lbt, lrs, lars, polo, ags (Algorithm 1 literally: sub-batch source,
+per-tensor scales, refreshed per epoch) and ags-ns (AGS-NS, the variant beyond the
+paper, issue 12). Every run is data-parallel on N=2 gloo workers (the embedded
+default's shape), so PoLo really goes local and the DDP-local gradient exists. Each
+run is set up by `tula_ray.training.prepare_run` and each epoch is
 `tula_ray.training.train_epoch`, the code `tula_ray.train()` runs on Ray.
 
 Runs are appended to a JSON-lines file as they finish, so an interrupted
 benchmark keeps what it measured: `run` skips finished runs, and `report()` rebuilds
-the tables from the runs so far (each row says over how many seeds).
+the tables from the runs so far (each row says over how many seeds). A label's
+`RECIPE_VERSIONS` entry changes when its code changes behaviour: records of an older
+version stay in the file but are neither reused nor reported.
 """
 
 from __future__ import annotations
@@ -33,16 +36,21 @@ WORLD_SIZE = 2
 REFERENCE_BATCH = 32  # NOTES-ENV: the best-generalising batch here
 TRAIN_SUBSET, EPOCHS, SEEDS = 10_000, 20, (0, 1, 2)  # issue 4's setup
 LARGE_BATCHES = (512, 1024, 2048)  # issue 5: Table I's three large batches per model
+# A run diverged when its last epoch's training loss is not finite or its test accuracy is
+# at chance level (10 classes) or below: lrs at B=2048 ended at 10 % in 2 of 3 seeds.
+CHANCE_ACCURACY = 0.1
 QUICK = {"train_subset": 2048, "epochs": 1, "seeds": (0,), "batches": (1024,)}
-STRATEGY_RUNS = {  # label -> (strategy, options)
+STRATEGY_RUNS = {  # label -> (strategy, options): each strategy's paper recipe (its defaults)
     "lbt": ("lbt", {}),
     "lrs": ("lrs", {}),
     "lars": ("lars", {}),
     "polo": ("polo", {}),
     "ags": ("ags", {}),
-    "ags-local": ("ags", {"source": "local"}),
-    "ags-element": ("ags", {"granularity": "element"}),
+    "ags-ns": ("ags-ns", {}),
 }
+# Records before versions count as 1. ags 2: Algorithm 1 exact (issue 12: scales from the
+# next step, BatchNorm untouched; the old records applied them one step early).
+RECIPE_VERSIONS = {"ags": 2}
 
 
 def _run_one(run: dict[str, Any], rank: int) -> dict[str, Any]:
@@ -89,12 +97,13 @@ def _plan_runs(train_subset: int, epochs: int, seeds, batches) -> list[dict[str,
         for batch in batches:
             for label, (strategy, options) in STRATEGY_RUNS.items():
                 runs.append({**common, "label": label, "strategy": strategy, "options": options,
-                             "global_batch": batch})
+                             "global_batch": batch, "version": RECIPE_VERSIONS.get(label, 1)})
     return runs
 
 
 def _key(run: dict) -> tuple:
-    return (run["label"], run["global_batch"], run["seed"], run["epochs"], run["train_subset"])
+    return (run["label"], run["global_batch"], run["seed"], run["epochs"], run["train_subset"],
+            run.get("version", 1))
 
 
 def _setup(quick: bool, batches: tuple[int, ...]) -> tuple[str, dict, list[dict], Path]:
@@ -189,7 +198,10 @@ def _summary(runs: list[dict]) -> list[dict]:
         accuracies = [r["test_accuracy"] for r in group]
         scaled = [e.get("scaled_fraction") for r in group for e in r["history"]
                   if e.get("scaled_fraction") is not None]
+        diverged = sum(1 for r in group if r["test_accuracy"] <= CHANCE_ACCURACY + 0.01
+                       or not np.isfinite(r["history"][-1]["train_loss"]))
         rows.append({"global_batch": batch, "label": label, "seeds": len(group),
+                     "diverged": diverged,
                      "test_accuracy_mean": statistics.fmean(accuracies),
                      "test_accuracy_std": statistics.stdev(accuracies) if len(group) > 1 else 0.0,
                      "scaled_fraction_mean": statistics.fmean(scaled) if scaled else None,
@@ -204,7 +216,7 @@ def _markdown(r: dict) -> str:
         scaled = "" if row["scaled_fraction_mean"] is None else f"{row['scaled_fraction_mean']:.0%}"
         lines.append(f"| {row['global_batch']} | {row['label']} | "
                      f"{row['test_accuracy_mean']:.2%} ± {row['test_accuracy_std']:.2%} | "
-                     f"{row['seeds']} | {scaled} | {row['wall_s_mean']:.0f} |")
+                     f"{row['seeds']} | {row['diverged']} | {scaled} | {row['wall_s_mean']:.0f} |")
     notes = sorted({n for row in r["summary"] for n in row["notes"]})
     return f"""### Large-batch generalization: test accuracy per strategy (issues 4 and 5; Table I analog)
 
@@ -214,10 +226,16 @@ def _markdown(r: dict) -> str:
 
 Fashion-MNIST, {r['train_subset']}-image train subset, full test set, small CNN,
 {r['epochs']} epochs, N={r['world_size']} gloo workers; accuracy after the last
-epoch, mean ± std over seeds. "scaled" is AGS's fraction of scaled steps.
+epoch, mean ± std over seeds (diverged seeds included); "diverged": seeds that ended at
+chance accuracy or with a non-finite loss. "scaled" is AGS's fraction of scaled steps.
+Strategies with the paper's recipe (their defaults): ags is Algorithm 1 literally, ags-ns
+is AGS-NS (README). Tuned configurations: not run yet (issue 12 item 6, see the report).
+Runs of a label's current recipe version are reused across sessions and commits (the
+baselines' code is unchanged since they were recorded); wall times depend on the machine's
+load when each run was recorded.
 
-| B | strategy | test accuracy | seeds | scaled | wall per run (s) |
-|---|---|---|---|---|---|
+| B | strategy | test accuracy | seeds | diverged | scaled | wall per run (s) |
+|---|---|---|---|---|---|---|
 {chr(10).join(lines)}
 
 {chr(10).join('- ' + n for n in notes)}

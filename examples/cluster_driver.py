@@ -68,7 +68,7 @@ def main(argv: list[str] | None = None) -> None:
 
     plan = tula_ray.search(
         tiny_workload(), cluster_sizes=tuple(args.cluster_sizes), min_batch=args.batch,
-        max_batch=args.batch, mode="full", objective="time", warmup_steps=1, measure_steps=2,
+        max_batch=args.batch, strategy="full", objective="time", warmup_steps=1, measure_steps=2,
         storage_path=args.storage_path, name=args.name, address=args.address)
     print(plan.summary())
     args.out.mkdir(parents=True, exist_ok=True)

@@ -19,6 +19,7 @@ from benchmarks.common import spawn_gloo
 from tula_ray.ags import (
     TulaOptimizer,
     backward_with_refresh,
+    register_local_gradient_hook,
     gradient_variability,
     max_scale,
     scale_factor,
@@ -286,6 +287,8 @@ def _ddp_worker(rank: int, out_dir: str) -> None:
             torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9), large_batch=32,
             small_batch=8 if source == "sub-batch" else 16, delta=5.0, refresh_every=3,
             granularity="element", source=source)
+        if source == "local":
+            register_local_gradient_hook(model, optimizer)
         _train(model, optimizer, _batches(7, seed=10 + rank))  # different data per rank
         scales = torch.cat([s.reshape(-1) for s in optimizer.scales.values()])
         torch.save({"params": _flat(model.module), "scales": scales,

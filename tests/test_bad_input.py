@@ -48,6 +48,11 @@ def assert_refused(call, argument: str) -> None:
     assert argument in str(raised.value), f"the error does not name {argument!r}: {raised.value}"
 
 
+RESOURCES = st.sampled_from([{}, {"CPU": 0}, {"CPU": -1}, {"CPU": "4"}, {"CPU": True},
+                             {"GPU": 1.5}, {1: 2}, {"CPU": float("nan")}, "CPU", 4, ["CPU"]])
+TIMEOUTS = st.sampled_from([-1, -0.5, "600", float("nan"), True, [1]])
+
+
 # --- search() -----------------------------------------------------------------------
 
 GOOD_SEARCH = dict(workload="fashion-mnist-cnn", workload_options={"data": "fake"},
@@ -77,6 +82,14 @@ BAD_SEARCH = {
     "workload": st.one_of(st.sampled_from([5, None, ["cnn"], "no-such-workload"])),
     "workload_options": st.sampled_from(["fake", 5, ["data"], {"no_such_option": 1},
                                         {"data": "imagenet"}, {"train_subset": -3}]),
+    "strategy": st.one_of(st.text().filter(lambda t: t not in ("full", "partial", "adaptive")),
+                          WRONG_TYPES),
+    "strategy_options": st.sampled_from(["fast", 5, ["rounds"], {"no_such_option": 1}]),
+    "measure_seconds": st.one_of(st.floats(max_value=-1e-9), st.just(float("nan")),
+                                 st.just("2"), WRONG_TYPES),
+    "address": st.sampled_from([5, 1.5, ["auto"], "", "   "]),
+    "resources_per_worker": RESOURCES,
+    "provision_timeout_s": TIMEOUTS,
 }
 
 
@@ -123,6 +136,9 @@ BAD_TRAIN = {
     "storage_path": st.sampled_from([5, 1.5, ["runs"]]),
     "name": st.sampled_from([5, 1.5, ["run"], ""]),
     "use_gpu": st.sampled_from(["yes", 1.5, [True]]),
+    "address": st.sampled_from([5, 1.5, ["auto"], ""]),
+    "resources_per_worker": RESOURCES,
+    "provision_timeout_s": TIMEOUTS,
 }
 
 
@@ -179,6 +195,17 @@ def _valid(argument: str, value) -> bool:
         "name": lambda v: v is None or (isinstance(v, str) and v != ""),
         "workload": lambda v: v in ("fashion-mnist-cnn",),
         "workload_options": lambda v: v is None or v == {} or v == {"data": "fake"},
+        "strategy": lambda v: v in ("full", "partial", "adaptive"),
+        "strategy_options": lambda v: v is None or v == {},
+        "measure_seconds": lambda v: _number(v) and v >= 0,
+        # A non-empty string is an address to join: only its connection can tell.
+        "address": lambda v: v is None or (isinstance(v, str) and v.strip() != ""),
+        "resources_per_worker": lambda v: v is None,  # YAML's random dicts are not resources
+        "provision_timeout_s": lambda v: _number(v) and v >= 0,
+        "resources_per_worker": lambda v: v is None or (isinstance(v, dict) and bool(v) and all(
+            isinstance(k, str) and k and _number(x) and x >= 1e-4
+            and not (k == "GPU" and x > 1 and x != int(x)) for k, x in v.items())),
+        "provision_timeout_s": lambda v: _number(v) and v >= 0,
     }
     return bool(checks[argument](value))
 

@@ -115,14 +115,14 @@ def test_ags_overhead_quick():
     result = ags_overhead.run(quick=True)
     assert result["rounds"] == ags_overhead.QUICK_ROUNDS
     kinds = {"N=1": {"sub-batch/tensor", "sub-batch/element"},
-             "N=2": {"local/tensor", "local/element", "sub-batch/tensor"}}
+             "N=2": {"local/tensor", "local/element", "sub-batch/tensor", "ags-ns/local"}}
     for setup, expected in kinds.items():
         overheads = result["overhead"][setup]
         assert set(overheads) == expected
         assert all(len(v) == result["rounds"] and _finite(*v) and min(v) > -1
                    for v in overheads.values())
     markdown = (RESULTS_DIR / "ags_overhead_quick.md").read_text()
-    assert len(_table_rows(markdown, "| setup |")) == 5
+    assert len(_table_rows(markdown, "| setup |")) == 6
 
 
 def test_memory_benchmarks_record_an_out_of_memory_as_does_not_fit(monkeypatch):

@@ -1,5 +1,7 @@
 """The `tula-ray` command's offline paths and its errors (no Ray session)."""
 
+from pathlib import Path
+
 import pandas as pd
 
 from tula_ray.cli import main
@@ -49,7 +51,10 @@ def test_train_arguments_are_parsed():
     args = _parser().parse_args(["train", "plan/plan.json", "--strategy", "lrs", "--epochs", "3",
                                  "--storage-path", "runs", "--out", "metrics"])
     assert (args.plan.name, args.strategy, args.epochs) == ("plan.json", "lrs", 3)
-    assert (str(args.storage_path), str(args.out), args.max_failures) == ("runs", "metrics", None)
+    assert (args.storage_path, str(args.out), args.max_failures) == (
+        str(Path("runs").resolve()), "metrics", None)
+    cloud = _parser().parse_args(["demo", "--storage-path", "s3://bucket/tula", "--address", "auto"])
+    assert (cloud.storage_path, cloud.address) == ("s3://bucket/tula", "auto")  # URI kept as is
     defaults = _parser().parse_args(["demo", "--train"])
     assert defaults.train and defaults.strategy == "ags" and defaults.epochs is None
 
@@ -67,6 +72,29 @@ def test_train_refuses_bad_input_before_starting_ray(tmp_path, capsys):
     assert "the plan does not record a workload" in capsys.readouterr().err
     assert main(["train", str(tmp_path / "plan.json"), "--strategy", "sgd"]) == 2
     assert "strategy 'sgd' is unknown" in capsys.readouterr().err
+    import ray
+
+    assert not ray.is_initialized()
+
+
+def test_tune_refuses_bad_input_before_starting_ray_and_train_reads_its_config(tmp_path, capsys):
+    """`tula-ray tune` checks like `train`; `train --config` takes only tune's keys."""
+    main(["replay", "--synthetic", "--out", str(tmp_path)])
+    capsys.readouterr()
+    plan = str(tmp_path / "plan.json")
+    assert main(["tune", str(tmp_path / "nowhere.json")]) == 2
+    assert "nowhere.json does not exist" in capsys.readouterr().err
+    assert main(["tune", plan, "--workload", "fashion-mnist-cnn", "--trials", "0"]) == 2
+    assert "trials=0" in capsys.readouterr().err
+    assert main(["tune", plan, "--strategy", "sgd"]) == 2
+    assert "strategy 'sgd' is unknown" in capsys.readouterr().err
+    config = tmp_path / "tuned.json"
+    config.write_text('{"strategy": "lrs", "lr": 0.02, "momentum": 0.5}')
+    assert main(["train", plan, "--config", str(config)]) == 2
+    assert "expected the keys strategy, lr, strategy_options" in capsys.readouterr().err
+    config.write_text('{"strategy": "lrs", "lr": 0.02, "strategy_options": {"delta": 1}}')
+    assert main(["train", plan, "--workload", "fashion-mnist-cnn", "--config", str(config)]) == 2
+    assert "option 'delta' is unknown for strategy 'lrs'" in capsys.readouterr().err
     import ray
 
     assert not ray.is_initialized()

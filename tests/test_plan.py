@@ -6,7 +6,8 @@ import pytest
 
 from tula_ray.plan import Plan, build_plan
 from tula_ray.space import SearchSpace
-from tula_ray.synthetic import example_params, synthetic_profiles
+from paper_profiles import paper_profiles as synthetic_profiles
+from tula_ray.synthetic import example_params
 
 SPACE = SearchSpace.build((1, 2), min_batch=32, max_batch=1024)
 

@@ -52,7 +52,9 @@ def rows(tmp_path_factory) -> dict[str, dict]:
     # Loopback Ray does not rewrite; trials hold `train_driver` instead of a CPU.
     # address="local": a new instance even if another Ray runs on this machine
     # (a bare ray.init() joins the most recently started cluster).
-    ray.init(address="local", _node_ip_address="127.0.0.2", resources={DRIVER_RESOURCE: 4},
+    # num_cpus=2: the cases below assume two CPUs, whatever this machine has.
+    ray.init(address="local", num_cpus=2, _node_ip_address="127.0.0.2",
+             resources={DRIVER_RESOURCE: 4},
              include_dashboard=True, dashboard_host="127.0.0.2", log_to_driver=False)
     try:
         space = {**BASE, "case": tune.grid_search(list(CASES))}
@@ -86,7 +88,7 @@ def test_one_and_two_workers_report_every_field(rows):
     for row in (one, two):
         assert set(PROFILE_COLUMNS) <= set(row)
         assert row["status"] == "ok" and row["error"] == ""
-        assert 0 < row["compute_time_s"] <= row["step_time_s"] < 5
+        assert 0 < row["compute_time_s"] <= row["step_time_s"]  # no wall-clock bound
         assert row["samples_per_s"] == pytest.approx(64 / row["step_time_s"])
         assert row["peak_mem_bytes"] > 3 * 215_000 * 4  # params + grads + momentum at least
     assert (one["num_workers"], one["local_batch"], two["local_batch"]) == (1, 64, 32)

@@ -124,7 +124,7 @@ def test_bad_inputs_name_the_value_and_what_is_allowed(name, kwargs, message):
 
 
 def test_the_registry_holds_the_five_and_each_names_its_options():
-    assert list(STRATEGIES) == ["ags", "lbt", "lrs", "lars", "polo"]
+    assert list(STRATEGIES) == ["ags", "ags-ns", "lbt", "lrs", "lars", "polo"]
     assert STRATEGIES["lbt"].options == () and "trust_coefficient" in STRATEGIES["lars"].options
     assert "trust_coefficient" not in STRATEGIES["lrs"].options
     with pytest.raises(ValueError, match="'ags' is registered already"):

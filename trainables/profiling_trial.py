@@ -35,7 +35,7 @@ from tula_ray.workloads import resolve_workload
 logger = logging.getLogger(__name__)
 
 # Keys of a trial config read by the trial itself; the rest go to the worker loop.
-TRIAL_KEYS = ("num_workers", "use_gpu", "cpus_per_worker", "storage_path")
+TRIAL_KEYS = ("num_workers", "use_gpu", "cpus_per_worker", "resources_per_worker", "storage_path")
 
 
 def trainable_with_resources() -> Callable:
@@ -56,17 +56,19 @@ def build_trainer(config: dict[str, Any], callbacks: list | None = None) -> Torc
     """The TorchTrainer that runs `profile_loop_per_worker` for one cluster size.
 
     config: num_workers, global_batches, workload, workload_options, use_gpu
-    (default: the cluster has GPUs), cpus_per_worker, warmup_steps, measure_steps,
-    measure_seconds, device_memory_bytes, storage_path (default: Ray's, ~/ray_results),
-    and the loop's other keys.
+    (default: the cluster has GPUs), resources_per_worker (one worker's, as in Ray's
+    ScalingConfig) or cpus_per_worker, warmup_steps, measure_steps, measure_seconds,
+    device_memory_bytes, storage_path (default: Ray's, ~/ray_results), and the loop's
+    other keys.
     """
     num_workers = int(config["num_workers"])
     use_gpu = config.get("use_gpu")
     if use_gpu is None:
         use_gpu = use_gpu_default()
-    resources = worker_resources(num_workers, bool(use_gpu), config.get("cpus_per_worker"))
+    resources = worker_resources(num_workers, bool(use_gpu), config.get("cpus_per_worker"),
+                                 config.get("resources_per_worker"))
     loop_config = {k: v for k, v in config.items() if k not in TRIAL_KEYS}
-    loop_config["cpus_per_worker"] = resources["CPU"]  # reported with the row
+    loop_config["cpus_per_worker"] = resources.get("CPU", 0.0)  # reported with the row
     name = f"profile-N{num_workers}-B{'-'.join(str(b) for b in batches_of(config))}"
     return TorchTrainer(
         profile_loop_per_worker,

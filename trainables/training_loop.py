@@ -52,7 +52,9 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
 
     config: workload (name or Workload), workload_options, global_batch, epochs,
     strategy (a registered name or a TrainingStrategy object), strategy_options, seed, lr (optional: the base LR before any
-    strategy scaling; default the workload's), fail_at_epoch + fail_marker_dir
+    strategy scaling; default the workload's), validation_fraction (tuning: score a
+    held-out share of the training set as val_loss/val_accuracy), checkpoint (default
+    True: rank 0 keeps one per epoch), fail_at_epoch + fail_marker_dir
     (tests only: rank 0 raises once, at the start of that epoch).
     """
     context = ray.train.get_context()
@@ -68,7 +70,12 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
         lr=None if config.get("lr") is None else float(config["lr"]),
         num_replicas=world_size, rank=rank, wrap_model=ray.train.torch.prepare_model,
         prepare_loader=lambda loader: ray.train.torch.prepare_data_loader(
-            loader, add_dist_sampler=False))
+            loader, add_dist_sampler=False),
+        validation_fraction=float(config.get("validation_fraction") or 0.0))
+    # Tuning: the held-out split is scored as "val_*" (the test set is never loaded) and,
+    # trials being throw-away, no checkpoint is written.
+    validating = bool(config.get("validation_fraction"))
+    keep_checkpoints = bool(config.get("checkpoint", True))
     model, setup, loss_fn, device = run.model, run.setup, run.loss_fn, run.device
 
     start_epoch, resumed_from = 0, NOT_RESUMED
@@ -86,9 +93,13 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
     for epoch in range(start_epoch, epochs):
         _maybe_fail(config, epoch, rank)
         metrics = train_epoch(model, setup, loss_fn, run.train_loader, device, epoch=epoch)
-        metrics.update(evaluate(model, run.test_loader, device, loss_fn))
+        scores = evaluate(model, run.test_loader, device, loss_fn)
+        if validating:
+            scores = {key.replace("test_", "val_"): value for key, value in scores.items()}
+        metrics.update(scores)
         row = {"epoch": epoch, **fixed, **_scalars(metrics)}
-        _report(row, checkpoint_state(model, setup, epoch) if rank == 0 else None, epoch)
+        _report(row, checkpoint_state(model, setup, epoch)
+                if rank == 0 and keep_checkpoints else None, epoch)
 
 
 def _scalars(metrics: dict[str, Any]) -> dict[str, Any]:

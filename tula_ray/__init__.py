@@ -25,6 +25,8 @@ _LAZY = {  # public name -> module that defines it (ray, or torch: heavy to impo
     "search": "tula_ray.search",
     "train": "tula_ray.train",
     "TrainResult": "tula_ray.train",
+    "tune_training": "tula_ray.tune_training",
+    "TuneResult": "tula_ray.tune_training",
     "TulaOptimizer": "tula_ray.ags",
 }
 

@@ -10,13 +10,25 @@ it is. The scales are refreshed from time to time (once per epoch by default,
 Data parallelism (DESIGN "AGS"): the optimizer only ever sees the gradient it is
 about to apply. Under DDP that is the all-reduced gradient, so every replica
 computes the same variability and takes the same decision. The small-batch
-gradient comes from one of two `SOURCES`:
+gradient comes from one of two `SOURCES` (tula_ray.ags_sources):
   "sub-batch": an extra forward/backward on the first `small_batch` samples of
       the local batch, outside DDP's all-reduce (the paper's line 13-14);
   "local": under DDP, each worker's own gradient before the all-reduce (a batch
-      of B/N), which costs no extra backward: the refresh step all-reduces the
-      gradients itself.
-Workers then average their scales, so the replicas stay identical.
+      of B/N), read by a DDP comm hook: no extra backward.
+Workers then average their scales (or the statistics they come from), so the
+replicas stay identical.
+
+Beyond the paper, as options of the same optimizer (DESIGN "Beyond the paper"): per
+tensor, s^2 = |g_b|^2 / |g_B|^2 estimates AdaScale's gain ratio r (McCandlish et
+al.: E|g_b|^2 = |G|^2 + tr(Sigma)/b), and s_max^2 = B/b is AdaScale's ceiling. So:
+  gain_exponent: s = r^p; p = 1/2 is the paper's s = |g_small| / |g_large|, p = 1 AdaScale's;
+  estimator: "refresh" (the paper: the ratio of one refresh, frozen until the next)
+      or "ema" (moving averages of |g_b|^2 and |g_B|^2 over the refreshes; with
+      refresh_every=1 and the "local" source, every step at no extra backward);
+  small_batch: the reference batch b_ref the scales emulate; when the measured batch
+      b differs (source "local": b = B/N), r is carried to b_ref by `gain_ratio`;
+  s_max (the cap, default (B/b_ref)^p), s_min, and delta=None (the gate off).
+The defaults are the paper's literal algorithm.
 
 Algorithm 1 as printed, and where this implementation departs from it (each
 departure is also commented where it is made; tests/test_ags.py holds the optimizer
@@ -42,7 +54,6 @@ step for step against a plain re-implementation of Algorithm 1):
 
 from __future__ import annotations
 
-import contextlib
 import math
 from typing import Any, Callable, Sequence
 
@@ -50,12 +61,18 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+# The small-batch gradient's sources (re-exported: they are part of this module's API).
+from tula_ray.ags_sources import backward_with_refresh, register_local_gradient_hook, world
+
 DELTA_DEFAULT = 0.5  # paper §IV-B / §VI: the variability threshold used in all experiments
 EPS_DEFAULT = 1e-8  # Algorithm 1's numerical-stability term
 SMALL_BATCH_DEFAULT = 32  # the reference small batch: NOTES-ENV's best-generalising B here
 GRANULARITIES = ("tensor", "element")
 SOURCES = ("sub-batch", "local")
+ESTIMATORS = ("refresh", "ema")
 REFRESH_EPOCH = "epoch"
+GAIN_EXPONENT_PAPER = 0.5  # s = |g_small| / |g_large| = r^(1/2) (Algorithm 1 line 16)
+EMA_DECAY_DEFAULT = 0.9  # moving average over ~10 refreshes (estimator "ema")
 
 
 # --------------------------------------------------------------------------- the equations
@@ -71,9 +88,27 @@ def gradient_variability(norm_sq: float, previous_norm_sq: float | None) -> floa
     return abs((norm_sq - previous_norm_sq) / previous_norm_sq)
 
 
-def max_scale(large_batch: int, small_batch: int) -> float:
-    """Algorithm 1 line 12: s_max = sqrt(B_large / B_small)."""
-    return math.sqrt(large_batch / small_batch)
+def max_scale(large_batch: int, small_batch: int,
+              gain_exponent: float = GAIN_EXPONENT_PAPER) -> float:
+    """Algorithm 1 line 12: s_max = sqrt(B_large / B_small); for a gain exponent p,
+    (B_large / B_small)^p (AdaScale's ceiling on r is B/b)."""
+    if gain_exponent == GAIN_EXPONENT_PAPER:
+        return math.sqrt(large_batch / small_batch)
+    return (large_batch / small_batch) ** gain_exponent
+
+
+def gain_ratio(norm_ratio: torch.Tensor, *, large_batch: int, measured_batch: int,
+               reference_batch: int) -> torch.Tensor:
+    """AdaScale's gain ratio r = E|g_bref|^2 / E|g_B|^2 from |g_b| / |g_B| measured at batch b.
+
+    McCandlish et al.: E|g_b|^2 = |G|^2 + tr(Sigma) / b. With x = |g_b|^2 / |g_B|^2,
+    r(b_ref) = 1 + (x - 1) (B / b_ref - 1) / (B / b - 1); r = x when b_ref = b.
+    """
+    x = norm_ratio.square()
+    if measured_batch == reference_batch:
+        return x
+    carry = (large_batch / reference_batch - 1) / (large_batch / measured_batch - 1)
+    return 1 + (x - 1) * carry
 
 
 def scale_factor(g_small: torch.Tensor, g_large: torch.Tensor, *, s_max: float,
@@ -96,10 +131,7 @@ def scale_factor(g_small: torch.Tensor, g_large: torch.Tensor, *, s_max: float,
 
 # --------------------------------------------------------------------------- the optimizer
 
-def _world(process_group: Any) -> int:
-    if not (dist.is_available() and dist.is_initialized()):
-        return 1
-    return dist.get_world_size(process_group)
+_world = world
 
 
 def _average_over_ranks(tensors: list[torch.Tensor], process_group: Any) -> None:
@@ -116,7 +148,8 @@ def _average_over_ranks(tensors: list[torch.Tensor], process_group: Any) -> None
         tensor.div_(world)
 
 
-GROUP_HYPERPARAMETERS = ("delta", "s_max", "s_min", "eps")  # in every param group
+# In every param group (a scheduler may set them); delta None: the gate off.
+GROUP_HYPERPARAMETERS = ("delta", "s_max", "s_min", "eps", "gain_exponent", "ema_decay")
 STATE_DICT_KEYS = {"state", "param_groups", "base_state", "ags"}
 
 
@@ -126,46 +159,56 @@ class TulaOptimizer(torch.optim.Optimizer):
     A torch optimizer in its own right: `Optimizer.__init__` runs, so step pre/post
     hooks, LR schedulers and `state_dict` work as on any optimizer. The param groups
     are the base optimizer's own dicts (one list, shared), holding the base's
-    hyper-parameters (lr, momentum, ...) and AGS's (`GROUP_HYPERPARAMETERS`: delta,
-    s_max, s_min, eps), so a scheduler that sets `lr` or `delta` on this optimizer
-    sets it for both. Per-parameter scales live in `self.state[p]["scale"]`; the base
-    optimizer keeps its own state (momentum buffers) in `self.base.state`.
-    `state_dict()` holds both (checkpoints of the format before this one, with keys
-    "base" and "ags" only, are refused with a clear error: they cannot be loaded).
+    hyper-parameters (lr, momentum, ...) and AGS's (`GROUP_HYPERPARAMETERS`), so a
+    scheduler that sets `lr` or `delta` on this optimizer sets it for both.
+    Per-parameter AGS state lives in `self.state[p]` ("scale"; "small_sq_avg" and
+    "large_sq_avg" for the "ema" estimator); the base optimizer keeps its own state
+    (momentum buffers) in `self.base.state`. `state_dict()` holds both (checkpoints
+    of the format before this one, keys "base" and "ags" only, are refused with a
+    clear error: they cannot be loaded).
 
     Args:
         base_optimizer: the optimizer that applies the (scaled) gradient.
         large_batch: B, the number of samples the applied gradient averages over
             (the global batch under data parallelism).
-        small_batch: the reference small batch b_small (source "local": B/N).
-        delta: variability threshold of eq. 8: scale only when eq. 5 < delta.
+        small_batch: the reference small batch b_small whose gradient the scales
+            emulate (the paper's; source "local" measures at b = B/N, see `gain_ratio`).
+        delta: variability threshold of eq. 8: scale only when eq. 5 < delta; None: always.
         refresh_every: "epoch" (refresh at the first step after `start_epoch()`)
             or a number of steps.
         granularity: "tensor" (one scale per parameter tensor) or "element".
-        s_max: upper bound of a scale; default sqrt(large_batch / small_batch).
+        s_max: upper bound of a scale; default (large_batch / small_batch)^gain_exponent.
         s_min: lower bound of a scale; 0 is the paper's literal algorithm, Lemma 1
             assumes a positive one.
         eps: the stability term of line 16.
         source: where the small-batch gradient comes from, one of `SOURCES`.
+        gain_exponent: p in s = r^p (1/2: the paper, 1: AdaScale).
+        estimator: "refresh" (the paper) or "ema" (per tensor only), see the module doc.
+        ema_decay: the moving averages' decay per refresh (estimator "ema").
         process_group: the group scales are averaged over (default: the world).
     """
 
     def __init__(self, base_optimizer: torch.optim.Optimizer, *, large_batch: int,
-                 small_batch: int = SMALL_BATCH_DEFAULT, delta: float = DELTA_DEFAULT,
+                 small_batch: int = SMALL_BATCH_DEFAULT, delta: float | None = DELTA_DEFAULT,
                  refresh_every: str | int = REFRESH_EPOCH, granularity: str = "tensor",
                  s_max: float | None = None, s_min: float = 0.0, eps: float = EPS_DEFAULT,
-                 source: str = "sub-batch", process_group: Any = None) -> None:
-        _validate(base_optimizer, large_batch, small_batch, delta, refresh_every, granularity,
-                  s_max, s_min, eps, source)
+                 source: str = "sub-batch", gain_exponent: float = GAIN_EXPONENT_PAPER,
+                 estimator: str = "refresh", ema_decay: float = EMA_DECAY_DEFAULT,
+                 process_group: Any = None) -> None:
+        _validate(base_optimizer, large_batch, small_batch, refresh_every, granularity, source,
+                  estimator)
         self.base = base_optimizer  # before Optimizer.__init__: add_param_group reads it
         self.large_batch, self.small_batch = int(large_batch), int(small_batch)
         self.refresh_every, self.granularity, self.source = refresh_every, granularity, source
-        self.process_group = process_group
-        defaults = {"delta": delta, "s_max": max_scale(large_batch, small_batch)
-                    if s_max is None else float(s_max), "s_min": float(s_min), "eps": eps}
+        self.estimator, self.process_group = estimator, process_group
+        self.local_hook_registered = False  # set by ags_sources.register_local_gradient_hook
+        defaults = {"delta": delta, "s_max": max_scale(large_batch, small_batch, gain_exponent)
+                    if s_max is None else float(s_max), "s_min": float(s_min), "eps": eps,
+                    "gain_exponent": float(gain_exponent), "ema_decay": float(ema_decay)}
         super().__init__(base_optimizer.param_groups, defaults)
         self.param_groups = base_optimizer.param_groups  # one list: new groups reach both
         self.defaults = {**base_optimizer.defaults, **defaults}
+        self._local: dict[nn.Parameter, torch.Tensor] = {}  # the comm hook's, for this step
         self._previous_norm_sq: float | None = None
         self._counters = {"steps": 0, "scaled_steps": 0, "refreshes": 0, "steps_since_refresh": 0}
         self._epoch_pending = False
@@ -174,10 +217,11 @@ class TulaOptimizer(torch.optim.Optimizer):
                                           **self._scale_stats, **self._counters}
 
     def __repr__(self) -> str:
+        groups = [{name: g[name] for name in GROUP_HYPERPARAMETERS} for g in self.param_groups]
         return (f"TulaOptimizer(large_batch={self.large_batch}, small_batch={self.small_batch}, "
                 f"granularity={self.granularity!r}, source={self.source!r}, "
-                f"refresh_every={self.refresh_every!r}, groups={[_ags_view(g) for g in self.param_groups]}, "
-                f"base={self.base!r})")
+                f"estimator={self.estimator!r}, refresh_every={self.refresh_every!r}, "
+                f"groups={groups}, base={self.base!r})")
 
     def add_param_group(self, param_group: dict[str, Any]) -> None:
         """Add a group to the base optimizer and to AGS (AGS hyper-parameters default)."""
@@ -197,6 +241,13 @@ class TulaOptimizer(torch.optim.Optimizer):
     def scales(self) -> dict[nn.Parameter, torch.Tensor]:
         """The scales in effect, by parameter (absent: 1, Algorithm 1's input)."""
         return {p: state["scale"] for p, state in self.state.items() if "scale" in state}
+
+    @property
+    def measured_batch(self) -> int:
+        """b, the batch the small-batch gradient averages over (source "local": B/N)."""
+        if self.source == "local":
+            return self.large_batch // _world(self.process_group)
+        return self.small_batch
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         self.base.zero_grad(set_to_none=set_to_none)
@@ -230,15 +281,30 @@ class TulaOptimizer(torch.optim.Optimizer):
         if len(small_grads) != len(params):
             raise ValueError(f"got {len(small_grads)} small-batch gradients for "
                              f"{len(params)} parameters; pass one per parameter (None if absent)")
-        small = dict(zip(params, small_grads))
-        scales = {}
-        for group in self.param_groups:
-            for p in group["params"]:
-                if small[p] is not None and p.grad is not None:
-                    scales[p] = scale_factor(small[p], p.grad, s_max=group["s_max"],
-                                             s_min=group["s_min"], eps=group["eps"],
-                                             granularity=self.granularity)
-        _average_over_ranks(list(scales.values()), self.process_group)
+        self._refresh({p: g for p, g in zip(params, small_grads) if g is not None},
+                      norms=False)
+
+    @torch.no_grad()
+    def observe_local_gradients(self, params: Sequence[torch.Tensor],
+                                grads: Sequence[torch.Tensor]) -> None:
+        """Source "local": this worker's gradients before the all-reduce (from the DDP comm
+        hook, one bucket at a time); `step()` refreshes from them. Per tensor only the
+        norms are kept, per element a copy."""
+        if self.granularity == "element":
+            self._local.update({p: g.detach().clone() for p, g in zip(params, grads)})
+        else:
+            self._local.update(zip(params, torch._foreach_norm([g.detach() for g in grads])))
+
+    def _refresh(self, small: dict[torch.Tensor, torch.Tensor], *, norms: bool) -> None:
+        """New scales (from the next step on) from small-batch gradients (or their norms)."""
+        groups = [(g, p) for g in self.param_groups for p in g["params"]
+                  if p in small and p.grad is not None]
+        if self.estimator == "ema":
+            scales = self._ema_scales(groups, small, norms)
+        else:
+            scales = {p: self._literal_scale(group, small[p], p.grad, norms)
+                      for group, p in groups}
+            _average_over_ranks(list(scales.values()), self.process_group)
         for p, scale in scales.items():
             self.state[p]["next_scale"] = scale
         flat = torch.cat([s.reshape(-1).float() for s in scales.values()]) if scales \
@@ -248,6 +314,47 @@ class TulaOptimizer(torch.optim.Optimizer):
         self._counters["refreshes"] += 1
         self._counters["steps_since_refresh"] = 0
         self._epoch_pending = False
+
+    def _literal_scale(self, group: dict[str, Any], small: torch.Tensor, large: torch.Tensor,
+                       norms: bool) -> torch.Tensor:
+        """Line 16 (estimator "refresh"), through `gain_ratio` and the exponent when those
+        differ from the paper's (a measured batch other than b_small, p != 1/2)."""
+        if norms:  # the local hook kept |g_b| only (per tensor)
+            ratio = small / (torch.linalg.vector_norm(large) + group["eps"])
+        else:
+            ratio = scale_factor(small, large, s_max=math.inf, eps=group["eps"],
+                                 granularity=self.granularity)
+        return self._to_scale(ratio, group)
+
+    def _ema_scales(self, groups, small, norms: bool) -> dict[torch.Tensor, torch.Tensor]:
+        """Estimator "ema": moving averages of |g_b|^2 (mean over the ranks: one all-reduce)
+        and |g_B|^2 per tensor; the ratio of their roots is the norm ratio."""
+        if not groups:
+            return {}
+        small_sq = torch.stack([(small[p] if norms else torch.linalg.vector_norm(small[p]))
+                                .float().square() for _, p in groups])
+        _average_over_ranks([small_sq], self.process_group)
+        scales = {}
+        for (group, p), small_value in zip(groups, small_sq):
+            state, decay = self.state[p], group["ema_decay"]
+            large_value = torch.linalg.vector_norm(p.grad).float().square()
+            for key, value in (("small_sq_avg", small_value), ("large_sq_avg", large_value)):
+                state[key] = value.clone() if key not in state else \
+                    state[key].mul(decay).add_(value, alpha=1 - decay)
+            ratio = state["small_sq_avg"].sqrt() / (state["large_sq_avg"].sqrt() + group["eps"])
+            scales[p] = self._to_scale(ratio, group)
+        return scales
+
+    def _to_scale(self, ratio: torch.Tensor, group: dict[str, Any]) -> torch.Tensor:
+        """s = r^p bounded to [s_min, s_max]; exactly line 16 for the paper's settings."""
+        exponent = group["gain_exponent"]
+        if self.measured_batch == self.small_batch and exponent == GAIN_EXPONENT_PAPER:
+            scale = ratio  # r^(1/2) = |g_small| / |g_large|: line 16 as printed, no rounding
+        else:
+            r = gain_ratio(ratio, large_batch=self.large_batch,
+                           measured_batch=self.measured_batch, reference_batch=self.small_batch)
+            scale = r.clamp(min=0).pow(exponent)
+        return scale.clamp(min=group["s_min"], max=group["s_max"])
 
     # ------------------------------------------------------------------ the step
 
@@ -263,13 +370,16 @@ class TulaOptimizer(torch.optim.Optimizer):
             with torch.enable_grad():
                 loss = closure()
         with torch.no_grad():
+            if self._local:  # the comm hook's local gradients; p.grad is now all-reduced
+                local, self._local = self._local, {}
+                self._refresh(local, norms=self.granularity == "tensor")
             grads = [p.grad for p in self.parameters() if p.grad is not None]
             # One host sync per step on GPU: the decision is a Python branch.
             norm_sq = torch.nn.utils.get_total_norm(grads).item() ** 2 if grads else 0.0
             variability = gradient_variability(norm_sq, self._previous_norm_sq)
             scaled = False
-            for group in self.param_groups:  # eq. 8 with each group's delta
-                if not variability < group["delta"]:
+            for group in self.param_groups:  # eq. 8 with each group's delta (None: no gate)
+                if group["delta"] is not None and not variability < group["delta"]:
                     continue
                 scaled = True
                 for p in group["params"]:
@@ -319,27 +429,26 @@ class TulaOptimizer(torch.optim.Optimizer):
         self._scale_stats = dict(ags["scale_stats"])
 
 
-def _ags_view(group: dict[str, Any]) -> dict[str, Any]:
-    return {name: group[name] for name in GROUP_HYPERPARAMETERS}
-
-
 def _validate_group(group: dict[str, Any]) -> None:
     """A param group's AGS hyper-parameters (they may be set per group, or by a scheduler)."""
-    delta, s_max, s_min, eps = (group[name] for name in GROUP_HYPERPARAMETERS)
-    if not delta >= 0:
-        raise ValueError(f"delta={delta!r}: the variability threshold must be >= 0 "
-                         f"(paper default {DELTA_DEFAULT})")
+    delta, s_max, s_min, eps, exponent, decay = (group[name] for name in GROUP_HYPERPARAMETERS)
+    if delta is not None and not delta >= 0:
+        raise ValueError(f"delta={delta!r}: the variability threshold must be >= 0, or None for "
+                         f"no gate (paper default {DELTA_DEFAULT})")
     if not s_max > 0:
-        raise ValueError(f"s_max={s_max!r}: must be > 0 (default sqrt(large/small batch))")
+        raise ValueError(f"s_max={s_max!r}: must be > 0 (default (large/small batch)^p)")
     if not 0 <= s_min <= s_max:
         raise ValueError(f"s_min={s_min!r}: need 0 <= s_min <= s_max ({s_max:.4g})")
     if not eps > 0:
         raise ValueError(f"eps={eps!r}: the stability term must be > 0")
+    if not 0 < exponent <= 2:
+        raise ValueError(f"gain_exponent={exponent!r}: need 0 < p <= 2 (paper 1/2, AdaScale 1)")
+    if not 0 <= decay < 1:
+        raise ValueError(f"ema_decay={decay!r}: need 0 <= decay < 1")
 
 
-def _validate(base_optimizer: Any, large_batch: int, small_batch: int, delta: float,
-              refresh_every: Any, granularity: str, s_max: float | None, s_min: float,
-              eps: float, source: str) -> None:
+def _validate(base_optimizer: Any, large_batch: int, small_batch: int, refresh_every: Any,
+              granularity: str, source: str, estimator: str) -> None:
     if not isinstance(base_optimizer, torch.optim.Optimizer):
         raise TypeError(f"base_optimizer must be a torch.optim.Optimizer, "
                         f"not {type(base_optimizer).__name__}")
@@ -349,9 +458,6 @@ def _validate(base_optimizer: Any, large_batch: int, small_batch: int, delta: fl
             and 0 < small_batch < large_batch):
         raise ValueError(f"small_batch={small_batch!r}, large_batch={large_batch!r}: need integers "
                          "with 0 < small_batch < large_batch")
-    if not delta >= 0:
-        raise ValueError(f"delta={delta!r}: the variability threshold must be >= 0 "
-                         f"(paper default {DELTA_DEFAULT})")
     if refresh_every != REFRESH_EPOCH and not (isinstance(refresh_every, int)
                                                and refresh_every >= 1):
         raise ValueError(f"refresh_every={refresh_every!r}: use {REFRESH_EPOCH!r} or a number "
@@ -360,85 +466,8 @@ def _validate(base_optimizer: Any, large_batch: int, small_batch: int, delta: fl
         raise ValueError(f"granularity={granularity!r} is unknown; use one of {GRANULARITIES}")
     if source not in SOURCES:
         raise ValueError(f"source={source!r} is unknown; use one of {SOURCES}")
-    if s_max is not None and not s_max > 0:
-        raise ValueError(f"s_max={s_max!r}: must be > 0 (default sqrt(large/small batch))")
-    upper = max_scale(large_batch, small_batch) if s_max is None else s_max
-    if not 0 <= s_min <= upper:
-        raise ValueError(f"s_min={s_min!r}: need 0 <= s_min <= s_max ({upper:.4g})")
-    if not eps > 0:
-        raise ValueError(f"eps={eps!r}: the stability term must be > 0")
-
-
-# --------------------------------------------------------------------------- the training step
-
-def _is_ddp(model: nn.Module) -> bool:
-    return isinstance(model, nn.parallel.DistributedDataParallel)
-
-
-def _take_grads(params: list[nn.Parameter]) -> list[torch.Tensor | None]:
-    """Detach the current gradients from the parameters (and leave p.grad empty)."""
-    grads = [p.grad for p in params]
-    for p in params:
-        p.grad = None
-    return grads
-
-
-def backward_with_refresh(model: nn.Module, optimizer: torch.optim.Optimizer, loss_fn: Callable,
-                          inputs: torch.Tensor, targets: torch.Tensor
-                          ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Forward and backward of one step, refreshing the AGS scales when one is due.
-
-    Replaces `loss_fn(model(inputs), targets).backward()` after `zero_grad()`;
-    returns (loss, outputs) of the full local batch. Any other optimizer, or a
-    step without a refresh, is exactly that plain backward.
-    """
-    refresh = isinstance(optimizer, TulaOptimizer) and optimizer.refresh_due
-    if not refresh:
-        outputs = model(inputs)
-        loss = loss_fn(outputs, targets)
-        loss.backward()
-        return loss, outputs
-    params = optimizer.parameters()
-    if optimizer.source == "local":
-        return _local_source_step(model, optimizer, loss_fn, inputs, targets, params)
-    if optimizer.small_batch >= len(inputs):
-        raise ValueError(f"small_batch={optimizer.small_batch} must be smaller than the local "
-                         f"batch ({len(inputs)} samples) to sample a sub-batch from it")
-    # Lines 13-14: a sub-batch of the (shuffled) local batch, kept out of DDP's all-reduce,
-    # in training mode (eval-mode BatchNorm would change the gradient) but with every
-    # buffer (BatchNorm running statistics) restored afterwards: Algorithm 1 computes a
-    # gradient here, it does not train the statistics on an extra batch.
-    buffers = [b.detach().clone() for b in model.buffers()]
-    with model.no_sync() if _is_ddp(model) else contextlib.nullcontext():
-        loss_fn(model(inputs[: optimizer.small_batch]),
-                targets[: optimizer.small_batch]).backward()
-    with torch.no_grad():
-        for buffer, saved in zip(model.buffers(), buffers):
-            buffer.copy_(saved)
-    small = _take_grads(params)
-    outputs = model(inputs)
-    loss = loss_fn(outputs, targets)
-    loss.backward()
-    optimizer.refresh_scales(small)
-    return loss, outputs
-
-
-def _local_source_step(model: nn.Module, optimizer: TulaOptimizer, loss_fn: Callable,
-                       inputs: torch.Tensor, targets: torch.Tensor, params: list[nn.Parameter]
-                       ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Source "local": this worker's gradient before the all-reduce is g_small (b = B/N)."""
-    if not _is_ddp(model) or _world(optimizer.process_group) < 2:
-        raise ValueError("source='local' takes g_small from each DDP worker's own gradient: it "
-                         "needs a DistributedDataParallel model on >= 2 workers; "
-                         "use source='sub-batch' here")
-    with model.no_sync():
-        outputs = model(inputs)
-        loss = loss_fn(outputs, targets)
-        loss.backward()
-    small = [None if p.grad is None else p.grad.clone() for p in params]
-    # This step's all-reduce, done here since no_sync() skipped DDP's.
-    _average_over_ranks([p.grad for p in params if p.grad is not None],
-                        optimizer.process_group)
-    optimizer.refresh_scales(small)
-    return loss, outputs
+    if estimator not in ESTIMATORS:
+        raise ValueError(f"estimator={estimator!r} is unknown; use one of {ESTIMATORS}")
+    if estimator == "ema" and granularity != "tensor":
+        raise ValueError("estimator='ema' averages per-tensor norms: use granularity='tensor'")
 

@@ -1,5 +1,14 @@
-"""The AGS training strategy ("ags"): `TulaOptimizer` over the workload's SGD, its
-options, its N/B rules and its step hooks (the refresh's extra backward, telemetry).
+"""The AGS training strategies: `TulaOptimizer` over the workload's SGD, its options,
+its N/B rules and its step hooks (the refresh's extra backward, the DDP comm hook).
+
+  "ags"     the paper's Algorithm 1, literally (per-tensor scales from a 32-sample
+            sub-batch, refreshed once per epoch, gated by delta = 0.5);
+  "ags-ns"  noise-scale AGS, the variant beyond the paper (README "AGS-NS"): the same
+            optimizer with other options: per-step moving averages of the squared
+            gradient norms, from each DDP worker's local gradient (the "local" source,
+            no extra backward; a 32-sample sub-batch on one worker), carried to the
+            reference batch 32 by the gradient-noise-scale relation (`gain_ratio`),
+            s = r^(1/2) capped at sqrt(B/32), no variability gate.
 
 No Ray here (core module); registered in `tula_ray.training_strategies.STRATEGIES`.
 """
@@ -14,13 +23,17 @@ import numpy as np
 import torch
 from torch import nn
 
-from tula_ray.ags import SMALL_BATCH_DEFAULT, TulaOptimizer, backward_with_refresh
+from tula_ray.ags import (SMALL_BATCH_DEFAULT, TulaOptimizer, backward_with_refresh,
+                          register_local_gradient_hook)
 from tula_ray.strategy_base import BaseStrategy, StrategySetup, check_option_names, world_size
 from tula_ray.workloads import sgd
 
 logger = logging.getLogger(__name__)
 
-AGS_OPTIONS = ("delta", "small_batch", "refresh_every", "granularity", "s_max", "s_min", "source")
+AGS_OPTIONS = ("delta", "small_batch", "refresh_every", "granularity", "s_max", "s_min", "source",
+               "gain_exponent", "estimator", "ema_decay")
+# AGS-NS: what differs from the paper's defaults (the rest is TulaOptimizer's).
+NOISE_SCALE_DEFAULTS = {"estimator": "ema", "refresh_every": 1, "delta": None}
 
 
 class AGSSetup(StrategySetup):
@@ -54,6 +67,13 @@ class AdaptiveGradientScaling(BaseStrategy):
     """"ags": Algorithm 1 over the workload's SGD; options are TulaOptimizer's."""
 
     name, options = "ags", AGS_OPTIONS
+
+    def search_space(self, global_batch: int) -> dict[str, tuple[Any, ...]]:
+        """delta (the gate, off included), the gain exponent, the cap and the LR."""
+        return {"lr": ("loguniform", 1e-3, 0.1),
+                "delta": ("choice", [0.25, 0.5, 1.0, 2.0, None]),
+                "gain_exponent": ("uniform", 0.5, 1.0),
+                "s_max": ("loguniform", 1.0, global_batch / SMALL_BATCH_DEFAULT)}
 
     def check(self, num_workers: int, global_batch: int,
               options: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
@@ -101,4 +121,33 @@ class AdaptiveGradientScaling(BaseStrategy):
             options.setdefault("small_batch", global_batch // world)
         optimizer = TulaOptimizer(sgd(model.parameters(), lr, momentum, weight_decay),
                                   large_batch=global_batch, **options)
+        if optimizer.source == "local":  # each worker's gradient, read before the all-reduce
+            register_local_gradient_hook(model, optimizer)
         return AGSSetup(self.name, optimizer)
+
+
+class NoiseScaleAGS(AdaptiveGradientScaling):
+    """"ags-ns": AGS-NS, `NOISE_SCALE_DEFAULTS` over the paper's; source "local" on >= 2
+    workers (free: the comm hook reads the local gradients), "sub-batch" on one."""
+
+    name = "ags-ns"
+
+    def check(self, num_workers: int, global_batch: int,
+              options: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
+        options = check_option_names(self, options)
+        if "source" not in options:
+            options["source"] = "local" if num_workers >= 2 else "sub-batch"
+        return super().check(num_workers, global_batch, options)
+
+    def build(self, model, *, global_batch, steps_per_epoch, epochs, lr, momentum, weight_decay,
+              options) -> AGSSetup:
+        options = {**NOISE_SCALE_DEFAULTS, **options}
+        if "source" not in options:
+            options["source"] = "local" if world_size() >= 2 else "sub-batch"
+        if options["source"] == "local":  # the reference batch stays b_small, not B/N
+            options.setdefault("small_batch", SMALL_BATCH_DEFAULT)
+        setup = super().build(model, global_batch=global_batch, steps_per_epoch=steps_per_epoch,
+                              epochs=epochs, lr=lr, momentum=momentum,
+                              weight_decay=weight_decay, options=options)
+        setup.name = self.name
+        return setup

@@ -4,6 +4,7 @@
     tula-ray search CONFIG.yaml   a search described in a file (keys = tula_ray.search arguments)
     tula-ray replay PROFILES      re-fit and re-plan offline from recorded profiles (CSV or plan.json)
     tula-ray train PLAN.json      train the plan's chosen N and B as a Ray Train job (AGS by default)
+    tula-ray tune PLAN.json       tune a strategy at the plan's N and B (Optuna + ASHA on Ray Tune)
     tula-ray demo --train         search, then train the choice
 
 Ray and torch are imported only when a command runs, so `tula-ray --help` stays fast.
@@ -26,6 +27,7 @@ from tula_ray.search_strategies import STRATEGIES as SEARCH_STRATEGIES
 from tula_ray.space import SearchSpace
 
 METRICS_FILE = "train_metrics.csv"
+TUNED_FILE = "tuned.json"  # `tula-ray tune`'s best configuration: `tula-ray train --config`
 SHOWN_COLUMNS = ("epoch", "resumed_from", "train_loss", "train_accuracy", "test_loss",
                  "test_accuracy", "lr", "seconds", "scaled_fraction")
 
@@ -47,6 +49,11 @@ def _write(plan: Plan, out: Path) -> None:
     plan.to_json(out / "plan.json")
     figures = plan.plot(out)
     print(f"wrote {out / 'plan.json'} and {', '.join(str(f) for f in figures)}")
+
+
+def storage_location(value: str) -> str:
+    """`--storage-path`: a cloud URI (s3://..., gs://...) as given, a local path made absolute."""
+    return value if "://" in value else str(Path(value).resolve())
 
 
 def add_address_option(parser: argparse.ArgumentParser) -> None:
@@ -76,12 +83,53 @@ def add_train_command(commands: Any) -> None:
     add_train_options(parser)
     parser.add_argument("--workload", default=None,
                         help="a built-in workload name, when the plan records none")
-    parser.add_argument("--storage-path", type=Path, default=None,
+    parser.add_argument("--storage-path", type=storage_location, default=None,
                         help="where Ray Train keeps checkpoints (default ~/ray_results)")
     parser.add_argument("--out", type=Path, default=Path("train"),
                         help=f"directory for {METRICS_FILE}")
+    parser.add_argument("--config", type=Path, default=None,
+                        help=f"a {TUNED_FILE} written by `tula-ray tune` (strategy, lr, options)")
     add_address_option(parser)
     parser.set_defaults(run=run_train)
+
+
+def add_tune_command(commands: Any) -> None:
+    """The `tune` subcommand: tula_ray.tune_training, best configuration to --out/tuned.json."""
+    parser = commands.add_parser("tune", help="tune a strategy at a plan's N and B "
+                                              "(Optuna + ASHA, judged on held-out training data)")
+    parser.add_argument("plan", type=Path, help="a plan.json written by demo, search or replay")
+    parser.add_argument("--strategy", default="ags", help="the strategy to tune (default ags)")
+    parser.add_argument("--trials", type=int, default=None,
+                        help="sampled configurations (default: tula_ray.tune_training's)")
+    parser.add_argument("--epochs", type=int, default=None, help="epochs per trial")
+    parser.add_argument("--workload", default=None,
+                        help="a built-in workload name, when the plan records none")
+    parser.add_argument("--storage-path", type=Path, default=None,
+                        help="where Ray Tune keeps the trials (default ~/ray_results)")
+    parser.add_argument("--out", type=Path, default=Path("tune"),
+                        help=f"directory for {TUNED_FILE}")
+    parser.set_defaults(run=run_tune)
+
+
+def run_tune(args: argparse.Namespace) -> None:
+    """`tula-ray tune`: the plan file must exist before Ray is started."""
+    import json
+
+    if not args.plan.is_file():
+        raise FileNotFoundError(f"plan file {args.plan} does not exist; write one with "
+                                "`tula-ray demo` or `tula-ray replay`")
+    from tula_ray.tune_training import tune_training  # imports ray
+
+    storage = str(args.storage_path.resolve()) if args.storage_path else None
+    trials = {} if args.trials is None else {"trials": args.trials}
+    best = tune_training(args.plan, args.strategy, epochs=args.epochs, workload=args.workload,
+                         storage_path=storage, **trials)
+    print(f"best of {len(best.trials)} trials: validation accuracy {best.val_accuracy:.4f} "
+          f"with {best.config}")
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / TUNED_FILE).write_text(json.dumps(best.config, indent=1))
+    print(f"wrote {args.out / TUNED_FILE}; train it with "
+          f"`tula-ray train {args.plan} --config {args.out / TUNED_FILE}`")
 
 
 def run_train(args: argparse.Namespace) -> None:
@@ -96,16 +144,33 @@ def train_and_write(plan: Any, args: argparse.Namespace, workload: str | None = 
     """Train `plan` (a Plan or a path), print the per-epoch table, write the metrics CSV."""
     from tula_ray.train import train  # imports ray
 
-    storage = str(args.storage_path.resolve()) if args.storage_path else None
+    storage = args.storage_path
     retries = {} if args.max_failures is None else {"max_failures": args.max_failures}
-    result = train(plan, args.strategy, workload=workload, epochs=args.epochs,
-                   storage_path=storage, address=args.address, **retries)
+    tuned = _tuned_config(getattr(args, "config", None)) or {"strategy": args.strategy}
+    result = train(plan, workload=workload, epochs=args.epochs, storage_path=storage,
+                   address=args.address, **tuned, **retries)
     shown = [c for c in SHOWN_COLUMNS if c in result.metrics.columns]
     print(f"trained N={result.num_workers}, B={result.global_batch} with {result.strategy}:")
     print(result.metrics[shown].to_string(index=False, float_format=lambda v: f"{v:.4g}"))
     args.out.mkdir(parents=True, exist_ok=True)
     result.metrics.to_csv(args.out / METRICS_FILE, index=False)
     print(f"wrote {args.out / METRICS_FILE}; last checkpoint {result.checkpoint_path}")
+
+
+def _tuned_config(path: Path | None) -> dict[str, Any] | None:
+    """The train() keywords a `tula-ray tune` run wrote (strategy, lr, strategy_options)."""
+    import json
+
+    if path is None:
+        return None
+    if not path.is_file():
+        raise FileNotFoundError(f"config file {path} does not exist; write one with "
+                                "`tula-ray tune`")
+    config = json.loads(path.read_text())
+    if not isinstance(config, dict) or set(config) - {"strategy", "lr", "strategy_options"}:
+        raise ValueError(f"{path}: expected the keys strategy, lr, strategy_options that "
+                         f"`tula-ray tune` writes, got {sorted(config) if isinstance(config, dict) else config!r}")
+    return config
 
 
 @contextlib.contextmanager
@@ -155,9 +220,9 @@ def _demo(args: argparse.Namespace) -> None:
     with _ray_for(args.train, args.address):
         plan = search("fashion-mnist-cnn", cluster_sizes=tuple(args.cluster_sizes),
                       min_batch=args.min_batch, max_batch=args.max_batch,
-                      strategy=args.search_strategy,
-                      objective=args.objective, pricing=args.pricing, address=args.address,
-                      storage_path=str(args.storage_path.resolve()) if args.storage_path else None)
+                      strategy=args.search_strategy, objective=args.objective,
+                      pricing=args.pricing, address=args.address,
+                      storage_path=args.storage_path)
         _write(plan, args.out)
         meta = plan.meta
         print(f"memory probe {meta['probe_wall_s']:.0f} s, profiling "
@@ -208,7 +273,7 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument("--min-batch", type=int, default=32)
     demo.add_argument("--max-batch", type=int, default=2048,
                       help="upper bound on B (the memory probe may lower it)")
-    demo.add_argument("--storage-path", type=Path, default=None,
+    demo.add_argument("--storage-path", type=storage_location, default=None,
                       help="where Tune keeps the trials (default ~/ray_results)")
     _add_plan_options(demo)
     add_address_option(demo)
@@ -224,6 +289,7 @@ def _parser() -> argparse.ArgumentParser:
     from_file.set_defaults(run=_search_file)
 
     add_train_command(commands)
+    add_tune_command(commands)
     return parser
 
 

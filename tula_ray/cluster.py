@@ -14,10 +14,17 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import os
-from typing import Iterator
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator
 
 import ray
+import yaml
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 logger = logging.getLogger(__name__)
 
@@ -73,7 +80,8 @@ def ensure_ray(address: str | None = None) -> bool:
         start_local_ray()
     else:
         # An explicit address wins over RAY_ADDRESS; "auto" defers to it (ray.init's rules).
-        ray.init(address=target, log_to_driver=False)
+        with _local_only() if _is_loopback_only(target) else contextlib.nullcontext():
+            ray.init(address=target, log_to_driver=False)
         logger.info("joined the Ray cluster at %s (%d nodes)", target,
                     sum(1 for node in ray.nodes() if node["Alive"]))
     return True
@@ -83,19 +91,10 @@ def start_local_ray(num_cpus: int | None = None) -> None:
     """A new single-node Ray on this machine whose servers listen on loopback only.
 
     Ray's core servers bind every interface unless the node address is 127.0.0.1, and
-    Ray rewrites 127.0.0.1 to the external address unless its local-only switch
-    (`LOCAL_ONLY_ENV`, read once at import) is off. So the switch is turned off for
-    the `ray.init` call: in the environment the Ray processes inherit, and in the
-    already-imported constant of this process; both are restored afterwards (the
-    processes have started by then), so a later `ray start` or join is unaffected.
-    Token authentication is left as Ray sets it.
+    Ray rewrites 127.0.0.1 to the external address unless its local-only switch is
+    off (`_local_only`). Token authentication is left as Ray sets it.
     """
-    from ray._private import ray_constants  # the constant Ray read at import
-
-    saved_env, saved_flag = os.environ.get(LOCAL_ONLY_ENV), ray_constants.ENABLE_RAY_CLUSTER
-    os.environ[LOCAL_ONLY_ENV] = "0"
-    ray_constants.ENABLE_RAY_CLUSTER = False
-    try:
+    with _local_only():
         ray.init(
             # "local": always a new local Ray; a bare ray.init() would join any Ray
             # cluster already running on this machine (someone else's, or a test's).
@@ -108,12 +107,37 @@ def start_local_ray(num_cpus: int | None = None) -> None:
             dashboard_host=LOCAL_NODE_IP,
             log_to_driver=False,
         )
+
+
+@contextlib.contextmanager
+def _local_only() -> Iterator[None]:
+    """Ray's local-only switch (`LOCAL_ONLY_ENV` off) for one `ray.init` call.
+
+    Ray reads it once at import (a module constant) and every Ray process reads it from
+    its environment; with it off, 127.0.0.1 is not rewritten to the machine's external
+    address (measured with Ray 2.60). Both are restored afterwards (the Ray processes
+    have started, or connected, by then), so a later `ray start` or join is unaffected.
+    """
+    from ray._private import ray_constants  # the constant Ray read at import
+
+    saved_env, saved_flag = os.environ.get(LOCAL_ONLY_ENV), ray_constants.ENABLE_RAY_CLUSTER
+    os.environ[LOCAL_ONLY_ENV] = "0"
+    ray_constants.ENABLE_RAY_CLUSTER = False
+    try:
+        yield
     finally:
         ray_constants.ENABLE_RAY_CLUSTER = saved_flag
         if saved_env is None:
             os.environ.pop(LOCAL_ONLY_ENV, None)
         else:
             os.environ[LOCAL_ONLY_ENV] = saved_env
+
+
+def _is_loopback_only(address: str) -> bool:
+    """A cluster address on 127.0.0.1: a loopback-only Ray, which Ray would otherwise
+    try to reach at the machine's external address."""
+    host = address.split("://")[-1].rsplit(":", 1)[0].strip("[]")
+    return host in (LOCAL_NODE_IP, "localhost", "::1")
 
 
 @contextlib.contextmanager
@@ -133,13 +157,223 @@ def use_gpu_default() -> bool:
     return bool(ray.cluster_resources().get("GPU", 0))
 
 
-def check_capacity(cluster_sizes: tuple[int, ...], use_gpu: bool) -> None:
-    """Refuse a cluster size larger than the cluster's devices (GPUs, or CPUs without GPUs)."""
-    kind = "GPU" if use_gpu else "CPU"
-    capacity = int(ray.cluster_resources().get(kind, 0))
-    if cluster_sizes[-1] > capacity:
-        raise ValueError(f"cluster size {cluster_sizes[-1]} is larger than the cluster's "
-                         f"{capacity} {kind}s; allowed cluster sizes are <= {capacity}")
+# ------------------------------------------------------------------ workers and capacity
+
+# Node launch plus setup (cluster.yaml pip-installs torch on each node) takes minutes on a
+# cloud: long enough for that, bounded so a launch that never succeeds ends in an error.
+PROVISION_TIMEOUT_S_DEFAULT = 1800.0
+PROVISION_POLL_S = 5.0
+# Where the cluster launcher (`ray up`) puts the autoscaler's config on the head (Ray Tune
+# looks there too, to tell an autoscaling cluster); TULA_RAY_AUTOSCALING_CONFIG overrides.
+AUTOSCALING_CONFIG_PATH = "~/ray_bootstrap_config.yaml"
+AUTOSCALING_CONFIG_ENV = "TULA_RAY_AUTOSCALING_CONFIG"
+GPU_WORKER = {"CPU": 1.0, "GPU": 1.0}  # one device per worker: a GPU (and a CPU to feed it)
+CPU_WORKER = {"CPU": 1.0}  # one device per worker: a core
+RESOURCE_PRECISION = 1e-4  # Ray's smallest fractional resource quantity
+
+
+def check_resources_per_worker(resources: Any) -> dict[str, float] | None:
+    """Resources of one worker as Ray's `ScalingConfig(resources_per_worker=...)` takes
+    them: a dict of resource name -> positive number. None: one device per worker."""
+    if resources is None:
+        return None
+    allowed = ("a dict of resource name -> positive number, e.g. {'CPU': 4} or "
+               "{'CPU': 8, 'GPU': 1} (None: one GPU, or one CPU, per worker)")
+    if not isinstance(resources, dict) or not resources:
+        raise ValueError(f"resources_per_worker={resources!r}; it must be {allowed}")
+    checked = {}
+    for name, amount in resources.items():
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"resources_per_worker has the key {name!r}; it must be {allowed}")
+        if (isinstance(amount, bool) or not isinstance(amount, (int, float))
+                or not math.isfinite(amount) or amount < RESOURCE_PRECISION):
+            raise ValueError(f"resources_per_worker[{name!r}]={amount!r}; each amount must be "
+                             f"a number >= {RESOURCE_PRECISION} (Ray's resolution)")
+        if name == "GPU" and amount > 1 and amount != int(amount):
+            raise ValueError(f"resources_per_worker['GPU']={amount!r}; more than one GPU per "
+                             "worker must be a whole number (fractions only below 1)")
+        checked[name] = float(amount)
+    return checked
+
+
+def check_worker_request(resources_per_worker: Any, provision_timeout_s: Any,
+                         use_gpu: bool | None = None) -> dict[str, float] | None:
+    """Check the worker arguments of `search`/`train` before Ray starts; returns the
+    checked `resources_per_worker`."""
+    resources = check_resources_per_worker(resources_per_worker)
+    if (isinstance(provision_timeout_s, bool) or not isinstance(provision_timeout_s, (int, float))
+            or not provision_timeout_s >= 0):
+        raise ValueError(f"provision_timeout_s={provision_timeout_s!r}; it must be a number of "
+                         "seconds >= 0 (how long to wait for the autoscaler's nodes)")
+    if use_gpu is not None and resources is not None and use_gpu != (resources.get("GPU", 0) > 0):
+        raise ValueError(f"use_gpu={use_gpu!r} contradicts resources_per_worker={resources!r}; "
+                         "give GPU in resources_per_worker exactly when use_gpu is True (or "
+                         "leave use_gpu None)")
+    return resources
+
+
+def workers_that_fit(worker: dict[str, float], nodes: list[dict[str, float]]) -> int:
+    """How many workers of this shape the nodes hold together (each worker on one node)."""
+    return sum(min(int(node.get(name, 0.0) / amount + 1e-9) for name, amount in worker.items())
+               for node in nodes)
+
+
+def autoscaler_node_types(path: str | None = None) -> list[tuple[dict[str, float], int]] | None:
+    """(resources, max count) of every node type the autoscaler may launch, read from its
+    config (the head's `AUTOSCALING_CONFIG_PATH`); None when this is no autoscaling cluster."""
+    path = path or os.environ.get(AUTOSCALING_CONFIG_ENV) or AUTOSCALING_CONFIG_PATH
+    config_file = Path(path).expanduser()
+    if not config_file.is_file():
+        return None
+    config = yaml.safe_load(config_file.read_text()) or {}
+    total_max = int(config.get("max_workers", 0))
+    types = [({k: float(v) for k, v in (spec.get("resources") or {}).items()},
+              min(int(spec.get("max_workers", total_max)), total_max))
+             for spec in (config.get("available_node_types") or {}).values()]
+    # A head type has max_workers 0 in a cloud config; on-prem (`local` provider) the head
+    # and the workers share one type.
+    return [(resources, count) for resources, count in types if count > 0]
+
+
+def default_worker(gpus_now: float, node_types: list[tuple[dict[str, float], int]] | None
+                   ) -> dict[str, float]:
+    """One device per worker: a GPU when the cluster has GPUs or its autoscaler can add GPU
+    nodes (those start at zero: cluster.yaml has min_workers 0), else a CPU."""
+    can_add_gpus = any(resources.get("GPU", 0) > 0 and count > 0
+                       for resources, count in node_types or [])
+    return dict(GPU_WORKER if gpus_now > 0 or can_add_gpus else CPU_WORKER)
+
+
+@dataclass(frozen=True)
+class Workers:
+    """What `provision_workers` settled: one worker's resources, and whether they are GPUs."""
+
+    resources: dict[str, float]
+    use_gpu: bool
+    requested: bool  # an autoscaler request is outstanding (`release_workers` clears it)
+
+
+def provision_workers(num_workers: int, resources_per_worker: dict[str, float] | None = None,
+                      *, use_gpu: bool | None = None,
+                      timeout_s: float = PROVISION_TIMEOUT_S_DEFAULT) -> Workers:
+    """Make sure the cluster holds `num_workers` workers, asking its autoscaler for them.
+
+    The worker's shape: `resources_per_worker`, else one device (`default_worker`; or the
+    one `use_gpu` names). When the running nodes hold fewer such workers and this is an
+    autoscaling cluster, the workers are requested from the autoscaler
+    (`ray.autoscaler.sdk.request_resources`) and waited for, at most `timeout_s`: an
+    autoscaler adds nodes only on demand, and the GPU nodes of cluster.yaml start at
+    zero. Raises ValueError when the cluster can never hold them, TimeoutError when the
+    autoscaler did not deliver in time; each names what is missing and what to do.
+    """
+    node_types = autoscaler_node_types()
+    if resources_per_worker is not None:
+        worker = dict(resources_per_worker)
+    elif use_gpu is not None:
+        worker = dict(GPU_WORKER if use_gpu else CPU_WORKER)
+    else:
+        worker = default_worker(ray.cluster_resources().get("GPU", 0.0), node_types)
+    fits_now = workers_that_fit(worker, _alive_node_resources())
+    if fits_now >= num_workers:
+        return Workers(worker, worker.get("GPU", 0) > 0, requested=False)
+    shape = f"{num_workers} workers of {worker}"
+    if node_types is None:
+        held = (f"the cluster's {fits_now} {'GPU' if worker.get('GPU') else 'CPU'}s"
+                if worker in (GPU_WORKER, CPU_WORKER) else
+                f"the {fits_now} workers of {worker} the cluster holds")
+        raise ValueError(f"cluster size {num_workers} is larger than {held}; allowed cluster "
+                         f"sizes are <= {fits_now} (or ask less per worker with "
+                         "resources_per_worker, or add nodes)")
+    # An on-prem (`local` provider) config declares no resources: Ray detects them at
+    # start, so the most the autoscaler can add is unknown until its nodes are up.
+    known = all(resources for resources, _ in node_types)
+    possible = fits_now + sum(workers_that_fit(worker, [resources]) * count
+                              for resources, count in node_types)
+    if known and possible < num_workers:
+        raise ValueError(
+            f"this autoscaling cluster can hold at most {possible} workers of {worker} "
+            f"(running nodes plus max_workers of each node type in its config), fewer than "
+            f"{num_workers}: use cluster sizes <= {possible}, or raise max_workers in the "
+            "cluster config (cluster.yaml)")
+    from ray.autoscaler.sdk import request_resources
+
+    logger.info("asking the autoscaler for %s (the running nodes hold %d)", shape, fits_now)
+    request_resources(bundles=[worker] * num_workers)
+    deadline = time.monotonic() + timeout_s
+    while True:
+        fits_now = workers_that_fit(worker, _alive_node_resources())
+        if fits_now >= num_workers:
+            logger.info("the cluster now holds %s", shape)
+            return Workers(worker, worker.get("GPU", 0) > 0, requested=True)
+        if time.monotonic() >= deadline:
+            release_workers(Workers(worker, False, requested=True))
+            raise TimeoutError(
+                f"waited {timeout_s:.0f} s for the autoscaler to add nodes for {shape}; the "
+                f"cluster holds {fits_now} (resources now: {_rounded(ray.cluster_resources())})."
+                " See `ray status` and the autoscaler's log on the head "
+                "(/tmp/ray/session_latest/logs/monitor.*) for failed launches (quota, "
+                "instance type, setup commands); or raise provision_timeout_s, or start the "
+                "nodes beforehand (min_workers in the cluster config)")
+        time.sleep(PROVISION_POLL_S)
+
+
+def release_workers(workers: Workers | None) -> None:
+    """Withdraw the autoscaler request of `provision_workers`, so idle nodes can go."""
+    if workers is not None and workers.requested and ray.is_initialized():
+        from ray.autoscaler.sdk import request_resources
+
+        request_resources(bundles=[])
+
+
+def _alive_node_resources() -> list[dict[str, float]]:
+    return [node["Resources"] for node in ray.nodes() if node["Alive"]]
+
+
+def _rounded(resources: dict[str, float]) -> dict[str, float]:
+    return {k: round(v, 2) for k, v in resources.items()
+            if not k.startswith("node:") and k not in ("memory", "object_store_memory")}
+
+
+# ------------------------------------------------------------------ storage
+
+def check_storage_path(storage_path: str | None) -> None:
+    """Refuse a multi-node cluster without a storage path every node reaches.
+
+    Ray Train keeps a run's storage under `storage_path` (default ~/ray_results on the
+    driver's node); rank 0 on another node cannot find a local one and the run fails at
+    its first checkpoint. Cloud URIs are taken as they are; a local path is checked
+    from every node (a marker file the driver writes must be visible to each).
+    """
+    nodes = [node for node in ray.nodes() if node["Alive"]]
+    if len(nodes) < 2:
+        return
+    fix = ("pass storage_path= a directory every node mounts (a shared file system such "
+           "as NFS, e.g. '/mnt/shared/tula') or a cloud URI (e.g. 's3://bucket/tula')")
+    if storage_path is None:
+        raise ValueError(f"this Ray cluster has {len(nodes)} nodes and storage_path is None: "
+                         "Ray would keep the run's files on the driver's node, where workers "
+                         f"on the other nodes cannot reach them; {fix}")
+    if "://" in storage_path and not storage_path.startswith("file://"):
+        return  # a cloud URI: every node reaches it through pyarrow's file systems
+    missing = nodes_not_seeing(Path(storage_path.removeprefix("file://")).expanduser(), nodes)
+    if missing:
+        raise ValueError(f"storage_path={storage_path!r} is not visible from the nodes at "
+                         f"{', '.join(missing)} (a file written there by the driver is not "
+                         f"found on them); {fix}")
+
+
+def nodes_not_seeing(directory: Path, nodes: list[dict]) -> list[str]:
+    """Addresses of the nodes where a marker file the driver writes in `directory` is absent."""
+    directory.mkdir(parents=True, exist_ok=True)
+    marker = directory / f".tula-ray-storage-check-{uuid.uuid4().hex}"
+    marker.write_text("written by the driver; removed after the check\n")
+    try:
+        exists = ray.remote(num_cpus=0)(os.path.exists)
+        seen = ray.get([exists.options(scheduling_strategy=NodeAffinitySchedulingStrategy(
+            node["NodeID"], soft=False)).remote(str(marker.resolve())) for node in nodes])
+    finally:
+        marker.unlink(missing_ok=True)
+    return [node["NodeManagerAddress"] for node, found in zip(nodes, seen) if not found]
 
 
 def trial_resources() -> dict[str, float]:
@@ -159,13 +393,17 @@ def trial_resources() -> dict[str, float]:
 
 
 def worker_resources(num_workers: int, use_gpu: bool,
-                     cpus_per_worker: float | None = None) -> dict[str, float]:
+                     cpus_per_worker: float | None = None,
+                     resources_per_worker: dict[str, float] | None = None) -> dict[str, float]:
     """Resources of one Train worker.
 
-    GPU: one GPU (ScalingConfig's default) and one CPU. CPU: the node's CPUs
-    shared out, at most one each: min(1, CPUs / N), so N = 4 workers run on 2
-    CPUs at 0.5 each (oversubscribed, measured to work).
+    `resources_per_worker` (checked by `check_resources_per_worker`) when given. Else
+    GPU: one GPU (ScalingConfig's default) and one CPU. CPU: the node's CPUs shared
+    out, at most one each: min(1, CPUs / N), so N = 4 workers run on 2 CPUs at 0.5
+    each (oversubscribed, measured to work).
     """
+    if resources_per_worker is not None:
+        return dict(resources_per_worker)
     if cpus_per_worker is None:
         cpus_per_worker = 1.0 if use_gpu else min(
             1.0, ray.cluster_resources().get("CPU", 1.0) / num_workers)

@@ -21,8 +21,9 @@ from trainables.profiling_loop import (MEASURE_SECONDS_DEFAULT, MEASURE_STEPS_DE
                                       WARMUP_STEPS_DEFAULT)
 from trainables.profiling_trial import trainable_with_resources
 from tula_ray import memory as memory_model
-from tula_ray.cluster import (CPU_MEMORY_SHARE_DEFAULT, check_capacity, ensure_ray,
-                              node_memory_bytes, use_gpu_default)
+from tula_ray.cluster import (CPU_MEMORY_SHARE_DEFAULT, PROVISION_TIMEOUT_S_DEFAULT,
+                              check_storage_path, check_worker_request, ensure_ray,
+                              node_memory_bytes, provision_workers, release_workers)
 from tula_ray.perf import COLLECTIVES
 from tula_ray.plan import Plan, build_plan, deprecated_mode
 from tula_ray.policy import OBJECTIVES
@@ -61,11 +62,13 @@ def _check_arguments(a: dict[str, Any]) -> None:
     check_mapping("workload_options", a["workload_options"])
     for label in ("storage_path", "name", "address"):
         check_text(label, a[label], optional=True)
+    check_worker_request(a["resources_per_worker"], a["provision_timeout_s"])
 
 
 def _validate(r: "_Request") -> None:
     """What depends on several arguments or on the workload."""
-    make_strategy(r.strategy, r.strategy_options)  # an unknown name or option fails here
+    # An unknown name or option fails here.
+    named_arguments(make_strategy, "strategy", "strategy_options")(r.strategy, r.strategy_options)
     if r.max_batch is not None and r.max_batch < r.min_batch:
         raise ValueError(f"max_batch={r.max_batch} is below min_batch={r.min_batch}; "
                          "max_batch must be >= min_batch")
@@ -123,6 +126,8 @@ def search(
     measure_seconds: float = MEASURE_SECONDS_DEFAULT,
     address: str | None = None,
     mode: str | None = None,
+    resources_per_worker: dict[str, float] | None = None,
+    provision_timeout_s: float = PROVISION_TIMEOUT_S_DEFAULT,
 ) -> Plan:
     """Profile candidates on Ray, fit the models, and return the Plan with the choice.
 
@@ -145,6 +150,13 @@ def search(
     address: the Ray cluster to join ("auto": the one this machine belongs to); default
       $RAY_ADDRESS, else a new local Ray on loopback (see tula_ray.cluster.ensure_ray).
       A Ray this process already initialised is used as it is.
+    resources_per_worker: one worker's resources as in Ray's ScalingConfig, e.g.
+      {"CPU": 4}; default one device per worker (a GPU when the cluster has or can add
+      GPUs, else a CPU), so N counts devices.
+    provision_timeout_s: how long to wait for an autoscaler to add the nodes the largest
+      cluster size needs (see tula_ray.cluster.provision_workers).
+    On a multi-node cluster storage_path must be reachable from every node (a shared
+    file system or a cloud URI); the search refuses otherwise, before any trial.
     """
     _check_arguments(locals())
     strategy = deprecated_mode(strategy, mode)
@@ -161,14 +173,19 @@ def search(
         device_memory_gb, headroom, collective, warmup_steps, measure_steps, storage_path, name,
         resolved.epochs if epochs is None else epochs, measure_seconds)
     _validate(request)
+    resources = check_worker_request(resources_per_worker, provision_timeout_s)
     started_ray = ensure_ray(address)
+    workers = None
     try:
-        use_gpu = use_gpu_default()
-        check_capacity(request.cluster_sizes, use_gpu)
+        workers = provision_workers(request.cluster_sizes[-1], resources,
+                                    timeout_s=provision_timeout_s)
+        check_storage_path(request.storage_path)
+        use_gpu = workers.use_gpu
         started = time.perf_counter()
         space, probe, device_bytes = _bounded_space(request, use_gpu)
         probe_s = time.perf_counter() - started
-        searcher, experiment_path = _profile(request, space, use_gpu, device_bytes, probe)
+        searcher, experiment_path = _profile(request, space, use_gpu, device_bytes, probe,
+                                             workers.resources)
         profiles = profile_frame(searcher.profiles)
         meta = {"probe_wall_s": probe_s,
                 "profiling_wall_s": time.perf_counter() - started - probe_s,
@@ -188,6 +205,7 @@ def search(
             weight_time=request.weight_time, collective=request.collective,
             workload=workload.name, meta=meta)
     finally:
+        release_workers(workers)
         if started_ray:
             ray.shutdown()
 
@@ -248,7 +266,7 @@ def _strategy_options(request: _Request, probe: dict) -> dict[str, Any]:
 
 
 def _profile(request: _Request, space: SearchSpace, use_gpu: bool, device_bytes: float,
-             probe: dict) -> tuple[TulaSearcher, str]:
+             probe: dict, resources: dict[str, float]) -> tuple[TulaSearcher, str]:
     """DESIGN step 3: one Tune trial per cluster size and round, one at a time (concurrent
     trials would share the CPUs or the network and distort each other's step times)."""
     # What every trial shares goes in the param space, which Tune merges into each
@@ -256,7 +274,8 @@ def _profile(request: _Request, space: SearchSpace, use_gpu: bool, device_bytes:
     constants = {"workload": request.spec, "workload_options": request.options,
                  "use_gpu": use_gpu, "warmup_steps": request.warmup_steps,
                  "measure_steps": request.measure_steps,
-                 "measure_seconds": request.measure_seconds, "device_memory_bytes": device_bytes}
+                 "measure_seconds": request.measure_seconds, "device_memory_bytes": device_bytes,
+                 "resources_per_worker": resources}
     # Above the memory probe's checked bound a candidate is infeasible: the plan says so,
     # and no worker group is launched to learn it again.
     grid = [c for c in space.candidates() if c.local_batch <= probe["max_local_batch"]]

@@ -83,11 +83,23 @@ class TrainingStrategy(Protocol):
         ...
 
 
+# A search-space entry: ("loguniform", low, high), ("uniform", low, high) or ("choice", [..]).
+# Plain data: the tuning entry point (tula_ray.tune_training) turns it into Ray Tune's.
+TuningSpace = dict[str, tuple[Any, ...]]
+LR_RANGE = (1e-3, 0.2)  # the base LR tuned for every strategy (paper §IV-B: 0.01 for all)
+
+
 class BaseStrategy:
-    """Shared behaviour of the built-in strategies: option-name check, no N/B rule."""
+    """Shared behaviour of the built-in strategies: option-name check, no N/B rule, and
+    a search space of the base LR alone."""
 
     name: str = ""
     options: tuple[str, ...] = ()
+
+    def search_space(self, global_batch: int) -> TuningSpace:
+        """What `tula_ray.tune_training` tunes at `global_batch`: "lr" (the base LR, before
+        the strategy's own scaling) and option names of this strategy."""
+        return {"lr": ("loguniform", *LR_RANGE)}
 
     def check(self, num_workers: int, global_batch: int,
               options: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:

@@ -32,7 +32,8 @@ from torch import nn
 from trainables.training_loop import load_checkpoint_state, train_loop_per_worker
 from tula_ray.arguments import (check_bool, check_int, check_mapping, check_number, check_text,
                                 named_arguments)
-from tula_ray.cluster import check_capacity, ensure_ray, use_gpu_default, worker_resources
+from tula_ray.cluster import (PROVISION_TIMEOUT_S_DEFAULT, check_storage_path, check_worker_request,
+                              ensure_ray, provision_workers, release_workers)
 from tula_ray.plan import Plan
 from tula_ray.training_strategies import TrainingStrategy, build_strategy, get_strategy
 from tula_ray.training_strategies import logger as strategies_logger
@@ -108,6 +109,8 @@ def train(
     lr: float | None = None,
     fail_at_epoch: int | None = None,
     address: str | None = None,
+    resources_per_worker: dict[str, float] | None = None,
+    provision_timeout_s: float = PROVISION_TIMEOUT_S_DEFAULT,
 ) -> TrainResult:
     """Train the plan's chosen N and B as a Ray Train job and return the per-epoch metrics.
 
@@ -127,26 +130,33 @@ def train(
     fail_at_epoch: tests only: rank 0 raises once at the start of that epoch.
     address: the Ray cluster to join ("auto": the one this machine belongs to); default
       $RAY_ADDRESS, else a new local Ray on loopback (see tula_ray.cluster.ensure_ray).
+    resources_per_worker: one worker's resources as in Ray's ScalingConfig, e.g. {"CPU": 4};
+      default one device per worker (a GPU, or a CPU). provision_timeout_s: how long to
+      wait for an autoscaler's nodes. On a multi-node cluster storage_path must be
+      reachable from every node (a shared file system or a cloud URI).
     Raises ValueError for a bad argument, before any worker starts.
     """
     _check_arguments(workload_options=workload_options, epochs=epochs,
                      strategy_options=strategy_options, storage_path=storage_path, name=name,
                      max_failures=max_failures, seed=seed, use_gpu=use_gpu, lr=lr,
                      address=address)
+    resources = check_worker_request(resources_per_worker, provision_timeout_s, use_gpu)
     plan = plan if isinstance(plan, Plan) else Plan.from_json(plan)
     job = _job(plan, strategy, workload, workload_options, epochs, strategy_options)
     _check_run_arguments(job, max_failures, seed, lr, fail_at_epoch)
     _dry_run(job)
     started_ray = ensure_ray(address)
     marker_dir = tempfile.mkdtemp(prefix="tula-fail-") if fail_at_epoch is not None else None
+    workers = None
     try:
-        if use_gpu is None:
-            use_gpu = use_gpu_default()
-        check_capacity((job.num_workers,), use_gpu)
-        trainer = _trainer(job, storage_path, name, max_failures, seed, use_gpu, lr,
-                           fail_at_epoch, marker_dir)
+        workers = provision_workers(job.num_workers, resources, use_gpu=use_gpu,
+                                    timeout_s=provision_timeout_s)
+        check_storage_path(storage_path)
+        trainer = _trainer(job, storage_path, name, max_failures, seed, workers.use_gpu, lr,
+                           fail_at_epoch, marker_dir, workers.resources)
         result = trainer.fit()
     finally:
+        release_workers(workers)
         if marker_dir is not None:
             shutil.rmtree(marker_dir, ignore_errors=True)
         if started_ray:
@@ -250,7 +260,7 @@ def _quiet(log: logging.Logger):
 
 def _trainer(job: _Job, storage_path: str | None, name: str | None, max_failures: int,
              seed: int, use_gpu: bool, lr: float | None, fail_at_epoch: int | None,
-             marker_dir: str | None) -> TorchTrainer:
+             marker_dir: str | None, resources: dict[str, float]) -> TorchTrainer:
     config: dict[str, Any] = {
         "workload": job.spec, "workload_options": job.options, "global_batch": job.global_batch,
         "epochs": job.epochs, "strategy": job.strategy, "strategy_options": job.strategy_options,
@@ -266,7 +276,7 @@ def _trainer(job: _Job, storage_path: str | None, name: str | None, max_failures
         train_loop_config=config,
         scaling_config=ScalingConfig(
             num_workers=job.num_workers, use_gpu=use_gpu,
-            resources_per_worker=worker_resources(job.num_workers, use_gpu)),
+            resources_per_worker=resources),
         run_config=RunConfig(
             name=name, storage_path=storage_path,
             failure_config=FailureConfig(max_failures=max_failures),

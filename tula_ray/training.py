@@ -34,14 +34,22 @@ from tula_ray.workloads import (LR_DEFAULT, MOMENTUM_DEFAULT, WEIGHT_DECAY_DEFAU
 logger = logging.getLogger(__name__)
 
 EVAL_BATCH = 1000  # test-set batch: no gradients are kept, so it can exceed the training batch
+# The held-out validation split (tuning) is drawn with its own fixed seed, not the run's:
+# every trial of a tuning run, whatever its seed, is judged on the same samples.
+VALIDATION_SPLIT_SEED = 0
 COLUMNS = ("epoch", "strategy", "global_batch", "seed", "train_loss", "train_accuracy",
            "test_loss", "test_accuracy", "lr", "seconds", "scaled_fraction", "variability_median")
 CHECKPOINT_KEYS = {"strategy", "epoch", "model", "optimizer", "scheduler", "comm_iter"}
 
 
 def make_loaders(workload: Workload, batch: int, *, seed: int, num_replicas: int = 1,
-                 rank: int = 0, pin_memory: bool = False) -> tuple[DataLoader, DataLoader]:
+                 rank: int = 0, pin_memory: bool = False, validation_fraction: float = 0.0
+                 ) -> tuple[DataLoader, DataLoader]:
     """(train, test) loaders for replica `rank` of `num_replicas`, `batch` samples per step each.
+
+    validation_fraction > 0: a split of that share of the TRAINING set (drawn with
+    `VALIDATION_SPLIT_SEED`) is held out and served instead of the test set, which
+    stays untouched (tuning: `tula_ray.tune_training`); training uses the rest.
 
     Training: shuffled by a DistributedSampler seeded with `seed` (its `set_epoch`,
     called by `train_epoch`, makes the order a function of (seed, epoch)); the last
@@ -50,7 +58,11 @@ def make_loaders(workload: Workload, batch: int, *, seed: int, num_replicas: int
     pin_memory: page-locked batches, for faster copies to a CUDA device (`prepare_run`
     sets it when training on CUDA).
     """
-    train_set, test_set = workload.train_dataset_fn(), workload.test_dataset_fn()
+    train_set = workload.train_dataset_fn()
+    if validation_fraction:
+        train_set, test_set = split_validation(train_set, validation_fraction)
+    else:
+        test_set = workload.test_dataset_fn()
     if len(train_set) < batch * num_replicas:  # type: ignore[arg-type]
         raise ValueError(f"batch={batch} x {num_replicas} replicas exceeds the training set "
                          f"({len(train_set)} samples): no full batch")  # type: ignore[arg-type]
@@ -61,6 +73,19 @@ def make_loaders(workload: Workload, batch: int, *, seed: int, num_replicas: int
                        generator=torch.Generator().manual_seed(seed), pin_memory=pin_memory)
     share = Subset(test_set, range(rank, len(test_set), num_replicas))  # type: ignore[arg-type]
     return train, DataLoader(share, batch_size=EVAL_BATCH, shuffle=False, pin_memory=pin_memory)
+
+
+def split_validation(dataset: Any, fraction: float) -> tuple[Subset, Subset]:
+    """(training part, validation part) of `dataset`: `fraction` of it, at least one sample,
+    drawn at random with `VALIDATION_SPLIT_SEED` (a dataset sorted by label still splits fairly)."""
+    if not 0 < fraction < 1:
+        raise ValueError(f"validation_fraction={fraction!r}: need 0 < fraction < 1")
+    size = len(dataset)
+    held_out = max(1, int(round(size * fraction)))
+    if held_out >= size:
+        raise ValueError(f"validation_fraction={fraction} leaves no training sample of {size}")
+    order = torch.randperm(size, generator=torch.Generator().manual_seed(VALIDATION_SPLIT_SEED))
+    return Subset(dataset, order[held_out:].tolist()), Subset(dataset, order[:held_out].tolist())
 
 
 def train_epoch(model: nn.Module, setup: StrategySetup, loss_fn: Callable, loader: DataLoader,
@@ -226,12 +251,15 @@ def prepare_run(workload: str | Workload, *, global_batch: int,
                 options: dict[str, Any] | None = None, lr: float | None = None,
                 num_replicas: int = 1, rank: int = 0,
                 wrap_model: Callable[[nn.Module], nn.Module] | None = None,
-                prepare_loader: Callable[[DataLoader], DataLoader] | None = None) -> Run:
+                prepare_loader: Callable[[DataLoader], DataLoader] | None = None,
+                validation_fraction: float = 0.0) -> Run:
     """The model, strategy and loaders of one process of a run: shared by `fit` (one
     process) and the Ray Train worker loop (rank `rank` of `num_replicas`).
 
     wrap_model: puts the fresh model on its device and wraps it (Ray's `prepare_model`:
     DDP); default: `.to(device)`. prepare_loader: e.g. Ray's `prepare_data_loader`.
+    validation_fraction > 0: train on the rest of the training set and evaluate on that
+    held-out share of it instead of the test set (see `make_loaders`).
     The seed fixes the initial weights (the same on every rank) and the data order.
     """
     workload = resolve_workload(workload)
@@ -242,7 +270,10 @@ def prepare_run(workload: str | Workload, *, global_batch: int,
         raise ValueError(f"global_batch={global_batch} is not divisible by num_workers="
                          f"{num_replicas}; B must be a multiple of N")
     # Equal to len(train loader) per rank: floor(floor(D / N) / (B / N)) = floor(D / B).
-    steps_per_epoch = workload.dataset_size // global_batch
+    train_size = workload.dataset_size
+    if validation_fraction:
+        train_size -= max(1, int(round(train_size * validation_fraction)))
+    steps_per_epoch = train_size // global_batch
     if steps_per_epoch < 1:
         raise ValueError(f"global_batch={global_batch} exceeds the training set of "
                          f"{workload.name} ({workload.dataset_size} samples): no full batch")
@@ -259,7 +290,7 @@ def prepare_run(workload: str | Workload, *, global_batch: int,
                            **hyper)
     train_loader, test_loader = make_loaders(
         workload, global_batch // num_replicas, seed=seed, num_replicas=num_replicas, rank=rank,
-        pin_memory=device.type == "cuda")
+        pin_memory=device.type == "cuda", validation_fraction=validation_fraction)
     if prepare_loader is not None:
         train_loader, test_loader = prepare_loader(train_loader), prepare_loader(test_loader)
     return Run(workload, model, setup, train_loader, test_loader, workload.loss_fn(), device,

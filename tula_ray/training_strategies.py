@@ -10,6 +10,7 @@ A strategy (the `TrainingStrategy` protocol) carries, in one object:
 
 Registered in one place, `STRATEGIES` (`register_strategy` adds a fifth):
   "ags"   the workload's SGD wrapped in `TulaOptimizer` (Algorithm 1; tula_ray.ags_strategy);
+  "ags-ns" the same optimizer with the options of AGS-NS, the variant beyond the paper;
   "lbt"   vanilla large-batch training: the same SGD at B, LR unchanged;
   "lrs"   linear LR scaling lr * B / 128 with a linear warm-up (Goyal et al., [7]);
   "lars"  `pytorch_optimizer.LARS` with the same scaled LR and warm-up;
@@ -31,7 +32,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from tula_ray.ags_strategy import AdaptiveGradientScaling
+from tula_ray.ags_strategy import AdaptiveGradientScaling, NoiseScaleAGS
 from tula_ray.strategy_base import (BaseStrategy, StrategySetup, TrainingStrategy, check_int,
                                     check_option_names, world_size)
 from tula_ray.workloads import LR_DEFAULT, MOMENTUM_DEFAULT, WEIGHT_DECAY_DEFAULT, sgd
@@ -188,6 +189,14 @@ class LinearScaling(BaseStrategy):
         self.options = ("base_batch", "warmup_epochs") + (
             ("trust_coefficient",) if name == "lars" else ())
 
+    def search_space(self, global_batch: int) -> dict[str, tuple[Any, ...]]:
+        """The base LR (scaled by B / 128 after sampling: the range is the unscaled one,
+        so a tenth of the others'), and LARS's trust coefficient (never swept before)."""
+        space: dict[str, tuple[Any, ...]] = {"lr": ("loguniform", 1e-4, 0.05)}
+        if self.name == "lars":
+            space["trust_coefficient"] = ("loguniform", 1e-3, 0.1)
+        return space
+
     def build(self, model, *, global_batch, steps_per_epoch, epochs, lr, momentum, weight_decay,
               options) -> StrategySetup:
         notes: list[str] = []
@@ -273,8 +282,8 @@ def _polo(model: nn.Module, local: torch.optim.Optimizer, steps_per_epoch: int, 
     return PostLocalSGDOptimizer(local, averager), state
 
 
-for _strategy in (AdaptiveGradientScaling(), LargeBatchTraining(), LinearScaling("lrs"),
-                  LinearScaling("lars"), PostLocalSGD()):
+for _strategy in (AdaptiveGradientScaling(), NoiseScaleAGS(), LargeBatchTraining(),
+                  LinearScaling("lrs"), LinearScaling("lars"), PostLocalSGD()):
     register_strategy(_strategy)
 
 __all__ = ["BASE_BATCH_DEFAULT", "STRATEGIES", "BaseStrategy", "StrategySetup",

@@ -1,0 +1,139 @@
+"""AGS-NS, the variant beyond the paper: gain ratio, exponent, moving averages, gate off,
+and the DDP comm hook that reads each worker's local gradient before the all-reduce."""
+
+from __future__ import annotations
+
+import math
+import os
+
+import pytest
+import torch
+from torch import nn
+
+from benchmarks.common import spawn_gloo
+from tula_ray.ags import TulaOptimizer, gain_ratio, max_scale, register_local_gradient_hook
+from tula_ray.training_strategies import STRATEGIES
+
+
+def test_gain_ratio_carries_the_measured_ratio_to_the_reference_batch():
+    ratio = torch.tensor(2.0)  # |g_b| / |g_B| = 2: x = 4
+    assert gain_ratio(ratio, large_batch=1024, measured_batch=32, reference_batch=32) == 4.0
+    # B/b_ref - 1 = 31, B/b - 1 = 1 (b = 512): r = 1 + 3 * 31
+    assert gain_ratio(ratio, large_batch=1024, measured_batch=512,
+                      reference_batch=32) == pytest.approx(94.0)
+    assert max_scale(1024, 32, gain_exponent=1.0) == 32.0 and max_scale(1024, 64) == 4.0
+
+
+def test_ema_estimator_exponent_one_and_the_gate_off_by_hand():
+    weight = nn.Parameter(torch.zeros(2))
+    optimizer = TulaOptimizer(torch.optim.SGD([weight], lr=1.0), large_batch=64, small_batch=16,
+                              estimator="ema", ema_decay=0.5, gain_exponent=1.0, delta=None,
+                              refresh_every=1)
+    assert optimizer.param_groups[0]["s_max"] == 4.0  # (64 / 16)^1
+    weight.grad = torch.tensor([1.0, 0.0])  # |g_B|^2 = 1
+    optimizer.refresh_scales([torch.tensor([0.0, 2.0])])  # |g_b|^2 = 4
+    optimizer.step()  # no scale yet: the first refresh acts from the next step
+    assert torch.allclose(weight.detach(), torch.tensor([-1.0, 0.0]))
+    state = optimizer.state[weight]
+    assert state["small_sq_avg"].item() == 4.0 and state["large_sq_avg"].item() == 1.0
+    assert state["scale"].item() == pytest.approx(4.0, rel=1e-6)  # r = 4 / 1, p = 1
+    weight.grad = torch.tensor([2.0, 0.0])  # |g_B|^2 = 4: eq. 5 says 3, but no gate
+    optimizer.refresh_scales([torch.tensor([0.0, 1.0])])  # |g_b|^2 = 1
+    optimizer.step()  # scaled by 4 (the gate is off): w = -1 - 4 * 2
+    assert torch.allclose(weight.detach(), torch.tensor([-9.0, 0.0]))
+    assert optimizer.telemetry["scaled_steps"] == 2
+    # averages 0.5 * 4 + 0.5 * 1 = 2.5 and 0.5 * 1 + 0.5 * 4 = 2.5: r = 1
+    assert state["small_sq_avg"].item() == 2.5 and state["large_sq_avg"].item() == 2.5
+    assert state["scale"].item() == pytest.approx(1.0, rel=1e-6)
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"estimator": "median"}, "estimator='median' is unknown"),
+    ({"estimator": "ema", "granularity": "element"}, "granularity='tensor'"),
+    ({"gain_exponent": 0.0}, "gain_exponent=0.0"),
+    ({"ema_decay": 1.0}, "ema_decay=1.0"),
+    ({"delta": -0.5}, "or None for no gate"),
+])
+def test_bad_variant_options_are_refused(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        TulaOptimizer(torch.optim.SGD([nn.Parameter(torch.zeros(1))], lr=0.1), large_batch=64,
+                      small_batch=16, **kwargs)
+
+
+def test_the_local_hook_needs_ddp_on_two_workers():
+    model = nn.Linear(3, 2)
+    optimizer = TulaOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), large_batch=16,
+                              small_batch=8, source="local")
+    with pytest.raises(ValueError, match="DistributedDataParallel model on >= 2 workers"):
+        register_local_gradient_hook(model, optimizer)
+
+
+def test_ags_ns_is_registered_with_its_defaults():
+    assert STRATEGIES["ags-ns"].check(2, 1024, {}) == ({"source": "local"}, [])
+    assert STRATEGIES["ags-ns"].check(1, 1024, {"gain_exponent": 1.0}) == (
+        {"gain_exponent": 1.0, "source": "sub-batch"}, [])
+
+
+# --------------------------------------------------------------------------- two DDP workers
+
+def _hook_worker(rank: int, out_dir: str) -> None:
+    import torch.distributed as dist
+
+    torch.manual_seed(0)
+    plain = nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, 3))
+    generator = torch.Generator().manual_seed(20 + rank)  # different data per rank
+    inputs, targets = torch.randn(8, 6, generator=generator), torch.randint(0, 3, (8,),
+                                                                           generator=generator)
+    # By hand: this rank's local gradient, and the mean over ranks (the all-reduced one).
+    local = torch.autograd.grad(nn.functional.cross_entropy(plain(inputs), targets),
+                                list(plain.parameters()))
+    mean = [g.clone() for g in local]
+    for g in mean:
+        dist.all_reduce(g)
+        g.div_(2)
+    def scale(ratio):  # B = 16, b = 8, b_ref = 2: r = 1 + (x - 1)(16/2 - 1)/(16/8 - 1), p = 1/2
+        r = 1 + (ratio ** 2 - 1) * (16 / 2 - 1) / (16 / 8 - 1)
+        return r.clamp(min=0).sqrt().clamp(max=math.sqrt(16 / 2))
+
+    mean_norms = torch.stack([g.norm() for g in mean])
+    # "refresh": each rank's scale from its |g_i| / |g_B|, then averaged over the ranks.
+    refresh = scale(torch.stack([g.norm() for g in local]) / (mean_norms + 1e-8))
+    dist.all_reduce(refresh)
+    # "ema" (one step: the averages are the values): sqrt(mean_i |g_i|^2) / |g_B|.
+    local_sq = torch.stack([g.norm() ** 2 for g in local])
+    dist.all_reduce(local_sq)
+    expected = {"refresh": refresh / 2, "ema": scale((local_sq / 2).sqrt() / (mean_norms + 1e-8))}
+    results = {"expected": expected}
+    for estimator in ("refresh", "ema"):
+        torch.manual_seed(0)
+        model = nn.parallel.DistributedDataParallel(
+            nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, 3)))
+        optimizer = TulaOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), large_batch=16,
+                                  small_batch=2, source="local", estimator=estimator,
+                                  refresh_every=1)
+        register_local_gradient_hook(model, optimizer)
+        optimizer.zero_grad()
+        nn.functional.cross_entropy(model(inputs), targets).backward()
+        grads = [p.grad.clone() for p in model.parameters()]
+        optimizer.step()
+        results[estimator] = {"scales": torch.stack([optimizer.state[p]["scale"]
+                                                     for p in model.parameters()]),
+                              "grads": grads, "mean": mean,
+                              "params": torch.cat([p.detach().reshape(-1)
+                                                   for p in model.parameters()])}
+    torch.save(results, os.path.join(out_dir, f"{rank}.pt"))
+
+
+def test_the_comm_hook_sees_local_gradients_and_all_reduces_as_ddp_does(tmp_path):
+    spawn_gloo(_hook_worker, 2, str(tmp_path))
+    ranks = [torch.load(tmp_path / f"{rank}.pt") for rank in (0, 1)]
+    for estimator in ("refresh", "ema"):
+        for result in ranks:
+            got = result[estimator]
+            # The hook's all-reduce gave the mean gradient, as DDP's default does.
+            for g, m in zip(got["grads"], got["mean"]):
+                torch.testing.assert_close(g, m)
+            torch.testing.assert_close(got["scales"], result["expected"][estimator])
+        assert torch.equal(ranks[0][estimator]["scales"], ranks[1][estimator]["scales"])
+        assert torch.equal(ranks[0][estimator]["params"], ranks[1][estimator]["params"])
+        assert (ranks[0][estimator]["scales"] > 1).all()  # b_ref = 2 < b = 8: gains above 1

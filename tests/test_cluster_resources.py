@@ -1,0 +1,91 @@
+"""Worker resources, capacity and storage rules of tula_ray.cluster, without a Ray session
+(issue 13 item 5; issue 14 items 2 and 4)."""
+
+from pathlib import Path
+
+import pytest
+import ray
+
+import tula_ray
+from tula_ray import cluster
+from tula_ray.cluster import (CPU_WORKER, GPU_WORKER, autoscaler_node_types,
+                              check_resources_per_worker, check_worker_request, default_worker,
+                              workers_that_fit)
+
+CLUSTER_YAML = Path(__file__).parents[1] / "cluster.yaml"
+
+
+@pytest.mark.parametrize("resources", [
+    [("CPU", 4)], {}, {"CPU": 0}, {"CPU": -1}, {"CPU": True}, {"CPU": "4"},
+    {"CPU": float("nan")}, {"CPU": float("inf")}, {"GPU": 1.5}, {1: 2}, {"": 1},
+    {"CPU": 0.00001}])
+def test_bad_worker_resources_are_named(resources):
+    with pytest.raises(ValueError, match="resources_per_worker"):
+        check_resources_per_worker(resources)
+
+
+def test_worker_resources_as_ray_takes_them():
+    assert check_resources_per_worker(None) is None
+    assert check_resources_per_worker({"CPU": 4, "GPU": 0.5, "accel": 2}) == {
+        "CPU": 4.0, "GPU": 0.5, "accel": 2.0}
+    assert check_resources_per_worker({"GPU": 2}) == {"GPU": 2.0}
+
+
+@pytest.mark.parametrize("resources, timeout_s, use_gpu, message", [
+    ({"CPU": 2}, -1, None, "provision_timeout_s=-1"),
+    ({"CPU": 2}, "soon", None, "provision_timeout_s='soon'"),
+    ({"CPU": 2}, 10, True, "use_gpu=True contradicts"),
+    ({"CPU": 1, "GPU": 1}, 10, False, "use_gpu=False contradicts")])
+def test_worker_request_is_checked(resources, timeout_s, use_gpu, message):
+    with pytest.raises(ValueError, match=message):
+        check_worker_request(resources, timeout_s, use_gpu)
+
+
+def test_bad_worker_resources_fail_before_ray_starts(tmp_path):
+    for call in (lambda: tula_ray.search("fashion-mnist-cnn", resources_per_worker={"CPU": 0},
+                                         workload_options={"train_subset": 256}),
+                 lambda: tula_ray.search("fashion-mnist-cnn", address="",
+                                         workload_options={"train_subset": 256})):
+        with pytest.raises(ValueError, match="resources_per_worker|address"):
+            call()
+    assert not ray.is_initialized()
+
+
+def test_workers_fit_per_node_not_in_sum():
+    # Hand counts: a worker lives on one node, so 2 nodes of 3 CPUs hold two 2-CPU workers.
+    assert workers_that_fit({"CPU": 2.0}, [{"CPU": 3.0}, {"CPU": 3.0}]) == 2
+    assert workers_that_fit(GPU_WORKER, [{"CPU": 8.0, "GPU": 1.0}, {"CPU": 0.0}]) == 1
+    assert workers_that_fit(GPU_WORKER, [{"CPU": 8.0, "GPU": 4.0}]) == 4
+    assert workers_that_fit({"CPU": 1.0, "accel": 1.0}, [{"CPU": 4.0}]) == 0
+    assert workers_that_fit({"CPU": 0.5}, [{"CPU": 2.0}]) == 4
+
+
+def test_cluster_yaml_workers_are_gpus_the_autoscaler_can_add():
+    types = autoscaler_node_types(str(CLUSTER_YAML))
+    assert types == [({"CPU": 8.0, "GPU": 1.0}, 16)]  # the head type is not a worker type
+    # Before any GPU node is up (min_workers 0) the default worker is still a GPU one.
+    assert default_worker(0.0, types) == GPU_WORKER
+    assert default_worker(0.0, None) == CPU_WORKER
+    assert default_worker(2.0, None) == GPU_WORKER
+    assert autoscaler_node_types(str(CLUSTER_YAML.with_name("no-such.yaml"))) is None
+
+
+def _nodes(count):
+    return [{"Alive": True, "NodeID": f"{i:056x}", "NodeManagerAddress": f"127.0.0.{i + 3}",
+             "Resources": {"CPU": 1.0}} for i in range(count)]
+
+
+def test_multi_node_storage_rules(monkeypatch, tmp_path):
+    monkeypatch.setattr(cluster.ray, "nodes", lambda: _nodes(2))
+    with pytest.raises(ValueError, match="2 nodes and storage_path is None.*shared file system"
+                                         ".*cloud URI"):
+        cluster.check_storage_path(None)
+    cluster.check_storage_path("s3://bucket/runs")  # a cloud URI is taken as it is
+    # A local path is asked of every node; one that does not see the driver's file is named.
+    monkeypatch.setattr(cluster, "nodes_not_seeing", lambda path, nodes: ["127.0.0.4"])
+    with pytest.raises(ValueError, match="not visible from the nodes at 127.0.0.4"):
+        cluster.check_storage_path(str(tmp_path))
+    monkeypatch.setattr(cluster, "nodes_not_seeing", lambda path, nodes: [])
+    cluster.check_storage_path(str(tmp_path))
+    monkeypatch.setattr(cluster.ray, "nodes", lambda: _nodes(1))
+    cluster.check_storage_path(None)  # one node: its own disk is every node's

@@ -1,0 +1,118 @@
+"""tula_ray.tune_training(): Optuna + ASHA on Ray Tune, each trial a Ray Train job at the
+plan's (N, B), judged on a split held out of the training set.
+
+Fast part: the validation split, the search spaces, bad arguments refused before Ray.
+Ray part (one Ray session): a user's own tiny Workload, defined here, and a built-in one.
+"""
+
+import math
+import sys
+
+
+import pytest
+import torch
+from torch import nn
+from ray import cloudpickle  # Ray serialises functions with its own copy
+from torch.utils.data import TensorDataset
+
+import tula_ray
+from tula_ray import SearchSpace, build_plan
+from tula_ray.synthetic import example_params, synthetic_profiles
+from tula_ray.training import split_validation
+from tula_ray.training_strategies import STRATEGIES
+from tula_ray.workloads import Workload
+
+cloudpickle.register_pickle_by_value(sys.modules[__name__])  # Ray workers cannot import tests
+
+CHOSEN_N, CHOSEN_B = 2, 64
+
+
+def _plan(meta=None, workload="fashion-mnist-cnn"):
+    space = SearchSpace((CHOSEN_N,), (32, CHOSEN_B))
+    profiles = synthetic_profiles(space.candidates(), example_params())
+    return build_plan(space, profiles, epochs=2, dataset_size=256, strategy="full", objective="time",
+                      workload=workload, meta=meta if meta is not None else {
+                          "workload_options": {"data": "fake", "fake_size": 256}})
+
+
+def _tiny_data(train: bool) -> TensorDataset:
+    generator = torch.Generator().manual_seed(0 if train else 1)
+    inputs = torch.randn(320 if train else 64, 1, 28, 28, generator=generator)
+    return TensorDataset(inputs, (inputs.mean(dim=(1, 2, 3)) > 0).long())
+
+
+def _tiny_model() -> nn.Module:
+    return nn.Sequential(nn.Flatten(), nn.Linear(28 * 28, 2))
+
+
+def user_workload() -> Workload:
+    """What a user brings: their own model and data, defined in their driver."""
+    return Workload(name="user-tiny", model_fn=_tiny_model,
+                    train_dataset_fn=lambda: _tiny_data(True),
+                    test_dataset_fn=lambda: _tiny_data(False), epochs=2, num_classes=2)
+
+
+# --------------------------------------------------------------------------- no Ray
+
+def test_the_validation_split_is_held_out_of_the_training_set_with_a_fixed_seed():
+    dataset = TensorDataset(torch.arange(100))
+    train, validation = split_validation(dataset, 0.2)
+    assert len(validation) == 20 and len(train) == 80
+    assert not set(train.indices) & set(validation.indices)
+    assert split_validation(dataset, 0.2)[1].indices == validation.indices  # the same each time
+    with pytest.raises(ValueError, match="validation_fraction=1.0"):
+        split_validation(dataset, 1.0)
+
+
+def test_every_strategy_has_a_search_space_of_its_own_options():
+    spaces = {name: strategy.search_space(1024) for name, strategy in STRATEGIES.items()}
+    for name, space in spaces.items():
+        assert "lr" in space and set(space) <= {"lr", *STRATEGIES[name].options}, name
+    assert set(spaces["lars"]) == {"lr", "trust_coefficient"}
+    assert set(spaces["ags"]) == {"lr", "delta", "gain_exponent", "s_max"}
+    assert None in spaces["ags"]["delta"][1]  # the gate off is a candidate
+    assert spaces["ags"]["s_max"] == ("loguniform", 1.0, 32.0)  # up to AdaScale's B / 32
+
+
+@pytest.mark.parametrize("kwargs, error, message", [
+    ({"trials": 0}, ValueError, "trials=0"),
+    ({"validation_fraction": 0.0}, ValueError, "validation_fraction=0.0"),
+    ({"strategy": "sgd"}, ValueError, "strategy 'sgd' is unknown"),
+    ({"epochs": 0}, ValueError, "epochs=0"),
+    ({"grace_period": 5}, ValueError, "grace_period=5 exceeds the 2 epochs"),
+    ({"seed": 1.5}, TypeError, "seed=1.5"),
+])
+def test_bad_arguments_fail_before_ray_starts(kwargs, error, message):
+    import ray
+
+    with pytest.raises(error, match=message):
+        tula_ray.tune_training(_plan(), **kwargs)
+    assert not ray.is_initialized()
+
+
+# --------------------------------------------------------------------------- local Ray
+
+@pytest.mark.ray
+def test_tuning_a_users_workload_returns_a_config_train_accepts(ray_session, tmp_path):
+    workload = user_workload()
+    best = tula_ray.tune_training(_plan(meta={}, workload="user-tiny"), "lrs", trials=2,
+                                  epochs=2, workload=workload, storage_path=str(tmp_path))
+    assert set(best.config) == {"strategy", "lr", "strategy_options"}
+    assert best.config["strategy"] == "lrs" and 1e-4 <= best.config["lr"] <= 0.05
+    assert 0.0 <= best.val_accuracy <= 1.0
+    assert len(best.trials) == 2 and best.trials["val_accuracy"].between(0, 1).all()
+    # The test set was never scored while tuning.
+    assert not any(column.startswith("test_") for column in best.trials.columns)
+    trained = tula_ray.train(_plan(meta={}, workload="user-tiny"), workload=workload, epochs=1,
+                             storage_path=str(tmp_path / "train"), **best.config)
+    assert trained.metrics["lr"].notna().all() and math.isfinite(
+        trained.metrics["test_accuracy"].iloc[-1])
+
+
+@pytest.mark.ray
+def test_tuning_a_built_in_workload_samples_the_lars_trust_coefficient(ray_session, tmp_path):
+    best = tula_ray.tune_training(_plan(), "lars", trials=2, epochs=2, seed=3,
+                                  storage_path=str(tmp_path))
+    options = best.config["strategy_options"]
+    assert set(options) == {"trust_coefficient"} and 1e-3 <= options["trust_coefficient"] <= 0.1
+    assert {"config/lr", "config/trust_coefficient"} <= set(best.trials.columns)

@@ -1,0 +1,126 @@
+"""Where AGS's small-batch gradient comes from (paper Algorithm 1 lines 13-14; DESIGN "AGS").
+
+  "sub-batch": `backward_with_refresh` runs an extra forward/backward on the first
+      `small_batch` samples of the local batch, outside DDP's all-reduce, on the steps
+      where a refresh is due (the paper's way);
+  "local": under DDP each worker's own gradient, BEFORE the all-reduce, is a
+      small-batch gradient of b = B/N. `register_local_gradient_hook` installs a DDP
+      communication hook that reads each gradient bucket before doing exactly what
+      DDP's default does (torch's `allreduce_hook`), so this source costs no extra
+      backward and no change to the all-reduce.
+
+No Ray here (core module).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import TYPE_CHECKING, Any, Callable
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+
+if TYPE_CHECKING:
+    from tula_ray.ags import TulaOptimizer
+
+
+def is_ddp(model: nn.Module) -> bool:
+    return isinstance(model, nn.parallel.DistributedDataParallel)
+
+
+def world(process_group: Any) -> int:
+    """Ranks in `process_group` (1 without torch.distributed)."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return 1
+    return dist.get_world_size(process_group)
+
+
+def _take_grads(params: list[nn.Parameter]) -> list[torch.Tensor | None]:
+    """Detach the current gradients from the parameters (and leave p.grad empty)."""
+    grads = [p.grad for p in params]
+    for p in params:
+        p.grad = None
+    return grads
+
+
+def backward_with_refresh(model: nn.Module, optimizer: torch.optim.Optimizer, loss_fn: Callable,
+                          inputs: torch.Tensor, targets: torch.Tensor
+                          ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Forward and backward of one step, taking a sub-batch gradient when a refresh is due.
+
+    Replaces `loss_fn(model(inputs), targets).backward()` after `zero_grad()`;
+    returns (loss, outputs) of the full local batch. Any other optimizer, source
+    "local" (its hook reads the gradients during this backward), or a step without a
+    refresh, is exactly that plain backward.
+    """
+    from tula_ray.ags import TulaOptimizer  # here: tula_ray.ags imports this module
+
+    refresh = (isinstance(optimizer, TulaOptimizer) and optimizer.source == "sub-batch"
+               and optimizer.refresh_due)
+    if isinstance(optimizer, TulaOptimizer) and optimizer.source == "local" \
+            and not optimizer.local_hook_registered:
+        raise ValueError("source='local' takes g_small from each DDP worker's own gradient: "
+                         "call register_local_gradient_hook(model, optimizer) on the "
+                         "DistributedDataParallel model first (>= 2 workers)")
+    if not refresh:
+        outputs = model(inputs)
+        loss = loss_fn(outputs, targets)
+        loss.backward()
+        return loss, outputs
+    if optimizer.small_batch >= len(inputs):
+        raise ValueError(f"small_batch={optimizer.small_batch} must be smaller than the local "
+                         f"batch ({len(inputs)} samples) to sample a sub-batch from it")
+    params = optimizer.parameters()
+    # Lines 13-14: a sub-batch of the (shuffled) local batch, kept out of DDP's all-reduce,
+    # in training mode (eval-mode BatchNorm would change the gradient) but with every
+    # buffer (BatchNorm running statistics) restored afterwards: Algorithm 1 computes a
+    # gradient here, it does not train the statistics on an extra batch.
+    buffers = [b.detach().clone() for b in model.buffers()]
+    with model.no_sync() if is_ddp(model) else contextlib.nullcontext():
+        loss_fn(model(inputs[: optimizer.small_batch]),
+                targets[: optimizer.small_batch]).backward()
+    with torch.no_grad():
+        for buffer, saved in zip(model.buffers(), buffers):
+            buffer.copy_(saved)
+    small = _take_grads(params)
+    outputs = model(inputs)
+    loss = loss_fn(outputs, targets)
+    loss.backward()
+    optimizer.refresh_scales(small)
+    return loss, outputs
+
+
+class LocalGradientHookState:
+    """State of the "local" source's DDP comm hook: the optimizer it feeds and the group."""
+
+    def __init__(self, optimizer: "TulaOptimizer", process_group: Any = None) -> None:
+        self.optimizer = optimizer
+        self.process_group = process_group
+
+
+def local_gradient_hook(state, bucket):  # no annotations: DDP checks them against real
+    # classes, and this module's are strings (state: LocalGradientHookState, bucket:
+    # dist.GradBucket, returns torch.futures.Future[torch.Tensor])
+    """DDP comm hook: hand this worker's gradients (b = B/N) to AGS when it wants them,
+    then all-reduce the bucket as DDP's default does (torch's `allreduce_hook`)."""
+    optimizer = state.optimizer
+    if optimizer.refresh_due:
+        optimizer.observe_local_gradients(bucket.parameters(), bucket.gradients())
+    return allreduce_hook(state.process_group, bucket)
+
+
+def register_local_gradient_hook(model: nn.Module, optimizer: "TulaOptimizer") -> None:
+    """Source "local": register `local_gradient_hook` on the DDP `model` (before its first
+    backward; DDP takes one comm hook per model)."""
+    if optimizer.source != "local":
+        raise ValueError(f"the local-gradient hook serves source='local'; this optimizer's "
+                         f"source is {optimizer.source!r}")
+    if not is_ddp(model) or world(optimizer.process_group) < 2:
+        raise ValueError("source='local' takes g_small from each DDP worker's own gradient: it "
+                         "needs a DistributedDataParallel model on >= 2 workers; "
+                         "use source='sub-batch' here")
+    model.register_comm_hook(LocalGradientHookState(optimizer, optimizer.process_group),
+                             local_gradient_hook)
+    optimizer.local_hook_registered = True
