@@ -216,3 +216,14 @@ def _positive_int(v) -> bool:
 
 def _number(v) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and not math.isnan(v)
+
+
+def test_train_refuses_a_workload_without_test_data(plan):
+    """A search needs no test set; training scores one every epoch: refused before Ray."""
+    import dataclasses
+
+    from tula_ray.workloads import get_workload
+
+    no_test = dataclasses.replace(get_workload("fashion-mnist-cnn", data="fake", fake_size=1000),
+                                  test_dataset_fn=None)
+    assert_refused(lambda: tula_ray.train(plan, workload=no_test), "test_dataset_fn")

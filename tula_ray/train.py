@@ -192,6 +192,10 @@ def _job(plan: Plan, strategy: str | TrainingStrategy, workload: str | Workload 
         if resolved.name != plan.workload:
             logger.warning("training %s although the plan was made for %s: its (N, B) "
                            "choice may not fit this workload", resolved.name, plan.workload)
+    if resolved.test_dataset_fn is None:  # optional for a search, which never evaluates
+        raise ValueError(f"workload {resolved.name!r} has no test_dataset_fn: tula_ray.train "
+                         "scores the test set after every epoch; give the Workload a "
+                         "test_dataset_fn")
     if epochs is None:
         epochs = resolved.epochs if "epochs" in options else plan.epochs
     if isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 1:
