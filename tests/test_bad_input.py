@@ -150,6 +150,33 @@ def test_train_refuses_a_bad_argument_before_ray_starts(plan, data):
     assert_refused(lambda: tula_ray.train(plan, **{argument: value}), argument)
 
 
+# --- tune_training() -------------------------------------------------------------------
+
+BAD_TUNE = {
+    "strategy": BAD_TRAIN["strategy"],
+    "trials": st.one_of(NON_POSITIVE_INTS, NOT_INTS.filter(lambda v: v is not None)),
+    "epochs": BAD_TRAIN["epochs"],
+    "validation_fraction": st.one_of(st.floats(max_value=0.0), st.floats(min_value=1.0),
+                                     st.just(float("nan")), st.just("0.1")),
+    "seed": BAD_TRAIN["seed"],
+    "grace_period": st.one_of(NON_POSITIVE_INTS, st.just(1.5), st.just(10**6)),
+    "storage_path": BAD_TRAIN["storage_path"],
+    "name": BAD_TRAIN["name"],
+    "use_gpu": BAD_TRAIN["use_gpu"],
+    "address": BAD_TRAIN["address"],
+    "workload": BAD_TRAIN["workload"],
+    "workload_options": BAD_TRAIN["workload_options"],
+}
+
+
+@SETTINGS
+@given(data=st.data())
+def test_tune_training_refuses_a_bad_argument_before_ray_starts(plan, data):
+    argument = data.draw(st.sampled_from(sorted(BAD_TUNE)), label="argument")
+    value = data.draw(BAD_TUNE[argument], label="value")
+    assert_refused(lambda: tula_ray.tune_training(plan, **{argument: value}), argument)
+
+
 # --- the YAML config of `tula-ray search` ----------------------------------------------
 
 YAML_VALUES = st.one_of(st.none(), st.booleans(), st.integers(-10, 10), st.text(max_size=8),

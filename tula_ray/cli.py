@@ -104,10 +104,11 @@ def add_tune_command(commands: Any) -> None:
     parser.add_argument("--epochs", type=int, default=None, help="epochs per trial")
     parser.add_argument("--workload", default=None,
                         help="a built-in workload name, when the plan records none")
-    parser.add_argument("--storage-path", type=Path, default=None,
+    parser.add_argument("--storage-path", type=storage_location, default=None,
                         help="where Ray Tune keeps the trials (default ~/ray_results)")
     parser.add_argument("--out", type=Path, default=Path("tune"),
                         help=f"directory for {TUNED_FILE}")
+    add_address_option(parser)
     parser.set_defaults(run=run_tune)
 
 
@@ -120,10 +121,9 @@ def run_tune(args: argparse.Namespace) -> None:
                                 "`tula-ray demo` or `tula-ray replay`")
     from tula_ray.tune_training import tune_training  # imports ray
 
-    storage = str(args.storage_path.resolve()) if args.storage_path else None
     trials = {} if args.trials is None else {"trials": args.trials}
     best = tune_training(args.plan, args.strategy, epochs=args.epochs, workload=args.workload,
-                         storage_path=storage, **trials)
+                         storage_path=args.storage_path, address=args.address, **trials)
     print(f"best of {len(best.trials)} trials: validation accuracy {best.val_accuracy:.4f} "
           f"with {best.config}")
     args.out.mkdir(parents=True, exist_ok=True)

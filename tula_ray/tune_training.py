@@ -30,9 +30,9 @@ from ray.tune.schedulers import ASHAScheduler
 from ray.tune.search.optuna import OptunaSearch
 
 from trainables.tuning_trial import METRIC, tune_trial
-from tula_ray.arguments import check_bool, check_int, check_number, check_text
-from tula_ray.cluster import (PROVISION_TIMEOUT_S_DEFAULT, ensure_ray, provision_workers,
-                              release_workers, trial_resources)
+from tula_ray.arguments import check_bool, check_int, check_mapping, check_number, check_text
+from tula_ray.cluster import (PROVISION_TIMEOUT_S_DEFAULT, check_storage_path, ensure_ray,
+                              provision_workers, release_workers, trial_resources)
 from tula_ray.plan import Plan
 from tula_ray.train import _dry_run, _job  # one way to resolve a plan's training job
 from tula_ray.training_strategies import TrainingStrategy, get_strategy
@@ -69,20 +69,26 @@ def tune_training(plan: Plan | str | Path, strategy: str | TrainingStrategy = "a
                   workload_options: dict[str, Any] | None = None,
                   validation_fraction: float = VALIDATION_FRACTION_DEFAULT, seed: int = 0,
                   grace_period: int | None = None, storage_path: str | None = None,
-                  name: str | None = None, use_gpu: bool | None = None) -> TuneResult:
+                  name: str | None = None, use_gpu: bool | None = None,
+                  address: str | None = None) -> TuneResult:
     """Tune `strategy` at the plan's chosen N and B; return the best configuration.
 
     trials: sampled configurations (Optuna's TPE), each a Ray Train job of `epochs`.
     grace_period: epochs every trial runs before ASHA may stop it (default epochs // 4).
     workload, workload_options, epochs: as `tula_ray.train`. seed: every trial's.
+    address: the Ray cluster to join, as `tula_ray.train`'s; on a multi-node cluster
+      storage_path must be one every node reaches (checked, as `tula_ray.train` does).
     Raises ValueError for a bad argument, before Ray starts.
     """
     check_int("trials", trials, minimum=1)
+    check_int("epochs", epochs, minimum=1, optional=True)
+    check_int("grace_period", grace_period, minimum=1, optional=True)
+    check_mapping("workload_options", workload_options)
     check_number("validation_fraction", validation_fraction, low=0.0, high=1.0,
                  low_open=True, high_open=True)
     check_int("seed", seed)
     check_bool("use_gpu", use_gpu, optional=True)
-    for label, value in (("storage_path", storage_path), ("name", name)):
+    for label, value in (("storage_path", storage_path), ("name", name), ("address", address)):
         check_text(label, value, optional=True)
     plan = plan if isinstance(plan, Plan) else Plan.from_json(plan)
     job = _job(plan, strategy, workload, workload_options, epochs, {})
@@ -97,13 +103,14 @@ def tune_training(plan: Plan | str | Path, strategy: str | TrainingStrategy = "a
              "epochs": job.epochs, "strategy": job.strategy,
              "strategy_options": job.strategy_options, "seed": seed,
              "validation_fraction": validation_fraction}
-    started_ray = ensure_ray()
+    started_ray = ensure_ray(address)
     workers = None
     try:
         # Refuses a cluster too small for N (or asks its autoscaler), as `train` does.
         workers = provision_workers(job.num_workers, use_gpu=use_gpu,
                                     timeout_s=PROVISION_TIMEOUT_S_DEFAULT)
         fixed.update(use_gpu=workers.use_gpu, resources=workers.resources)
+        check_storage_path(storage_path)  # every trial's checkpoints must reach the driver
         grid = _tuner(job, fixed, space, trials, grace, seed, storage_path, name).fit()
     finally:
         release_workers(workers)
