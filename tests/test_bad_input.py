@@ -142,14 +142,6 @@ BAD_TRAIN = {
 }
 
 
-@SETTINGS
-@given(data=st.data())
-def test_train_refuses_a_bad_argument_before_ray_starts(plan, data):
-    argument = data.draw(st.sampled_from(sorted(BAD_TRAIN)), label="argument")
-    value = data.draw(BAD_TRAIN[argument], label="value")
-    assert_refused(lambda: tula_ray.train(plan, **{argument: value}), argument)
-
-
 # --- tune_training() -------------------------------------------------------------------
 
 BAD_TUNE = {
@@ -169,12 +161,14 @@ BAD_TUNE = {
 }
 
 
+@pytest.mark.parametrize("entry, bad", [("train", BAD_TRAIN), ("tune_training", BAD_TUNE)])
 @SETTINGS
 @given(data=st.data())
-def test_tune_training_refuses_a_bad_argument_before_ray_starts(plan, data):
-    argument = data.draw(st.sampled_from(sorted(BAD_TUNE)), label="argument")
-    value = data.draw(BAD_TUNE[argument], label="value")
-    assert_refused(lambda: tula_ray.tune_training(plan, **{argument: value}), argument)
+def test_training_entry_points_refuse_a_bad_argument_before_ray_starts(plan, entry, bad, data):
+    """train() and tune_training() take a plan and the same kind of arguments."""
+    argument = data.draw(st.sampled_from(sorted(bad)), label="argument")
+    value = data.draw(bad[argument], label="value")
+    assert_refused(lambda: getattr(tula_ray, entry)(plan, **{argument: value}), argument)
 
 
 # --- the YAML config of `tula-ray search` ----------------------------------------------
