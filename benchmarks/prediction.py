@@ -1,23 +1,26 @@
-"""Issue 5 figures (parts 1 and 3): accuracy of the performance model (paper eq. 2, 4a;
-§IV-C, Fig. 9 and 11b) and the quality of the configuration it selects (§III-A3).
+"""Issue 5 and issue 11 (item 5) figures: accuracy of the performance model (paper eq. 2,
+4a; §IV-C, Fig. 9 and 11b), the quality of the configuration each search strategy selects
+(§III-A3), and what each strategy costs, full, partial and adaptive side by side in one run.
 
-For each workload ONE full search (`tula_ray.search(strategy="full")`, N in {1, 2}, B from 32)
-measures every candidate: that grid is the ground truth. From its profiles:
+For each workload ONE full search (`tula_ray.search(strategy="full")`, N in {1, 2}, B from
+32) measures every candidate: that grid is the ground truth.
+Model accuracy, from its profiles:
   full model:     the search's own fit on every profiled candidate (`Plan.perf`);
-  partial model:  `perf.fit` on the SAME search's corner rows (min/max N x min/max B: the
-                  partial strategy's `fit_rows`), i.e. the same plan rebuilt with
-                  `build_plan(strategy="partial")`.
+  partial model:  the fit on the SAME search's corner rows (min/max N x min/max B).
                   Both models see the same measurements, so their difference is model
-                  error only, not the ~15 % run-to-run noise between two searches
-                  (NOTES-ENV); a separate partial search (full run only) adds that noise.
-Selection: for each objective and pricing, the (N, B) that `build_plan` chooses from each
-model's predictions (the product's path: the knee on the model's dense curve) against the
-oracle, `policy.choose` on the candidate table with the measurements put in place of the
-predictions. Regret = (measured metric of the model's choice - the oracle's) / the oracle's;
-the metric is the objective's (training time; cost; training time for the knee, where it is
-signed: a knee is not a minimum, so a choice can train faster than the oracle's knee).
-Search cost: the profile rows do not record each trial's wall time, so the partial search's
-cost is measured by running one (full run only). Paper goal: partial / full <= 0.25.
+                  error only, not the ~15 % run-to-run noise between two searches.
+Selection (regret), per objective and pricing, by REPLAY: each strategy's rounds are run
+against the full grid's measurements (`replay`: the strategy proposes, the grid's row for
+each proposed candidate is handed back), and its plan chooses. So every strategy sees the
+same measurements and the regret is the strategy's, not run-to-run noise. The oracle is
+`policy.choose` on the measured grid. Regret = (measured metric of the choice - the
+oracle's) / the oracle's; the metric is training time (time, knee) or cost; for the knee it
+is signed (a knee is not a minimum, so a choice can train faster than the oracle's knee).
+Search cost, LIVE (full run only): a partial and an adaptive search (the search's default
+objective, the knee, fixed pricing) run right after the full one on the same Ray: launches,
+candidates, profiling wall time; seconds per extra candidate at an already-launched N (its
+wall time inside the worker group less its own warm-up and timed steps); and the live
+searches' own choices, measured on the full grid.
 Writes prediction.{json,md}, and per workload prediction_<workload>.png and the full
 search's plan, prediction_<workload>.plan.json (`tula_ray.Plan.from_json`).
 """
@@ -47,27 +50,71 @@ QUICK_WORKLOADS = {"fashion-mnist-cnn": {"max_batch": 64, "train_subset": 2048}}
 OBJECTIVES = ("time", "cost", "knee")
 PRICINGS = {f"fixed ${USD_PER_NODE_HOUR_DEFAULT}/node-h": FixedRate(USD_PER_NODE_HOUR_DEFAULT),
             f"memory ${USD_PER_GB_HOUR_DEFAULT}/GB-h": MemoryRate(USD_PER_GB_HOUR_DEFAULT)}
-MODELS = ("full", "partial")
-GOAL_COST_RATIO = 0.25  # partial / full profiling wall time
+STRATEGIES = ("full", "partial", "adaptive")
+MODELS = ("full", "partial")  # the two fits compared candidate by candidate
+GOALS = {"partial_over_full": 0.25,  # paper: partial / full profiling wall time
+         "full_over_partial": 1.5,  # issue 11: full <= 1.5 x partial on the demo grid
+         "adaptive_over_full": 0.5,  # issue 11
+         "extra_candidate_s": 5.0,  # issue 11: beyond its own measured steps
+         "adaptive_regret": 0.03, "adaptive_knee_regret": 0.10,
+         "partial_median_error": 0.07, "cnn_off_corner_error": 0.10}
 # Of a search's Plan.meta; "trials" are worker-group launches (one per N and round).
-WALL_KEYS = ("trials", "probe_wall_s", "profiling_wall_s")
+WALL_KEYS = ("trials", "probe_wall_s", "profiling_wall_s", "candidates_profiled", "rounds",
+             "stop_reason")
 
 
-def replan(full_plan, strategy: str, objective: str, pricing):
-    """The plan a `strategy` search would make from `full_plan`'s profiles (partial: only the
-    corner rows are fitted), for this objective and pricing, through `build_plan`."""
-    from tula_ray.plan import build_plan
+def _space(plan):
     from tula_ray.space import SearchSpace
 
-    table = full_plan.table
-    space = SearchSpace(tuple(sorted(table["num_workers"].unique().tolist())),
-                        tuple(sorted(table["global_batch"].unique().tolist())))
-    return build_plan(space, full_plan.profiles, epochs=full_plan.epochs,
+    table = plan.table
+    return SearchSpace(tuple(sorted(table["num_workers"].unique().tolist())),
+                       tuple(sorted(table["global_batch"].unique().tolist())))
+
+
+def _plan_from(full_plan, rows: pd.DataFrame, strategy: str, objective: str, pricing):
+    """The plan a `strategy` search that measured `rows` makes, for this objective and
+    pricing, through `build_plan` (the product's path)."""
+    from tula_ray.plan import build_plan
+
+    return build_plan(_space(full_plan), rows, epochs=full_plan.epochs,
                       dataset_size=full_plan.dataset_size, strategy=strategy,
-                      objective=objective,
-                      pricing=pricing, memory=full_plan.memory,
+                      objective=objective, pricing=pricing, memory=full_plan.memory,
                       max_local_batch=full_plan.meta.get("max_local_batch"),
                       collective=full_plan.perf.collective, workload=full_plan.workload)
+
+
+def replay(full_plan, strategy: str, objective: str = "knee", pricing=None):
+    """Run `strategy`'s rounds against the full grid's measurements: it proposes, the grid's
+    row for each proposed candidate is handed back (with that round's number), until it is
+    done. Returns (its plan, the rows it measured, its rounds, why it stopped)."""
+    from tula_ray.pricing import pricing_to_dict
+    from tula_ray.search_strategies import STRATEGIES as REGISTRY
+    from tula_ray.search_strategies import make_strategy
+
+    pricing = pricing or FixedRate()
+    options = {}
+    if getattr(REGISTRY[strategy], "needs_plan_context", False):
+        options = dict(objective=objective, epochs=full_plan.epochs,
+                       dataset_size=full_plan.dataset_size, pricing=pricing_to_dict(pricing),
+                       collective=full_plan.perf.collective,
+                       memory=None if full_plan.memory is None else full_plan.memory.to_dict(),
+                       max_local_batch=full_plan.meta.get("max_local_batch"))
+    from tula_ray.profile_table import profile_frame
+
+    chooser = make_strategy(strategy, options)
+    profiles = profile_frame(full_plan.profiles.to_dict("records"))  # every column
+    measured = profiles.set_index(["num_workers", "global_batch"])
+    max_local = full_plan.meta.get("max_local_batch") or np.inf
+    grid = [c for c in _space(full_plan).candidates() if c.local_batch <= max_local]
+    rows = profiles.iloc[0:0].copy()
+    for round_ in range(1, 100):
+        proposal = chooser.propose(grid, rows)
+        if proposal.done:
+            break
+        picked = measured.loc[[(c.num_workers, c.global_batch) for c in proposal.candidates]]
+        rows = pd.concat([rows, picked.reset_index().assign(round=round_)], ignore_index=True)
+    plan = _plan_from(full_plan, rows, strategy, objective, pricing)
+    return plan, rows, round_ - 1, proposal.reason
 
 
 def measured_table(table: pd.DataFrame, pricing) -> pd.DataFrame:
@@ -85,7 +132,14 @@ def measured_table(table: pd.DataFrame, pricing) -> pd.DataFrame:
     return oracle
 
 
+def _measured_pick(indexed: pd.DataFrame, choice, metric: str) -> dict:
+    return {"num_workers": choice.num_workers, "global_batch": choice.global_batch,
+            "measured": float(indexed.loc[(choice.num_workers, choice.global_batch), metric]),
+            "knee_global_batch": choice.knee_global_batch, "ties": [list(t) for t in choice.ties]}
+
+
 def _selection(full_plan) -> list[dict]:
+    """Per objective and pricing: the oracle's pick and each strategy's (by replay)."""
     from tula_ray.policy import choose
 
     rows = []
@@ -94,16 +148,16 @@ def _selection(full_plan) -> list[dict]:
         indexed = oracle_table.set_index(["num_workers", "global_batch"])
         for objective in OBJECTIVES:
             metric = "cost_usd" if objective == "cost" else "total_time_s"
-            picks = {"oracle": choose(oracle_table, objective)}
-            picks.update({m: replan(full_plan, m, objective, pricing).choice for m in MODELS})
-            row = {"objective": objective, "pricing": label, "metric": metric}
-            for who, choice in picks.items():
-                measured = float(indexed.loc[(choice.num_workers, choice.global_batch), metric])
-                row[who] = {"num_workers": choice.num_workers, "global_batch": choice.global_batch,
-                            "measured": measured, "knee_global_batch": choice.knee_global_batch}
+            row = {"objective": objective, "pricing": label, "metric": metric,
+                   "oracle": _measured_pick(indexed, choose(oracle_table, objective), metric)}
+            for strategy in STRATEGIES:
+                plan, measured, rounds, reason = replay(full_plan, strategy, objective, pricing)
+                row[strategy] = {**_measured_pick(indexed, plan.choice, metric),
+                                 "candidates": len(measured), "rounds": rounds,
+                                 "stop_reason": reason}
             best = row["oracle"]["measured"]
-            for m in MODELS:
-                row[f"{m}_regret"] = (row[m]["measured"] - best) / best
+            for strategy in STRATEGIES:
+                row[f"{strategy}_regret"] = (row[strategy]["measured"] - best) / best
             rows.append(row)
     return rows
 
@@ -112,7 +166,7 @@ def _accuracy(full_plan) -> tuple[pd.DataFrame, dict]:
     """Per-candidate predictions of both models against the measurements, and a summary."""
     from tula_ray.search_strategies import make_strategy
 
-    partial = replan(full_plan, "partial", full_plan.objective, "fixed")
+    partial, _, _, _ = replay(full_plan, "partial", full_plan.objective)
     table = full_plan.table.merge(
         partial.table[["num_workers", "global_batch", "step_time_s", "total_time_s"]],
         on=["num_workers", "global_batch"], suffixes=("_full", "_partial"))
@@ -134,30 +188,64 @@ def _accuracy(full_plan) -> tuple[pd.DataFrame, dict]:
     return table, summary
 
 
+def extra_candidate_seconds(profiles: pd.DataFrame) -> list[float]:
+    """Per candidate after the first of its worker group: its wall time inside the group
+    less its own warm-up and timed steps (memory check, data loader, reports)."""
+    rows = profiles.dropna(subset=["round", "profile_wall_s", "timed_wall_s"])
+    rows = rows[rows["status"] == "ok"].sort_values(["round", "num_workers", "global_batch"])
+    extra = []
+    for _, sweep in rows.groupby(["round", "num_workers"]):
+        later = sweep.iloc[1:]
+        extra += (later["profile_wall_s"] - later["warmup_wall_s"].fillna(0)
+                  - later["timed_wall_s"]).tolist()
+    return extra
+
+
+def _live_cost(plan, full_plan) -> dict:
+    """What one live search cost, and its own choice measured on the full grid."""
+    indexed = measured_table(full_plan.table, FixedRate()).set_index(
+        ["num_workers", "global_batch"])
+    oracle = measured_table(full_plan.table, FixedRate())
+    from tula_ray.policy import choose
+
+    best = choose(oracle, plan.objective)
+    pick = _measured_pick(indexed, plan.choice, "total_time_s")
+    best_s = float(indexed.loc[(best.num_workers, best.global_batch), "total_time_s"])
+    extra = extra_candidate_seconds(plan.profiles)
+    return {**{k: plan.meta[k] for k in WALL_KEYS}, "launch_wall_s":
+            plan.profiles.groupby(["round", "num_workers"])["launch_wall_s"].max().tolist(),
+            "extra_candidate_s": extra, "choice": pick, "choice_tie_break": plan.choice.tie_break,
+            "regret_vs_full_grid": (pick["measured"] - best_s) / best_s}
+
+
 def _one_workload(name: str, settings: dict, quick: bool, scratch: Path, full=None) -> dict:
     import tula_ray
 
     options = dict(**SEARCH, max_batch=settings["max_batch"],
                    workload_options={"train_subset": settings["train_subset"]})
-    if full is None:
-        full = tula_ray.search(name, strategy="full", storage_path=str(scratch / f"{name}-full"),
-                               **options)
+    live = {}
+    for strategy in STRATEGIES if not quick else ("full",) * (full is None):
+        live[strategy] = tula_ray.search(
+            name, strategy=strategy, storage_path=str(scratch / f"{name}-{strategy}"), **options)
+    full = full or live["full"]
     suffix = "_quick" if quick else ""
     # The full search's plan (profiles, fits, measurements): selection and fits can be
     # re-analysed from it without profiling again.
     plan_json = f"{NAME}_{name}{suffix}.plan.json"
     full.to_json(RESULTS_DIR / plan_json)
     table, accuracy = _accuracy(full)
-    cost = {"full": {k: full.meta[k] for k in WALL_KEYS},
-            "partial": None, "partial_over_full": None, "goal": GOAL_COST_RATIO}
+    cost = {"full": {k: full.meta.get(k) for k in WALL_KEYS}, "live": {}, "ratios": {}}
     if not quick:
-        partial = tula_ray.search(name, strategy="partial",
-                                  storage_path=str(scratch / f"{name}-partial"), **options)
-        _, errors = cross_search_errors(partial, full)
-        cost["partial"] = {**{k: partial.meta[k] for k in WALL_KEYS},
-                           "vs_full_measured_median_rel_error": float(np.median(errors)),
-                           "vs_full_measured_spread": spread(errors)}
-        cost["partial_over_full"] = partial.meta["profiling_wall_s"] / full.meta["profiling_wall_s"]
+        for strategy, plan in live.items():  # the live searches' plans, for re-analysis
+            if strategy != "full":
+                plan.to_json(RESULTS_DIR / f"{NAME}_{name}_{strategy}.plan.json")
+        cost["live"] = {s: _live_cost(plan, full) for s, plan in live.items()}
+        wall = {s: plan.meta["profiling_wall_s"] for s, plan in live.items()}
+        cost["ratios"] = {"partial_over_full": wall["partial"] / wall["full"],
+                          "full_over_partial": wall["full"] / wall["partial"],
+                          "adaptive_over_full": wall["adaptive"] / wall["full"]}
+        _, errors = cross_search_errors(live["partial"], full)
+        cost["partial_vs_full_measured_spread"] = spread(errors)
     plot = f"{NAME}_{name}{suffix}.png"
     _plot(full, table, RESULTS_DIR / plot)
     columns = ["num_workers", "global_batch", "local_batch", "corner", "measured_step_time_s",
@@ -228,6 +316,31 @@ def _pick(p: dict, metric: str) -> str:
     return f"N={p['num_workers']}, B={p['global_batch']}: {value}"
 
 
+def _live_markdown(cost: dict) -> str:
+    if not cost["live"]:
+        return "Live searches: not run (quick)."
+    rows = "\n".join(
+        f"| {s} | {c['trials']} | {c['candidates_profiled']} | {c['rounds']} | "
+        f"{c['probe_wall_s']:.0f} | {c['profiling_wall_s']:.0f} | "
+        f"{_seconds(c['launch_wall_s'])} | "
+        f"{_seconds(c['extra_candidate_s'])} | {_pick(c['choice'], 'total_time_s')} "
+        f"({c['regret_vs_full_grid']:+.1%}) | {c['stop_reason']} |"
+        for s, c in cost["live"].items())
+    r = cost["ratios"]
+    return f"""| live search | launches | candidates | rounds | probe (s) | profiling wall (s) | launch to first step (s): median [min, max] | s per extra candidate beyond its steps: median [min, max] | its knee choice, measured on the full grid (regret) | stop reason |
+|---|---|---|---|---|---|---|---|---|---|
+{rows}
+
+Profiling wall time: partial / full {r['partial_over_full']:.2f} (paper goal <= {GOALS['partial_over_full']}); full / partial {r['full_over_partial']:.2f} (goal <= {GOALS['full_over_partial']}); adaptive / full {r['adaptive_over_full']:.2f} (goal <= {GOALS['adaptive_over_full']}). The live partial search's predictions against this grid's measured step times (model error + run-to-run noise): {cost['partial_vs_full_measured_spread']}."""
+
+
+def _seconds(values) -> str:
+    if not len(values):
+        return "-"
+    values = np.asarray(values, float)
+    return f"{np.median(values):.1f} [{values.min():.1f}, {values.max():.1f}]"
+
+
 def _workload_markdown(w: dict) -> str:
     a, cost = w["accuracy"], w["search_cost"]
     rows = "\n".join(
@@ -238,18 +351,9 @@ def _workload_markdown(w: dict) -> str:
         f"{c['full_rel_error']:.1%} | {c['partial_rel_error']:.1%} |" for c in w["per_candidate"])
     selection = "\n".join(
         f"| {s['objective']} | {s['pricing']} | {_pick(s['oracle'], s['metric'])} | "
-        f"{_pick(s['partial'], s['metric'])} | {s['partial_regret']:+.1%} | "
-        f"{_pick(s['full'], s['metric'])} | {s['full_regret']:+.1%} |" for s in w["selection"])
-    partial = cost["partial"]
-    cost_rows = (
-        f"| partial search (separate run): trials / profiling wall time | "
-        f"{partial['trials']} / {partial['profiling_wall_s']:.0f} s |\n"
-        f"| profiling cost partial / full (goal <= {cost['goal']}) | "
-        f"{cost['partial_over_full']:.2f} |\n"
-        f"| that search's predictions vs this grid's measured step times (model error + run-to-run "
-        f"noise): median [min, max] | {partial['vs_full_measured_spread']} |"
-        if partial else
-        "| partial search | not run (quick); the profile rows record no per-trial wall time |")
+        + " | ".join(f"{_pick(s[m], s['metric'])} ({s[m]['candidates']} profiled) | "
+                     f"{s[f'{m}_regret']:+.1%}" for m in STRATEGIES) + " |"
+        for s in w["selection"])
     full = cost["full"]
     return f"""#### {w['workload']}
 
@@ -270,21 +374,72 @@ memory probe: {w['max_local_batch']}).
 |---|---|---|---|---|---|---|---|---|---|
 {rows}
 
-| objective | pricing | oracle: measured grid | partial model's choice: measured | partial regret | full model's choice: measured | full regret |
-|---|---|---|---|---|---|---|
+Choices by replay on this grid's measurements (each strategy sees the same rows):
+
+| objective | pricing | oracle: measured grid | full: choice, measured | full regret | partial: choice, measured | partial regret | adaptive: choice, measured | adaptive regret |
+|---|---|---|---|---|---|---|---|---|
 {selection}
 
-| search cost | value |
-|---|---|
-| full search: trials / probe / profiling wall time | {full['trials']} / {full['probe_wall_s']:.0f} s / {full['profiling_wall_s']:.0f} s |
-{cost_rows}
+Full search (the grid above): {full['trials']} launches, probe {full['probe_wall_s']:.0f} s, profiling {full['profiling_wall_s']:.0f} s.
+
+{_live_markdown(cost)}
 """
+
+
+def goal_rows(r: dict) -> list[tuple[str, list, bool]]:
+    """(goal, value per workload, met on every workload) for the issue-11 goals."""
+    ws = list(r["workloads"].values())
+    out = []
+
+    def add(label, values, ok):
+        out.append((label, values, all(ok(v) for v in values if v is not None)))
+
+    sel = [{(s["objective"], s["pricing"]): s for s in w["selection"]} for w in ws]
+    worst = [max(s["adaptive_regret"] for k, s in d.items() if k[0] != "knee") for d in sel]
+    knee = [max(abs(s["adaptive_regret"]) for k, s in d.items() if k[0] == "knee") for d in sel]
+    add(f"adaptive regret, time and both costs, worst (goal <= {GOALS['adaptive_regret']:.0%})",
+        worst, lambda v: v <= GOALS["adaptive_regret"])
+    add(f"adaptive regret, knee, worst |signed| (goal <= {GOALS['adaptive_knee_regret']:.0%})",
+        knee, lambda v: v <= GOALS["adaptive_knee_regret"])
+    median = [w["accuracy"]["partial"]["median_rel_error"] for w in ws]
+    add(f"partial fit: median error over the grid (goal <= {GOALS['partial_median_error']:.0%})",
+        median, lambda v: v <= GOALS["partial_median_error"])
+    off = [w["accuracy"]["partial"]["median_rel_error_off_corners"]
+           if w["workload"] == "fashion-mnist-cnn" else None for w in ws]
+    add(f"partial fit: CNN median error off the corners (goal <= {GOALS['cnn_off_corner_error']:.0%})",
+        off, lambda v: v <= GOALS["cnn_off_corner_error"])
+    if all(w["search_cost"]["live"] for w in ws):
+        ratios = [w["search_cost"]["ratios"] for w in ws]
+        add(f"adaptive / full profiling wall (goal <= {GOALS['adaptive_over_full']})",
+            [x["adaptive_over_full"] for x in ratios], lambda v: v <= GOALS["adaptive_over_full"])
+        add(f"full / partial profiling wall (goal <= {GOALS['full_over_partial']})",
+            [x["full_over_partial"] for x in ratios], lambda v: v <= GOALS["full_over_partial"])
+        extra = [max(max(c["extra_candidate_s"], default=0.0)
+                     for c in w["search_cost"]["live"].values()) for w in ws]
+        add(f"s per extra candidate beyond its own steps, worst (goal <= {GOALS['extra_candidate_s']:.0f})",
+            extra, lambda v: v <= GOALS["extra_candidate_s"])
+    return out
+
+
+def _goals_markdown(r: dict) -> str:
+    names = list(r["workloads"])
+    head = "| goal | " + " | ".join(names) + " | met |\n|---|" + "---|" * (len(names) + 1)
+
+    def fmt(label, v):
+        if v is None:
+            return "-"
+        return f"{v:.1f} s" if label.startswith("s per") else (
+            f"{v:.2f}" if "wall" in label else f"{v:.1%}")
+
+    body = "\n".join(f"| {label} | " + " | ".join(fmt(label, v) for v in values)
+                      + f" | {'yes' if ok else '**no**'} |" for label, values, ok in goal_rows(r))
+    return head + "\n" + body
 
 
 def _markdown(r: dict) -> str:
     load = r["load_avg_1min"]
     sections = "\n".join(_workload_markdown(w) for w in r["workloads"].values())
-    return f"""### Performance-model accuracy and selection quality (issue 5; paper Fig. 9, 11b, §IV-C)
+    return f"""### Search strategies side by side: model accuracy, selection, cost (issues 5 and 11; paper Fig. 9, 11b, §IV-C)
 
 `{r['command']}` — commit {r['commit']}, {r['date']}, {r['machine']}; 1-min load average
 {load[0]:.1f} before, {load[1]:.1f} after (a shared machine: wall times depend on it).
@@ -292,12 +447,13 @@ def _markdown(r: dict) -> str:
 One full search per workload measures every candidate (the ground truth). The full model
 is fitted on all of them; the partial model on the same search's corner rows only (min/max
 N x min/max B), so both see the same measurements and the gap between them is model error,
-not the ~15 % (up to ~50 %) run-to-run noise of step times between processes here
-(NOTES-ENV); the per-trial spread is not recorded in the profiles. Relative errors of step
-time and of training time (eq. 4a, T = E ceil(D/B) t_step) are the same number. Choices:
-each model's plan (`build_plan`; the knee on its dense predicted curve) against the oracle,
-`policy.choose` on the measured grid. Regret = (measured metric of the choice - oracle's) /
-oracle's; the metric is training time (time, knee) or cost; for the knee it is signed (a
-knee is not a minimum). Time and knee do not depend on the pricing.
+not the ~15 % run-to-run noise of step times between processes here (NOTES-ENV).
+Choices: each strategy is REPLAYED on the grid's measurements (it proposes, it is handed
+the grid's rows) and its plan chooses (`build_plan`); the oracle is `policy.choose` on the
+measured grid. Regret = (measured metric of the choice - oracle's) / oracle's; the metric
+is training time (time, knee) or cost; for the knee it is signed (a knee is not a minimum).
+Cost: a partial and an adaptive search run live right after the full one (same Ray).
+
+{_goals_markdown(r)}
 
 {sections}"""

@@ -1,115 +1,129 @@
-"""Issue 3 figures: the wall time of `tula-ray demo`, the profiling cost of partial
-vs full search, and the error of partial-search predictions against the step
-times the full search measured, on the demo grid (N in {1, 2}, B from 32).
+"""Issue 11 figures for `tula-ray demo`: its profiling wall time, and whether runs in a row
+choose the same candidate (or name the tie they broke), for each search strategy the
+demo could use. Each run is the command a user types (a subprocess with its own local
+Ray), one after the other on an otherwise idle machine.
+
+The model's accuracy and the strategies' regret on the same grid are in
+`benchmarks/prediction.py`; this is what a user of the demo sees.
 """
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import tempfile
 import time
+from collections import Counter
 from pathlib import Path
 
-import numpy as np
-import pandas as pd
+from benchmarks.common import provenance, write_result
 
-from benchmarks.common import (cross_search_errors, provenance, relative_errors,
-                               spread, write_result)
-
+NAME = "search_cost"
 DEMO_MAX_BATCH = 2048  # the demo's default upper bound
-QUICK_MAX_BATCH = 64
+STRATEGIES = ("partial", "adaptive")  # the candidates for the demo's default
+RUNS = 3
+GOAL_PROFILING_S = 60.0  # issue 11: demo profiling wall time on this machine
 
 
-def _time_demo(max_batch: int, out: Path, storage: Path) -> float:
+def time_demo(strategy: str, out: Path, storage: Path, max_batch: int = DEMO_MAX_BATCH) -> float:
+    """Wall time of one `tula-ray demo` (Ray start and probe included), as a user runs it."""
     started = time.perf_counter()
     subprocess.run([sys.executable, "-m", "tula_ray.cli", "demo", "--max-batch", str(max_batch),
-                    "--out", str(out), "--storage-path", str(storage)],
-                   check=True, stdout=subprocess.DEVNULL)
+                    "--search-strategy", strategy, "--out", str(out),
+                    "--storage-path", str(storage)],
+                   check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     return time.perf_counter() - started
 
 
-def _corner_refit_error(full_plan) -> np.ndarray:
-    """Partial fit on the full search's own corner rows: the model's error without the
-    run-to-run noise between two searches (same processes measured every point)."""
-    from tula_ray import perf
+def summarise(plan, wall_s: float | None) -> dict:
+    """What one demo run cost and chose, from its plan."""
+    meta, choice = plan.meta, plan.choice
+    return {"wall_s": wall_s, "probe_wall_s": meta["probe_wall_s"],
+            "profiling_wall_s": meta["profiling_wall_s"], "launches": meta["launches"],
+            "candidates": meta["candidates_profiled"], "rounds": meta["rounds"],
+            "stop_reason": meta.get("stop_reason", ""),
+            "choice": [choice.num_workers, choice.global_batch],
+            "ties": [list(t) for t in choice.ties], "tie_break": choice.tie_break,
+            "reason": choice.reason}
 
-    from tula_ray.search_strategies import make_strategy
 
-    params = perf.fit(make_strategy("partial").fit_rows(full_plan.profiles))
-    measured = full_plan.table
-    predicted = perf.predict_step_s(params, measured["num_workers"], measured["local_batch"])
-    return relative_errors(predicted, measured["measured_step_time_s"])
+def consistency(runs: list[dict]) -> dict:
+    """Same choice in every run, or every run whose choice differs names a tie."""
+    choices = Counter(tuple(r["choice"]) for r in runs)
+    same = len(choices) == 1
+    named = all(r["ties"] for r in runs)
+    # A differing choice is explained when each run's choice is among the others' ties.
+    covered = all(tuple(other["choice"]) == tuple(run["choice"])
+                  or list(other["choice"]) in run["ties"] for run in runs for other in runs)
+    return {"same_choice": same, "choices": {f"N={n}, B={b}": k for (n, b), k in choices.items()},
+            "every_run_names_its_tie": named, "differences_named_as_ties": covered,
+            "goal_met": same or covered}
 
 
 def run(quick: bool = False, plans: dict | None = None) -> dict:
-    """plans: {"partial": Plan, "full": Plan} of searches already run, analysed instead of
-    searching again (quick only: the test suite hands in its own); the demo is then not timed."""
-    import tula_ray
-    from tula_ray.cluster import ray_session
+    """plans: {strategy: [Plan, ...]} of searches already run, summarised instead of running
+    the demo (quick only: the test suite hands in its own); nothing is timed then."""
+    from tula_ray.plan import Plan
 
     if plans and not quick:
-        raise ValueError("plans is for quick runs only; a full run times its own searches")
-    max_batch = QUICK_MAX_BATCH if quick else DEMO_MAX_BATCH
-    options = dict(workload="fashion-mnist-cnn", cluster_sizes=(1, 2), min_batch=32,
-                   max_batch=max_batch, objective="knee")
-    demo_s = None
-    if plans is None:
+        raise ValueError("plans is for quick runs only; a full run times its own demos")
+    load_before = os.getloadavg()[0]
+    results = {}
+    if plans is not None:
+        results = {s: [summarise(p, None) for p in ps] for s, ps in plans.items()}
+    else:
+        max_batch = 64 if quick else DEMO_MAX_BATCH
         with tempfile.TemporaryDirectory() as scratch:
-            scratch = Path(scratch)
-            demo_s = _time_demo(max_batch, scratch / "demo", scratch / "ray_demo")
-            with ray_session():
-                plans = {strategy: tula_ray.search(**options, strategy=strategy,
-                                                   storage_path=str(scratch / strategy))
-                         for strategy in ("partial", "full")}
-    partial, full = plans["partial"], plans["full"]
-    merged, errors = cross_search_errors(partial, full)
-    refit = _corner_refit_error(full)
-    result = {
-        **provenance(),
-        "grid": {"cluster_sizes": [1, 2], "batch_sizes": sorted(full.table["global_batch"].unique().tolist())},
-        "demo_wall_s": demo_s,
-        "partial": {"trials": partial.meta["trials"], "profiling_wall_s": partial.meta["profiling_wall_s"],
-                    "probe_wall_s": partial.meta["probe_wall_s"]},
-        "full": {"trials": full.meta["trials"], "profiling_wall_s": full.meta["profiling_wall_s"],
-                 "probe_wall_s": full.meta["probe_wall_s"],
-                 "loo_median_rel_error": full.perf.loo_median_rel_error},
-        "cost_ratio_partial_over_full": partial.meta["profiling_wall_s"] / full.meta["profiling_wall_s"],
-        "partial_vs_full_median_rel_error": float(np.median(errors)),
-        "partial_vs_full_max_rel_error": float(np.max(errors)),
-        "corner_refit_median_rel_error": float(np.median(refit)),
-        "measured_step_spread_median": float(full.profiles.get("step_time_spread", pd.Series([np.nan])).median())
-        if "step_time_spread" in full.profiles else None,
-        "per_candidate": merged[["num_workers", "global_batch", "step_time_s_partial",
-                                 "measured_step_time_s_full"]].assign(rel_error=errors).to_dict("records"),
-    }
-    markdown = _markdown(result, errors, refit)
-    write_result("search_cost" + ("_quick" if quick else ""), result, markdown)
+            for strategy in STRATEGIES[:1] if quick else STRATEGIES:
+                results[strategy] = []
+                for i in range(1 if quick else RUNS):
+                    out = Path(scratch, f"{strategy}-{i}")
+                    wall = time_demo(strategy, out, Path(scratch, "ray"), max_batch)
+                    results[strategy].append(summarise(Plan.from_json(out / "plan.json"), wall))
+    result = {**provenance(), "quick": quick, "load_avg_1min": [load_before, os.getloadavg()[0]],
+              "runs": results,
+              "consistency": {s: consistency(r) for s, r in results.items()},
+              "goal_profiling_s": GOAL_PROFILING_S}
+    markdown = _markdown(result)
+    write_result(NAME + ("_quick" if quick else ""), result, markdown)
     print(markdown)
     return result
 
 
-def _markdown(r: dict, errors: np.ndarray, refit: np.ndarray) -> str:
-    rows = "\n".join(
-        f"| {c['num_workers']} | {c['global_batch']} | {c['step_time_s_partial'] * 1e3:.1f} | "
-        f"{c['measured_step_time_s_full'] * 1e3:.1f} | {c['rel_error']:.1%} |"
-        for c in r["per_candidate"])
-    demo = "not timed" if r["demo_wall_s"] is None else f"{r['demo_wall_s']:.0f} s"
-    return f"""### Search cost and partial-search accuracy (issue 3)
+def _seconds(value) -> str:
+    return "-" if value is None else f"{value:.0f}"
 
-`{r['command']}` — commit {r['commit']}, {r['date']}, {r['machine']}
 
-| figure | value |
-|---|---|
-| `tula-ray demo` wall time (install excluded, Ray start included) | {demo} |
-| partial search: trials / profiling wall time | {r['partial']['trials']} / {r['partial']['profiling_wall_s']:.0f} s |
-| full search: trials / profiling wall time | {r['full']['trials']} / {r['full']['profiling_wall_s']:.0f} s |
-| profiling cost partial / full | {r['cost_ratio_partial_over_full']:.2f} |
-| partial predictions vs full search's measured step times: median [min, max] | {spread(errors)} |
-| partial fit on the full search's own corners (no run-to-run noise): median [min, max] | {spread(refit)} |
-| full model leave-one-out error | {r['full']['loo_median_rel_error']:.1%} |
+def _markdown(r: dict) -> str:
+    rows = []
+    for strategy, runs in r["runs"].items():
+        for i, x in enumerate(runs, 1):
+            ties = ", ".join(f"N={n}, B={b}" for n, b in x["ties"]) or "none"
+            rows.append(f"| {strategy} | {i} | {_seconds(x['wall_s'])} | "
+                        f"{_seconds(x['probe_wall_s'])} | {_seconds(x['profiling_wall_s'])} | "
+                        f"{x['launches']} / {x['candidates']} / {x['rounds']} | "
+                        f"N={x['choice'][0]}, B={x['choice'][1]} | {ties} |")
+    verdicts = "\n".join(
+        f"| {s} | {'yes' if c['same_choice'] else 'no'} ({', '.join(f'{k}: {v}x' for k, v in c['choices'].items())}) | "
+        f"{'yes' if c['differences_named_as_ties'] else 'no'} | "
+        f"{'yes' if c['goal_met'] else '**no**'} |" for s, c in r["consistency"].items())
+    load = r["load_avg_1min"]
+    return f"""### `tula-ray demo`: wall time and repeatability per search strategy (issue 11)
 
-| N | B | partial predicted step (ms) | full measured step (ms) | error |
-|---|---|---|---|---|
-{rows}
+`{r['command']}` — commit {r['commit']}, {r['date']}, {r['machine']}; 1-min load average
+{load[0]:.1f} before, {load[1]:.1f} after.
+
+Each run is `tula-ray demo --search-strategy S` as a user types it (its own local Ray),
+the runs one after another. Goal: profiling wall time <= {r['goal_profiling_s']:.0f} s (the
+probe and Ray's start excluded); runs in a row choose the same candidate, or each names
+the tie it broke.
+
+| strategy | run | wall (s) | probe (s) | profiling (s) | launches / candidates / rounds | choice | ties named |
+|---|---|---|---|---|---|---|---|
+{chr(10).join(rows)}
+
+| strategy | same choice every run | a differing choice is among the ties named | goal met |
+|---|---|---|---|
+{verdicts}
 """

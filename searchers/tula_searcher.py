@@ -46,6 +46,8 @@ class TulaSearcher(Searcher):
         strategy: a registered search strategy ("full", "partial", ...).
         strategy_options: passed to the strategy's factory.
         metric, mode: as in every Tune searcher (step time, minimised).
+        context: JSON the search saves with the experiment for a resume (the memory
+          probe's result, the grid's bounds); the searcher only keeps it.
     """
 
     def __init__(
@@ -55,8 +57,10 @@ class TulaSearcher(Searcher):
         strategy_options: dict[str, Any] | None = None,
         metric: str = "step_time_s",
         mode: str = "min",
+        context: dict[str, Any] | None = None,
     ):
         super().__init__(metric=metric, mode=mode)
+        self.context = dict(context or {})
         self._candidates = sorted(set(candidates))
         if not self._candidates:
             raise ValueError("TulaSearcher needs at least one candidate")
@@ -165,7 +169,8 @@ class TulaSearcher(Searcher):
         return {"strategy": self._strategy_name, "strategy_options": self._strategy_options,
                 "candidates": [[c.num_workers, c.global_batch] for c in self._candidates],
                 "rows": self._rows, "queue": self._queue, "running": self._running,
-                "sweeps": self._sweeps, "round": self._round, "stop_reason": self._stop_reason}
+                "sweeps": self._sweeps, "round": self._round, "stop_reason": self._stop_reason,
+                "context": self.context}
 
     def set_state(self, state: dict) -> None:
         self._strategy_name = state["strategy"]
@@ -176,6 +181,7 @@ class TulaSearcher(Searcher):
         self._sweeps = state["sweeps"]
         self._round = state["round"]
         self._stop_reason = state["stop_reason"]
+        self.context = state.get("context", {})
         # Trials that were running when the search stopped did not finish: their
         # batches without a row go first again; finished ones are never repeated.
         interrupted = [[n, [b for b in batches if _key(n, b) not in self._rows]]

@@ -72,11 +72,6 @@ BAD_SEARCH = {
     "collective": st.one_of(st.text().filter(lambda t: t not in ("ring", "ps")), WRONG_TYPES),
     "warmup_steps": st.one_of(st.integers(max_value=-1), NOT_INTS),
     "measure_steps": st.one_of(NON_POSITIVE_INTS, NOT_INTS),
-    "measure_seconds": st.one_of(st.floats(max_value=-1e-9), st.just(float("nan")),
-                                 st.just("1")),
-    "strategy": st.one_of(st.text().filter(lambda t: t not in ("full", "partial", "adaptive")),
-                          WRONG_TYPES),
-    "strategy_options": st.sampled_from(["rounds=3", 5, ["rounds"], {"no_such_option": 1}]),
     "storage_path": st.sampled_from([5, 1.5, ["runs"], {"path": "runs"}]),
     "name": st.sampled_from([5, 1.5, ["trial"], ""]),
     "workload": st.one_of(st.sampled_from([5, None, ["cnn"], "no-such-workload"])),
@@ -84,12 +79,14 @@ BAD_SEARCH = {
                                         {"data": "imagenet"}, {"train_subset": -3}]),
     "strategy": st.one_of(st.text().filter(lambda t: t not in ("full", "partial", "adaptive")),
                           WRONG_TYPES),
-    "strategy_options": st.sampled_from(["fast", 5, ["rounds"], {"no_such_option": 1}]),
+    "strategy_options": st.sampled_from(["fast", "rounds=3", 5, ["rounds"],
+                                         {"no_such_option": 1}]),
     "measure_seconds": st.one_of(st.floats(max_value=-1e-9), st.just(float("nan")),
                                  st.just("2"), WRONG_TYPES),
     "address": st.sampled_from([5, 1.5, ["auto"], "", "   "]),
     "resources_per_worker": RESOURCES,
     "provision_timeout_s": TIMEOUTS,
+    "resume": st.sampled_from(["yes", 1, 0, None, True]),  # True: without a name
 }
 
 
@@ -216,13 +213,9 @@ def _valid(argument: str, value) -> bool:
         "name": lambda v: v is None or (isinstance(v, str) and v != ""),
         "workload": lambda v: v in ("fashion-mnist-cnn",),
         "workload_options": lambda v: v is None or v == {} or v == {"data": "fake"},
-        "strategy": lambda v: v in ("full", "partial", "adaptive"),
-        "strategy_options": lambda v: v is None or v == {},
-        "measure_seconds": lambda v: _number(v) and v >= 0,
         # A non-empty string is an address to join: only its connection can tell.
         "address": lambda v: v is None or (isinstance(v, str) and v.strip() != ""),
-        "resources_per_worker": lambda v: v is None,  # YAML's random dicts are not resources
-        "provision_timeout_s": lambda v: _number(v) and v >= 0,
+        "resume": lambda v: v is False,  # True needs a name, which this config lacks
         "resources_per_worker": lambda v: v is None or (isinstance(v, dict) and bool(v) and all(
             isinstance(k, str) and k and _number(x) and x >= 1e-4
             and not (k == "GPU" and x > 1 and x != int(x)) for k, x in v.items())),

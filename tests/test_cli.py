@@ -98,3 +98,33 @@ def test_tune_refuses_bad_input_before_starting_ray_and_train_reads_its_config(t
     import ray
 
     assert not ray.is_initialized()
+
+
+def test_search_resume_needs_the_name_of_the_search_to_continue(tmp_path, capsys):
+    config = tmp_path / "search.yaml"
+    config.write_text("workload: fashion-mnist-cnn\ncluster_sizes: [1, 2]\n")
+    assert main(["search", str(config), "--resume"]) == 2  # refused before Ray starts
+    error = capsys.readouterr().err
+    assert "resume=True needs name=" in error
+
+
+def test_search_resume_flag_continues_the_named_search(tmp_path, monkeypatch, capsys):
+    import functools
+    import importlib
+
+    module = importlib.import_module("tula_ray.search")
+    seen = {}
+
+    @functools.wraps(module.search)  # the real signature: the config's keys are checked on it
+    def fake_search(**kwargs):
+        seen.update(kwargs)
+        raise ValueError("stopped here")
+
+    monkeypatch.setattr(module, "search", fake_search)
+    config = tmp_path / "search.yaml"
+    config.write_text("workload: fashion-mnist-cnn\nname: nightly\nstorage_path: /tmp/x\n")
+    assert main(["search", str(config), "--resume"]) == 2
+    assert seen["resume"] is True and seen["name"] == "nightly"
+    seen.clear()
+    assert main(["search", str(config)]) == 2
+    assert "resume" not in seen and seen["name"] == "nightly"  # the file alone: no resume

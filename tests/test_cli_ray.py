@@ -2,6 +2,7 @@
 the installed command), and checked by what it wrote: plan rows, the choice, figures and
 the training metrics. Tiny grids and data keep each run to a minute or so."""
 
+import json
 import shutil
 import subprocess
 import sys
@@ -49,7 +50,7 @@ def check_metrics(path: Path, epochs: int) -> pd.DataFrame:
     return metrics
 
 
-def test_search_from_a_config_file_then_train_its_plan(tmp_path):
+def test_search_from_a_config_file_then_tune_and_train_its_plan(tmp_path):
     config = tmp_path / "search.yaml"
     config.write_text(f"""\
 workload: fashion-mnist-cnn
@@ -68,12 +69,21 @@ storage_path: {tmp_path / "ray_results"}
         (n, b) for n in (1, 2) for b in (32, 64)})  # a 2 x 2 grid: every strategy runs it all
     assert plan.meta["workload_options"] == {"train_subset": 512}
 
+    tuned = tula_ray_command(
+        "tune", str(tmp_path / "plan" / "plan.json"), "--strategy", "lrs", "--trials", "2",
+        "--epochs", "1", "--storage-path", str(tmp_path / "ray_results"),
+        "--out", str(tmp_path / "tune"), cwd=tmp_path)
+    config = json.loads((tmp_path / "tune" / "tuned.json").read_text())
+    assert config["strategy"] == "lrs" and 1e-3 <= config["lr"] <= 0.2  # LRS's tuned space
+    assert "best of 2 trials" in tuned.stdout
+
     trained = tula_ray_command(
-        "train", str(tmp_path / "plan" / "plan.json"), "--strategy", "lbt", "--epochs", "1",
-        "--storage-path", str(tmp_path / "ray_results"), "--out", str(tmp_path / "train"),
-        cwd=tmp_path)
+        "train", str(tmp_path / "plan" / "plan.json"), "--config", str(tmp_path / "tune" /
+                                                                       "tuned.json"),
+        "--epochs", "1", "--storage-path", str(tmp_path / "ray_results"),
+        "--out", str(tmp_path / "train"), cwd=tmp_path)
     check_metrics(tmp_path / "train" / "train_metrics.csv", epochs=1)
-    assert (f"trained N={plan.choice.num_workers}, B={plan.choice.global_batch} with lbt"
+    assert (f"trained N={plan.choice.num_workers}, B={plan.choice.global_batch} with lrs"
             in trained.stdout)
 
 

@@ -9,7 +9,8 @@ import tula_ray
 # The Ray-facing modules of the package (DESIGN "Layers"): the entry points and the one
 # module for cluster concerns. Every other module of tula_ray/ is core: a new module is
 # checked without being listed here.
-RAY_FACING = {"__init__", "search", "train", "cli", "cluster", "tune_training"}
+RAY_FACING = {"__init__", "search", "search_experiment", "train", "cli", "cluster",
+              "tune_training"}
 CORE = sorted(path.stem for path in Path(tula_ray.__file__).parent.glob("*.py")
               if path.stem not in RAY_FACING)
 

@@ -79,7 +79,8 @@ def test_one_worker_group_reports_each_batch_smallest_first(rows):
     assert all(r["status"] == "ok" for r in sweep)
     assert sweep[0]["launch_wall_s"] == sweep[1]["launch_wall_s"] > 0  # one worker group
     for r in sweep:  # the timed steps are part of the batch's wall time
-        assert 0 < r["timed_wall_s"] < r["profile_wall_s"]
+        assert 0 < r["warmup_wall_s"] and 0 < r["timed_wall_s"]
+        assert r["warmup_wall_s"] + r["timed_wall_s"] < r["profile_wall_s"]
         assert r["measure_steps"] >= BASE["measure_steps"]
 
 

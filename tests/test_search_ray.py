@@ -5,8 +5,12 @@ search, OOM handling, bad input, restoring the searcher, and `tula_ray.train` on
 
 import dataclasses
 import importlib
+import os
+import signal
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -16,6 +20,7 @@ from ray import cloudpickle  # Ray serialises functions with its own copy
 from torch import nn
 from torch.utils.data import TensorDataset
 
+from process_tree import command, descendants
 from result_checks import finite, table_rows
 
 import tula_ray
@@ -123,9 +128,13 @@ def test_full_search_measures_every_candidate(full_plan):
     assert len(table) == 6 and (table["source"] == "measured").all()
     assert full_plan.meta["launches"] == 2  # 6 candidates, one worker group per N
     assert table["measured_step_time_s"].gt(0).all()
-    best = table.loc[table["total_time_s"].idxmin()]
+    # Every candidate measured: the choice is the best by its measurement, not the model.
+    assert (table["estimate"] == "measured").all()
+    assert table["estimated_total_time_s"].equals(table["measured_total_time_s"])
+    best = table.loc[table["measured_total_time_s"].idxmin()]
     assert (full_plan.choice.num_workers, full_plan.choice.global_batch) == (
         best["num_workers"], best["global_batch"])
+    assert full_plan.choice.reason.endswith("figures are measured")
 
 
 def _off_corner_errors(profiles, params):
@@ -232,6 +241,48 @@ def test_out_of_memory_candidate_is_infeasible_and_the_search_goes_on(
     assert plan.choice.global_batch <= 64
 
 
+def _kill_a_worker_of_the_second_group(storage: Path, killed: list,
+                                       stop: threading.Event) -> None:
+    """Wait until the N = 2 worker group has reported its first batch (its trial's
+    result.json has a line; the N = 1 group is gone by then), and SIGKILL one of its Ray
+    Train worker processes: the group is in the middle of its sweep."""
+    while not stop.is_set():
+        reported = [path for path in storage.glob("*/profile_N2_*/result.json")
+                    if path.read_text().strip()]
+        workers = [pid for pid in descendants(os.getpid()) if "RayTrainWorker" in command(pid)]
+        if reported and workers:
+            os.kill(workers[-1], signal.SIGKILL)
+            killed.append(workers[-1])
+            return
+        time.sleep(0.1)
+
+
+def test_a_profiling_worker_killed_mid_trial_is_an_error_row_and_the_search_finishes(
+        ray_session, tmp_path):
+    """Issue 13, item 3: a real worker process is killed while its group profiles N = 2;
+    the candidates it had not measured are error rows (infeasible in the plan), and the
+    search finishes and chooses among what was measured."""
+    killed, stop = [], threading.Event()
+    killer = threading.Thread(target=_kill_a_worker_of_the_second_group,
+                              args=(tmp_path, killed, stop))
+    killer.start()
+    try:
+        plan = tula_ray.search(**WORKLOAD, warmup_steps=2, measure_steps=5, measure_seconds=1.0,
+                               min_batch=32, max_batch=512, cluster_sizes=(1, 2),
+                               strategy="full", objective="time", storage_path=str(tmp_path))
+    finally:
+        stop.set()
+        killer.join()
+    assert killed, "no worker group of two was seen"
+    rows = plan.profiles.set_index(["num_workers", "global_batch"])
+    assert (rows.loc[1, "status"] == "ok").all()  # the group before the kill
+    errors = rows[rows["status"] == "error"]
+    assert len(errors) >= 1 and set(errors.index.get_level_values(0)) == {2}
+    table = plan.table.set_index(["num_workers", "global_batch"])
+    assert (table.loc[errors.index, "infeasible_reason"] == "profiling crashed").all()
+    assert rows.loc[(plan.choice.num_workers, plan.choice.global_batch), "status"] == "ok"
+
+
 @pytest.mark.parametrize("kwargs, message", [
     (dict(workload="imagenet-vit"), "workload 'imagenet-vit' is unknown"),
     (dict(cluster_sizes=(1, 4)), "cluster size 4 is larger than the cluster's 2 CPUs"),
@@ -329,7 +380,8 @@ def test_prediction_benchmark_quick_on_the_full_search(full_plan):
         assert len(w["selection"]) == len(prediction.OBJECTIVES) * len(prediction.PRICINGS)
         for s in w["selection"]:
             assert (s["oracle"]["num_workers"], s["oracle"]["global_batch"]) in candidates
-            assert finite(s["oracle"]["measured"], s["partial_regret"], s["full_regret"])
+            assert finite(s["oracle"]["measured"], s["partial_regret"], s["full_regret"],
+                          s["adaptive_regret"])
             if s["objective"] != "knee":  # the oracle minimises the metric; a knee does not
                 assert s["partial_regret"] >= 0 and s["full_regret"] >= 0
         cost = w["search_cost"]["full"]
@@ -338,15 +390,19 @@ def test_prediction_benchmark_quick_on_the_full_search(full_plan):
         assert len(table_rows(markdown, "| objective | pricing |")) == len(w["selection"])
 
 
-def test_search_cost_benchmark_quick_on_this_modules_searches(partial_plan, full_plan):
-    """The search-cost benchmark's smoke test (issue 3), on this module's two searches."""
+def test_search_cost_benchmark_quick_on_this_modules_searches(partial_plan, adaptive_plan):
+    """The demo benchmark's smoke test (issue 11), on this module's searches."""
     from benchmarks import search_cost
 
-    result = search_cost.run(quick=True, plans={"partial": partial_plan, "full": full_plan})
-    assert result["demo_wall_s"] is None  # not timed when handed the plans
-    assert result["partial"]["trials"] == result["full"]["trials"] == 2  # launches
-    assert finite(result["cost_ratio_partial_over_full"], result["partial_vs_full_median_rel_error"],
-                  result["corner_refit_median_rel_error"])
-    assert len(result["per_candidate"]) == 6
+    result = search_cost.run(quick=True, plans={"partial": [partial_plan, partial_plan],
+                                                "adaptive": [adaptive_plan]})
+    runs = result["runs"]
+    assert [len(runs["partial"]), len(runs["adaptive"])] == [2, 1]
+    first = runs["partial"][0]
+    assert first["wall_s"] is None and first["launches"] == 2  # one group per N
+    assert first["choice"] == [partial_plan.choice.num_workers, partial_plan.choice.global_batch]
+    assert finite(first["profiling_wall_s"], first["probe_wall_s"])
+    assert result["consistency"]["partial"]["same_choice"]  # the same plan twice
     markdown = (RESULTS_DIR / "search_cost_quick.md").read_text()
-    assert len(table_rows(markdown, "| N | B |")) == 6
+    assert len(table_rows(markdown, "| strategy | run |")) == 3
+    assert len(table_rows(markdown, "| strategy | same choice")) == 2

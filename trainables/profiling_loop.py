@@ -5,7 +5,9 @@ smallest first, one report (one Tune result) per (N, B).
 Phases for each batch, at local batch b = B / N on the workload's real data:
   1. memory (CPU only): one short MemTracker pass on a separate model copy;
      a peak over `device_memory_bytes` ends the batch as "oom";
-  2. warm-up: `warmup_steps` synced steps, not timed (allocator, thread pools);
+  2. warm-up, not timed (allocator, thread pools): the first step without a collective,
+     after which the workers agree that it fitted in memory (`agree_first_step_fits`),
+     then `warmup_steps` - 1 synced steps;
   3. compute: steps under DDP's `no_sync()`: no all-reduce;
   4. synced: ordinary DDP steps.
 Compute and synced steps are separate phases, not interleaved: with BatchNorm,
@@ -29,7 +31,7 @@ import logging
 import math
 import statistics
 import time
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import ray.train
 import ray.train.torch
@@ -37,7 +39,7 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader
 
-from tula_ray.measure import StepTimer, peak_memory_bytes, train_step
+from tula_ray.measure import StepTimer, is_out_of_memory, peak_memory_bytes, train_step
 from tula_ray.profile_table import MAX_ERROR_CHARS, STATUS_OK, STATUS_OOM, empty_row
 from tula_ray.workloads import resolve_workload
 
@@ -117,10 +119,12 @@ def profile_loop_per_worker(config: dict[str, Any]) -> None:
         row = empty_row(world_size, global_batch)
         try:
             row.update(sweep.profile(global_batch))
-        except torch.OutOfMemoryError as exc:
-            # Every worker runs the same local batch, so all of them fail alike.
+        except RuntimeError as exc:  # torch's OOM, NCCL's (DistBackendError), or a peer's
+            if not is_out_of_memory(exc):
+                raise
             logger.warning("out of memory at B=%d N=%d: %s", global_batch, world_size, exc)
-            row.update(status=STATUS_OOM, error=f"OutOfMemoryError: {exc}"[-MAX_ERROR_CHARS:])
+            row.update(status=STATUS_OOM,
+                       error=f"{type(exc).__name__}: {exc}"[-MAX_ERROR_CHARS:])
             if torch.cuda.is_available():
                 torch.cuda.empty_cache()
         row.update(round=config.get("round", math.nan), launch_wall_s=launch_s,
@@ -128,6 +132,35 @@ def profile_loop_per_worker(config: dict[str, Any]) -> None:
         ray.train.report(row)  # every worker reports (a barrier); rank 0's row is kept
         if row["status"] == STATUS_OOM:
             break  # memory per worker grows with b: every larger batch runs out too
+
+
+class PeerOutOfMemoryError(torch.OutOfMemoryError):
+    """Another worker of the group ran out of memory at this batch."""
+
+
+def agree_first_step_fits(step: Callable[[], list[float]], device: torch.device,
+                          no_collective: contextlib.AbstractContextManager) -> list[float]:
+    """Run `step` (one training step, inside `no_collective`: DDP's no_sync) on every
+    worker, then agree over all workers whether it fitted in memory. Returns its timing;
+    raises torch.OutOfMemoryError on EVERY worker when any one ran out, so that all of
+    them mark the batch "oom" together instead of some waiting in a collective."""
+    failure: BaseException | None = None
+    seconds: list[float] = []
+    with no_collective:
+        try:
+            seconds = step()
+        except RuntimeError as exc:
+            if not is_out_of_memory(exc):
+                raise
+            failure = exc
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+    (any_failed,) = _max_over_workers([1.0 if failure else 0.0], device)
+    if failure is not None:
+        raise failure
+    if any_failed:
+        raise PeerOutOfMemoryError("out of memory on another worker of this group")
+    return seconds
 
 
 class _Sweep:
@@ -183,21 +216,28 @@ class _Sweep:
 
         # 2-4. Warm-up, compute-only, synced. One worker: no DDP wrapper, no
         # collective, so the synced phase would repeat the compute phase: sync = 0.
-        warm = _timed_steps(self.warmup, batches, model, optimizer, loss_fn, device)
+        distributed = isinstance(model, torch.nn.parallel.DistributedDataParallel)
+        # The first step, where memory peaks, runs without a collective and the workers
+        # agree on whether it fitted: a worker out of memory inside DDP's all-reduce would
+        # leave its peers waiting in it until the process-group timeout (issue 14, item 6).
+        first = agree_first_step_fits(
+            lambda: _timed_steps(1, batches, model, optimizer, loss_fn, device), device,
+            model.no_sync() if distributed else contextlib.nullcontext())
+        warm = first + _timed_steps(max(self.warmup - 1, 0), batches, model, optimizer,
+                                    loss_fn, device)
         (warm_s,) = _max_over_workers([warm[-1] if warm else math.nan], device)
         steps = measured_step_count(warm_s, self.measure, self.budget_s)
-        distributed = isinstance(model, torch.nn.parallel.DistributedDataParallel)
         with model.no_sync() if distributed else contextlib.nullcontext():
             compute = _timed_steps(steps, batches, model, optimizer, loss_fn, device)
         step = _timed_steps(steps, batches, model, optimizer, loss_fn, device) if distributed \
             else compute
 
         medians = [statistics.median(compute), statistics.median(step), _spread(step),
-                   sum(compute) + (sum(step) if distributed else 0.0)]
+                   sum(compute) + (sum(step) if distributed else 0.0), sum(warm)]
         if device.type == "cuda":
-            medians.append(float(torch.cuda.max_memory_allocated(device)))
+            medians.append(float(torch.cuda.max_memory_allocated(device)))  # reduced[5]
         reduced = _max_over_workers(medians, device)
-        compute_s, step_s, spread, timed_s = reduced[:4]
+        compute_s, step_s, spread, timed_s, warm_s = reduced[:5]
         # Timing noise (~15 % here) can make the compute-only median exceed the
         # synced one when the collective is cheap; sync cannot be negative, so the
         # whole step is then compute and the row stays consistent: step = compute + sync.
@@ -206,11 +246,12 @@ class _Sweep:
             compute_time_s=compute_s, step_time_s=step_s, sync_time_s=step_s - compute_s,
             samples_per_s=global_batch / step_s, step_time_spread=spread,
             warmup_steps=self.warmup, measure_steps=steps, timed_wall_s=timed_s,
+            warmup_wall_s=warm_s,
             status=STATUS_OK, error="")
         if device.type == "cuda":
-            result.update(peak_mem_bytes=reduced[4], memory_source="cuda")
+            result.update(peak_mem_bytes=reduced[5], memory_source="cuda")
             # The user may declare a device smaller than this GPU.
-            if limit is not None and reduced[4] > float(limit):
-                result.update(status=STATUS_OOM, error=f"peak {reduced[4]:.4g} bytes > "
+            if limit is not None and reduced[5] > float(limit):
+                result.update(status=STATUS_OOM, error=f"peak {reduced[5]:.4g} bytes > "
                                                        f"device_memory_bytes {float(limit):.4g}")
         return result

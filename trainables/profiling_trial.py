@@ -24,11 +24,12 @@ from typing import Any, Callable
 
 from ray import tune
 from ray.train import FailureConfig, RunConfig, ScalingConfig
-from ray.train.torch import TorchTrainer
+from ray.train.torch import TorchConfig, TorchTrainer
 from ray.tune.integration.ray_train import TuneReportCallback
 
 from trainables.profiling_loop import profile_loop_per_worker
 from tula_ray.cluster import trial_resources, use_gpu_default, worker_resources
+from tula_ray.measure import is_out_of_memory
 from tula_ray.profile_table import STATUS_ERROR, STATUS_OOM, empty_row
 from tula_ray.workloads import resolve_workload
 
@@ -36,6 +37,11 @@ logger = logging.getLogger(__name__)
 
 # Keys of a trial config read by the trial itself; the rest go to the worker loop.
 TRIAL_KEYS = ("num_workers", "use_gpu", "cpus_per_worker", "resources_per_worker", "storage_path")
+# The process group's timeout for a profiling trial (torch's default is 1800 s): a profiling
+# step takes seconds, so a collective still waiting after this has lost a peer (a crash, a
+# kill, an allocation failure past the agreed first step); the trial ends as an error
+# row in minutes instead of half an hour.
+COLLECTIVE_TIMEOUT_S = 180
 
 
 def trainable_with_resources() -> Callable:
@@ -73,6 +79,7 @@ def build_trainer(config: dict[str, Any], callbacks: list | None = None) -> Torc
     return TorchTrainer(
         profile_loop_per_worker,
         train_loop_config=loop_config,
+        torch_config=TorchConfig(timeout_s=COLLECTIVE_TIMEOUT_S),
         scaling_config=ScalingConfig(
             num_workers=num_workers, use_gpu=bool(use_gpu), resources_per_worker=resources),
         run_config=RunConfig(
@@ -108,7 +115,7 @@ def profile_cluster_size(config: dict[str, Any]) -> None:
         build_trainer(config, callbacks=[TuneReportCallback()]).fit()
     except Exception as exc:  # noqa: BLE001 - any failure is an "error" row, never a crash
         message = f"{type(exc).__name__}: {exc}"
-        status = STATUS_OOM if "OutOfMemoryError" in message else STATUS_ERROR
+        status = STATUS_OOM if is_out_of_memory(message) else STATUS_ERROR
         logger.warning("cluster size N=%d failed at batches %s: %s", num_workers, runnable,
                        message)
         for global_batch in runnable:

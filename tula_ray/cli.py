@@ -249,6 +249,8 @@ def _search_file(args: argparse.Namespace) -> None:
         raise ValueError(f"{args.config}: unknown key {unknown[0]!r}; allowed: {sorted(allowed)}")
     if args.address is not None:  # the command line wins over the file
         config["address"] = args.address
+    if args.resume:
+        config["resume"] = True
     _write(search(**config), args.out)
 
 
@@ -286,6 +288,9 @@ def _parser() -> argparse.ArgumentParser:
     from_file.add_argument("config", type=Path)
     from_file.add_argument("--out", type=Path, default=Path("plan"))
     add_address_option(from_file)
+    from_file.add_argument("--resume", action="store_true",
+                           help="continue the search the file names (its `name:`) if one was "
+                                "saved, e.g. after the driver was killed")
     from_file.set_defaults(run=_search_file)
 
     add_train_command(commands)

@@ -174,12 +174,31 @@ def device_in_use_bytes(device: torch.device | str) -> float:
     return float(total - free)
 
 
+# How an allocation failure reads when it does not arrive as torch.OutOfMemoryError: NCCL's
+# own (a DistBackendError: "Cuda failure 'out of memory'", "Failed to CUDA calloc"), or a
+# worker's error passed on as text by Ray.
+OUT_OF_MEMORY_TEXTS = ("outofmemoryerror", "out of memory", "failed to cuda calloc",
+                       "cudaerrormemoryallocation")
+
+
+def is_out_of_memory(error: BaseException | str) -> bool:
+    """True when `error` (an exception, or its text) is a device running out of memory."""
+    if isinstance(error, torch.OutOfMemoryError):
+        return True
+    if isinstance(error, BaseException) and not isinstance(error, RuntimeError):
+        return False  # e.g. a ValueError that quotes "out of memory" in a message
+    text = (error if isinstance(error, str) else f"{type(error).__name__}: {error}").lower()
+    return any(pattern in text for pattern in OUT_OF_MEMORY_TEXTS)
+
+
 def peak_or_none(workload: Workload, local_batch: int,
                  device: torch.device | str = "cpu") -> float | None:
     """One probe step's peak at `local_batch`; None if the device runs out of memory."""
     try:
         return float(peak_memory_bytes(workload, local_batch, device=device))
-    except torch.OutOfMemoryError:
+    except RuntimeError as exc:  # torch.OutOfMemoryError, or NCCL's allocation failure
+        if not is_out_of_memory(exc):
+            raise
         if torch.device(device).type == "cuda":
             torch.cuda.empty_cache()
         return None

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +22,7 @@ from tula_ray import memory as memory_model
 from tula_ray import perf
 from tula_ray.policy import Choice, choose
 from tula_ray.pricing import Pricing, parse_pricing, pricing_from_dict, pricing_to_dict
-from tula_ray.profile_table import oom_local_batch, profile_frame, usable
+from tula_ray.profile_table import STATUS_OK, oom_local_batch, profile_frame, usable
 from tula_ray.search_strategies import make_strategy
 from tula_ray.space import SearchSpace
 
@@ -110,8 +110,8 @@ class Plan:
     def summary(self) -> str:
         """A printable table of the candidates and the choice."""
         columns = ["num_workers", "global_batch", "local_batch", "step_time_s",
-                   "measured_step_time_s", "rel_uncertainty", "total_time_s", "cost_usd",
-                   "peak_mem_bytes", "source", "feasible"]
+                   "measured_step_time_s", "rel_uncertainty", "estimated_total_time_s",
+                   "estimated_cost_usd", "peak_mem_bytes", "estimate", "feasible"]
         shown = self.table[[c for c in columns if c in self.table]].copy()
         shown["peak_mem_bytes"] = (shown["peak_mem_bytes"] / 2**20).round(1)
         shown = shown.rename(columns={"peak_mem_bytes": "peak_mem_MiB"})
@@ -251,12 +251,38 @@ def build_plan(
     table["infeasible_reason"] = reasons
     table["feasible"] = table["infeasible_reason"] == ""
 
+    estimates = _add_estimates(table, pricing)
     dense = _dense_curve(space, params, memory, pricing, epochs, dataset_size,
                          oom_bound, max_local_batch, max_workers, max_global_batch)
-    choice = choose(table, objective, dense=dense, weight_time=weight_time,
+    dense = _through_measurements(dense, table, pricing)
+    choice = choose(estimates, objective, dense=dense, weight_time=weight_time,
                     uncertainty="rel_uncertainty", dense_uncertainty=predicted_u)
+    source = estimates.loc[(estimates["num_workers"] == choice.num_workers)
+                           & (estimates["global_batch"] == choice.global_batch), "estimate"]
+    choice = replace(choice, reason=f"{choice.reason}; the choice's own figures are "
+                                    f"{source.iloc[0]}")
     return Plan(workload, strategy, objective, epochs, dataset_size, profiles, params, memory,
                 pricing_to_dict(pricing), table, choice, dict(meta or {}))
+
+
+def _add_estimates(table: pd.DataFrame, pricing: Pricing) -> pd.DataFrame:
+    """What the policy chooses on: a profiled candidate's own measured training time (and
+    the cost from it, with its measured peak memory) in place of the model's prediction;
+    the prediction where nothing was measured. A search measures a candidate to check the
+    model there, so its choice rests on what it measured (adaptive search measures its
+    choice for this reason). Adds `estimated_total_time_s`, `estimated_cost_usd` and
+    `estimate` ("measured"/"predicted") to `table`; returns the table with the estimates
+    in the policy's columns (total_time_s, cost_usd)."""
+    measured = ((table["status"] == STATUS_OK) & table["measured_total_time_s"].notna()).to_numpy()
+    time_s = np.where(measured, table["measured_total_time_s"], table["total_time_s"])
+    peak = table["measured_peak_mem_bytes"].where(table["measured_peak_mem_bytes"] > 0)
+    peak = np.where(measured & peak.notna().to_numpy(), peak, table["peak_mem_bytes"])
+    table["estimated_total_time_s"] = time_s
+    table["estimated_cost_usd"] = pricing.cost_usd(
+        time_s.astype(float), table["num_workers"].to_numpy(float), peak.astype(float))
+    table["estimate"] = np.where(measured, "measured", "predicted")
+    return table.assign(total_time_s=table["estimated_total_time_s"],
+                        cost_usd=table["estimated_cost_usd"])
 
 
 def _add_uncertainty(table: pd.DataFrame, profiles: pd.DataFrame,
@@ -309,4 +335,28 @@ def _dense_curve(space, params, memory, pricing, epochs, dataset_size, oom_local
     if max_global_batch is not None:
         feasible &= dense["global_batch"] <= max_global_batch
     dense["feasible"] = feasible
+    return dense
+
+
+def _through_measurements(dense: pd.DataFrame, table: pd.DataFrame,
+                          pricing: Pricing) -> pd.DataFrame:
+    """The dense curve bent through what was measured, as the candidates' estimates are:
+    per N, the ratio measured / predicted training time at each measured batch,
+    interpolated linearly in log2 B (held constant beyond the first and last measured
+    batch), multiplies the prediction. Where nothing was measured at an N the curve is
+    the model's. So the knee, like a minimum, rests on the measurements where there are
+    some, and on the model's shape between them."""
+    dense = dense.copy()
+    measured = table[table["estimate"] == "measured"]
+    for n, rows in measured.groupby("num_workers"):
+        rows = rows.sort_values("global_batch")
+        ratio = np.log(rows["measured_total_time_s"].to_numpy(float)
+                       / rows["total_time_s"].to_numpy(float))
+        at_n = dense["num_workers"] == n
+        x = np.log2(dense.loc[at_n, "global_batch"].to_numpy(float))
+        factor = np.exp(np.interp(x, np.log2(rows["global_batch"].to_numpy(float)), ratio))
+        dense.loc[at_n, "total_time_s"] = dense.loc[at_n, "total_time_s"] * factor
+    dense["cost_usd"] = pricing.cost_usd(dense["total_time_s"].to_numpy(float),
+                                         dense["num_workers"].to_numpy(float),
+                                         dense["peak_mem_bytes"].to_numpy(float))
     return dense

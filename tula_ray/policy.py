@@ -59,15 +59,22 @@ class Choice:
 
 
 def find_knee(global_batch: np.ndarray, metric: np.ndarray) -> float | None:
-    """Kneedle's knee of a decreasing, convex curve, with x = log2(B); None if there is none."""
+    """Kneedle's knee of a decreasing, convex curve, with x = log2(B); None if there is none.
+
+    Where Kneedle finds several knees (local maxima of its difference curve: a dense curve
+    bent through measurements has small ones), the knee is the most pronounced, the
+    maximum of the difference curve, not the first: the same point on a dense curve as on
+    the few candidate points it passes through (kneed alone returns the first)."""
     x = np.log2(np.asarray(global_batch, dtype=float))
     y = np.asarray(metric, dtype=float)
     if len(x) < 3 or not y[0] > y[-1]:
         return None  # Kneedle's "decreasing" knee is meaningless on a flat or rising curve
     from kneed import KneeLocator  # here: kneed pulls in matplotlib, ~1 s per import
 
-    knee = KneeLocator(x, y, curve="convex", direction="decreasing").knee
-    return None if knee is None else float(2.0 ** knee)
+    locator = KneeLocator(x, y, curve="convex", direction="decreasing")
+    if locator.knee is None:
+        return None
+    return float(2.0 ** locator.x[int(np.argmax(locator.y_difference))])
 
 
 def envelope(dense: pd.DataFrame, metric: str) -> pd.DataFrame:
@@ -110,7 +117,7 @@ def _knee(feasible: pd.DataFrame, dense: pd.DataFrame | None, metric: str) -> Ch
                f"{KNEE_FALLBACK_TOLERANCE:.0%} of the best {metric}")
     else:
         target = knee
-        how = f"knee of predicted {metric} vs log2(B) at B~{knee:.0f} (Kneedle)"
+        how = f"knee of the predicted {metric} curve vs log2(B) at B~{knee:.0f} (Kneedle)"
     # Snap to the nearest candidate batch (in log2), then the best N for that batch.
     distance = np.abs(np.log2(feasible["global_batch"].to_numpy(float)) - np.log2(target))
     nearest = feasible[distance == distance.min()]
@@ -213,10 +220,10 @@ def _choose(
     feasible = _feasible(table)
     if objective == "time":
         row = feasible.loc[feasible["total_time_s"].idxmin()]
-        return _row_choice(row, objective, "lowest predicted training time")
+        return _row_choice(row, objective, "lowest training time")
     if objective == "cost":
         row = feasible.loc[feasible["cost_usd"].idxmin()]
-        return _row_choice(row, objective, "lowest predicted training cost")
+        return _row_choice(row, objective, "lowest training cost")
     if objective == "weighted":
         score = (weight_time * feasible["total_time_s"] / feasible["total_time_s"].min()
                  + (1 - weight_time) * feasible["cost_usd"] / feasible["cost_usd"].min())

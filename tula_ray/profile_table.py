@@ -31,6 +31,7 @@ PROFILE_COLUMNS = (
     "round",  # the search round that asked for this candidate (1, 2, ...)
     "launch_wall_s",  # start of the worker group that profiled it (same for its whole sweep)
     "profile_wall_s",  # wall time of this candidate inside its worker group
+    "warmup_wall_s",  # of which the untimed warm-up steps
     "timed_wall_s",  # of which the timed steps (compute and synced phases)
     "status",
     "error",

@@ -9,17 +9,14 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
-from datetime import datetime
 from typing import Any, Sequence
 
 import ray
-from ray import tune
 
 from searchers import TulaSearcher
 from trainables.memory_probe import check_max_local_batch, probe_memory
 from trainables.profiling_loop import (MEASURE_SECONDS_DEFAULT, MEASURE_STEPS_DEFAULT,
                                       WARMUP_STEPS_DEFAULT)
-from trainables.profiling_trial import trainable_with_resources
 from tula_ray import memory as memory_model
 from tula_ray.cluster import (CPU_MEMORY_SHARE_DEFAULT, PROVISION_TIMEOUT_S_DEFAULT,
                               check_storage_path, check_worker_request, ensure_ray,
@@ -32,8 +29,11 @@ from tula_ray.profile_table import profile_frame
 from tula_ray.search_strategies import STRATEGIES, make_strategy
 from tula_ray.space import MIN_BATCH_DEFAULT, SearchSpace, check_positive_ints
 from tula_ray.workloads import Workload, resolve_workload
-from tula_ray.arguments import (check_choice, check_int, check_mapping, check_number, check_text,
-                                named_arguments)
+from tula_ray.arguments import (check_bool, check_choice, check_int, check_mapping, check_number,
+                                check_text, named_arguments)
+from tula_ray.search_experiment import (check_same_search, context_of, experiment_name,
+                                        experiment_path, restore_context, run_experiment,
+                                        saved_search)
 
 logger = logging.getLogger(__name__)
 
@@ -62,6 +62,10 @@ def _check_arguments(a: dict[str, Any]) -> None:
     check_mapping("workload_options", a["workload_options"])
     for label in ("storage_path", "name", "address"):
         check_text(label, a[label], optional=True)
+    check_bool("resume", a["resume"])
+    if a["resume"] and a["name"] is None:
+        raise ValueError("resume=True needs name=: the name of the search to continue (with "
+                         "the same storage_path); a search without a name gets a new one")
     check_worker_request(a["resources_per_worker"], a["provision_timeout_s"])
 
 
@@ -128,6 +132,7 @@ def search(
     mode: str | None = None,
     resources_per_worker: dict[str, float] | None = None,
     provision_timeout_s: float = PROVISION_TIMEOUT_S_DEFAULT,
+    resume: bool = False,
 ) -> Plan:
     """Profile candidates on Ray, fit the models, and return the Plan with the choice.
 
@@ -143,6 +148,10 @@ def search(
     device_memory_gb: memory of one device; GPUs report theirs, on CPU this is the
       share of RAM a worker may use (default 25 % of the node's RAM).
     storage_path, name: where Ray Tune keeps the experiment (default ~/ray_results).
+    resume: continue the search `name` saved under `storage_path` if there is one (a
+      driver that was killed): finished candidates are not profiled again and the memory
+      probe is not rerun; the other arguments must be those of the saved search. Without
+      a saved search it starts one.
     epochs: E of eq. 4a, the training the plan predicts (default the workload's).
     warmup_steps, measure_steps, measure_seconds: per batch, untimed steps, then at least
       measure_steps timed steps per phase, more while they fit in measure_seconds.
@@ -181,11 +190,20 @@ def search(
                                     timeout_s=provision_timeout_s)
         check_storage_path(request.storage_path)
         use_gpu = workers.use_gpu
+        name = experiment_name(request.name, request.workload.name)
+        saved = saved_search(experiment_path(request.storage_path, name)) if resume else None
         started = time.perf_counter()
-        space, probe, device_bytes = _bounded_space(request, use_gpu)
-        probe_s = time.perf_counter() - started
-        searcher, experiment_path = _profile(request, space, use_gpu, device_bytes, probe,
-                                             workers.resources)
+        if saved is None:
+            space, probe, device_bytes = _bounded_space(request, use_gpu)
+            probe_s = time.perf_counter() - started
+        else:
+            check_same_search(saved.context.get("request", {}), _identity(request),
+                              experiment_path(request.storage_path, name))
+            space, probe, device_bytes = restore_context(saved.context)
+            probe_s = 0.0
+        context = context_of(space, probe, device_bytes, use_gpu, probe_s, _identity(request))
+        searcher, path = _profile(request, space, use_gpu, device_bytes, probe,
+                                  workers.resources, name, resume, context)
         profiles = profile_frame(searcher.profiles)
         meta = {"probe_wall_s": probe_s,
                 "profiling_wall_s": time.perf_counter() - started - probe_s,
@@ -194,7 +212,8 @@ def search(
                 "sweeps": searcher.sweeps, "candidates_profiled": len(profiles),
                 "device_memory_bytes": device_bytes,
                 "max_local_batch": probe["max_local_batch"], "use_gpu": use_gpu,
-                "ray_version": ray.__version__, "experiment_path": experiment_path,
+                "ray_version": ray.__version__, "experiment_path": path,
+                "resumed": saved is not None,
                 "memory_probe": probe["rows"],
                 "workload_options": _json_options(request.options)}
         workload = request.workload
@@ -265,8 +284,17 @@ def _strategy_options(request: _Request, probe: dict) -> dict[str, Any]:
     return options
 
 
+def _identity(request: _Request) -> dict[str, Any]:
+    """The arguments that define a search, as JSON (what a resume must match)."""
+    return {"workload": request.workload.name, "cluster_sizes": list(request.cluster_sizes),
+            "min_batch": request.min_batch, "max_batch": request.max_batch,
+            "strategy": request.strategy, "strategy_options": request.strategy_options,
+            "objective": request.objective}
+
+
 def _profile(request: _Request, space: SearchSpace, use_gpu: bool, device_bytes: float,
-             probe: dict, resources: dict[str, float]) -> tuple[TulaSearcher, str]:
+             probe: dict, resources: dict[str, float], name: str, resume: bool,
+             context: dict[str, Any]) -> tuple[TulaSearcher, str]:
     """DESIGN step 3: one Tune trial per cluster size and round, one at a time (concurrent
     trials would share the CPUs or the network and distort each other's step times)."""
     # What every trial shares goes in the param space, which Tune merges into each
@@ -279,23 +307,6 @@ def _profile(request: _Request, space: SearchSpace, use_gpu: bool, device_bytes:
     # Above the memory probe's checked bound a candidate is infeasible: the plan says so,
     # and no worker group is launched to learn it again.
     grid = [c for c in space.candidates() if c.local_batch <= probe["max_local_batch"]]
-    searcher = TulaSearcher(grid, request.strategy, _strategy_options(request, probe))
-    name = request.name or f"tula-{request.workload.name}-{datetime.now():%Y%m%d-%H%M%S}"
-    tuner = tune.Tuner(
-        trainable_with_resources(),
-        param_space=constants,
-        tune_config=tune.TuneConfig(search_alg=searcher, num_samples=-1, max_concurrent_trials=1,
-                                    metric="step_time_s", mode="min",
-                                    trial_name_creator=trial_name,
-                                    trial_dirname_creator=trial_name),
-        run_config=tune.RunConfig(storage_path=request.storage_path, name=name, verbose=1),
-    )
-    results = tuner.fit()
-    return searcher, results.experiment_path
-
-
-def trial_name(trial: Any) -> str:
-    """A short trial name (and directory) from the searched keys only: Tune's default
-    spells out the whole config, a user's Workload object included."""
-    config = trial.config
-    return f"profile_N{config.get('num_workers')}_round{config.get('round')}_{trial.trial_id}"
+    searcher = TulaSearcher(grid, request.strategy, _strategy_options(request, probe),
+                            context=context)
+    return run_experiment(searcher, constants, request.storage_path, name, resume)

@@ -199,7 +199,8 @@ class AdaptiveSearch:
         plan = build_plan(space, rows, strategy=self.name, memory=memory, **self.context)
         choice = plan.choice
         open_keys = {_key(c) for c in open_candidates(grid, rows)}
-        wanted = [(choice.num_workers, choice.global_batch), *choice.ties]
+        wanted = [(choice.num_workers, choice.global_batch), *choice.ties,
+                  *_knee_neighbours(choice, grid, self.context["objective"])]
         todo = [Candidate(n, b) for n, b in wanted if (n, b) in open_keys]
         named = f"N={choice.num_workers}, B={choice.global_batch}"
         if not todo:
@@ -216,6 +217,18 @@ class AdaptiveSearch:
                                 f"{named} is {state}, {len(todo)} contenders left unmeasured")
         return Proposal(tuple(todo), f"adaptive search: the choice {named} and the "
                                      "unmeasured candidates that tie it within the uncertainty")
+
+
+def _knee_neighbours(choice, grid: Sequence[Candidate], objective: str) -> list[tuple[int, int]]:
+    """For the knee, the next smaller and larger batch at the chosen N: a knee is a
+    property of the curve's shape around it, which these measurements pin down."""
+    if objective != "knee":
+        return []
+    batches = sorted(c.global_batch for c in grid if c.num_workers == choice.num_workers)
+    i = batches.index(choice.global_batch) if choice.global_batch in batches else -1
+    if i < 0:
+        return []
+    return [(choice.num_workers, batches[j]) for j in (i - 1, i + 1) if 0 <= j < len(batches)]
 
 
 STRATEGIES: dict[str, Callable[..., SearchStrategy]] = {

@@ -1,0 +1,79 @@
+"""Out of memory on some ranks only, and NCCL's own allocation failure (issue 14, item 6),
+with injected exceptions: every worker labels the batch "oom" together, within seconds,
+instead of some waiting in a collective until the process-group timeout; a profiling
+trial's process group gives up after minutes, not torch's default half hour."""
+
+import time
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from benchmarks.common import spawn_gloo
+from trainables.profiling_loop import PeerOutOfMemoryError, agree_first_step_fits
+from trainables.profiling_trial import COLLECTIVE_TIMEOUT_S, build_trainer
+from tula_ray.measure import is_out_of_memory
+
+NCCL_OOM = ("NCCL error in: ProcessGroupNCCL.cpp:1970, unhandled cuda error (run with "
+            "NCCL_DEBUG=INFO for details), NCCL version 2.21.5\nncclUnhandledCudaError: Call "
+            "to CUDA function failed.\nLast error:\nCuda failure 'out of memory'")
+
+
+@pytest.mark.parametrize("error, oom", [
+    (torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"), True),
+    (dist.DistBackendError(NCCL_OOM), True),
+    (RuntimeError("Failed to CUDA calloc async 4096 bytes"), True),
+    ("ray.exceptions.RayTaskError(OutOfMemoryError): worker 1 ...", True),  # Ray's text
+    (dist.DistBackendError("[Gloo] Timed out waiting 180000ms for recv operation"), False),
+    (RuntimeError("mat1 and mat2 shapes cannot be multiplied (4x3 and 6x8)"), False),
+    (ValueError("max_batch=4096 is out of memory range"), False),  # not a device failure
+])
+def test_out_of_memory_is_recognised_however_it_is_raised(error, oom):
+    assert is_out_of_memory(error) is oom
+
+
+def _rank(rank: int, directory: str, failing_rank: int, error_text: str) -> None:
+    def step() -> list[float]:
+        if rank == failing_rank:  # injected: this worker's allocation fails
+            raise dist.DistBackendError(error_text) if "NCCL" in error_text \
+                else torch.OutOfMemoryError(error_text)
+        return [0.01]
+
+    started = time.monotonic()
+    try:
+        agree_first_step_fits(step, torch.device("cpu"), torch.no_grad())
+        outcome = "fitted"
+    except RuntimeError as exc:
+        outcome = type(exc).__name__ if is_out_of_memory(exc) else f"other {exc!r}"
+    with open(f"{directory}/{rank}.txt", "w") as handle:
+        handle.write(f"{outcome} {time.monotonic() - started:.3f}")
+
+
+@pytest.mark.parametrize("failing_rank, error_text", [
+    (1, "CUDA out of memory. Tried to allocate 1.00 GiB"),
+    (0, NCCL_OOM),
+])
+def test_an_oom_on_one_rank_is_an_oom_on_every_rank_at_once(tmp_path, failing_rank, error_text):
+    spawn_gloo(_rank, 2, str(tmp_path), failing_rank, error_text)
+    outcomes = {rank: (tmp_path / f"{rank}.txt").read_text().split() for rank in (0, 1)}
+    expected_failing = "DistBackendError" if "NCCL" in error_text else "OutOfMemoryError"
+    assert outcomes[failing_rank][0] == expected_failing
+    assert outcomes[1 - failing_rank][0] == PeerOutOfMemoryError.__name__
+    assert all(float(seconds) < 60 for _, seconds in outcomes.values())  # no timeout wait
+
+
+def test_every_rank_fitting_returns_the_step_timing(tmp_path):
+    spawn_gloo(_rank, 2, str(tmp_path), -1, "")
+    assert [(tmp_path / f"{rank}.txt").read_text().split()[0] for rank in (0, 1)] == [
+        "fitted", "fitted"]
+
+
+def test_a_profiling_trial_gives_up_on_a_lost_peer_in_minutes(monkeypatch):
+    import trainables.profiling_trial as trial
+
+    built = {}
+    monkeypatch.setattr(trial, "TorchTrainer", lambda loop, **kwargs: built.update(kwargs))
+    build_trainer({"num_workers": 2, "global_batches": [32], "use_gpu": False,
+                   "resources_per_worker": {"CPU": 1}, "workload": "fashion-mnist-cnn"})
+    assert built["torch_config"].timeout_s == COLLECTIVE_TIMEOUT_S
+    assert COLLECTIVE_TIMEOUT_S <= 300 < 1800  # torch's default: half an hour

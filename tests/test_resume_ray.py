@@ -1,0 +1,148 @@
+"""A search survives its driver (issue 13, item 2): a driver script with its own Workload is
+killed with SIGKILL in the middle of a search; the same script, run again with
+resume=True, continues the same experiment through `Tuner.restore`.
+
+Both drivers are subprocesses that start their own local Ray (as a user's would); the
+first is killed with SIGKILL, and so is every process it started (Ray's)."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from process_tree import descendants
+from tula_ray.plan import Plan, build_plan
+
+pytestmark = pytest.mark.ray
+
+DRIVER = '''
+import sys
+
+import torch
+from torch import nn
+from torch.utils.data import TensorDataset
+
+import tula_ray
+from tula_ray.workloads import Workload
+
+
+def data():
+    generator = torch.Generator().manual_seed(0)
+    return TensorDataset(torch.rand((1024, 1, 8, 8), generator=generator),
+                         torch.randint(0, 4, (1024,), generator=generator))
+
+
+def model():
+    return nn.Sequential(nn.Flatten(), nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 4))
+
+
+if __name__ == "__main__":
+    workload = Workload("resume-mlp", model_fn=model, train_dataset_fn=data, epochs=2)
+    plan = tula_ray.search(workload, strategy="full", cluster_sizes=(1, 2), min_batch=32,
+                           max_batch=512, measure_steps=4, measure_seconds=0.5,
+                           storage_path=sys.argv[1], name="resumable", resume=True)
+    plan.to_json(sys.argv[2])
+'''
+TIMEOUT_S = 600
+
+
+def saved_state(experiment: Path) -> dict | None:
+    """The searcher's state as Tune last saved it with the experiment, if it has."""
+    states = sorted(experiment.glob("searcher-state-*.pkl"), key=lambda p: p.stat().st_mtime)
+    if not states:
+        return None
+    try:
+        return json.loads(states[-1].read_text())
+    except (json.JSONDecodeError, OSError):  # caught while Tune writes it
+        return None
+
+
+def kill_now(pid: int) -> None:
+    """SIGKILL to the driver and to every process below it (the Ray it started)."""
+    for victim in [pid, *descendants(pid)]:
+        try:
+            os.kill(victim, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def run_driver(script: Path, storage: Path, out: Path) -> subprocess.Popen:
+    # Tune saves the experiment (and the searcher) every second instead of every >= 10 s,
+    # so that the kill below lands between two saves with rows in the first.
+    env = {**os.environ, "TUNE_GLOBAL_CHECKPOINT_S": "1"}
+    return subprocess.Popen([sys.executable, str(script), str(storage), str(out)],
+                            cwd=script.parent, env=env, start_new_session=True,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+
+
+@pytest.fixture(scope="module")
+def killed_then_resumed(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("resume")
+    script, storage = tmp / "driver.py", tmp / "ray_results"
+    script.write_text(DRIVER)
+    experiment = storage / "resumable"
+    first = run_driver(script, storage, tmp / "never.json")
+    deadline, before = time.monotonic() + TIMEOUT_S, None
+    try:
+        while time.monotonic() < deadline and first.poll() is None:
+            state = saved_state(experiment)
+            if state and len(state["rows"]) >= 2:  # a few candidates measured, not all
+                before = state
+                break
+            time.sleep(0.2)
+    finally:
+        kill_now(first.pid)
+        first.wait(timeout=60)
+    assert before is not None, f"no rows saved before the kill:\n{first.stderr.read()[-3000:]}"
+    assert not (tmp / "never.json").exists()
+    time.sleep(1)  # the killed group's files are closed
+    killed = saved_state(experiment)  # what the resumed search starts from
+    second = run_driver(script, storage, tmp / "plan.json")
+    try:
+        _, err = second.communicate(timeout=TIMEOUT_S)
+    finally:
+        if second.poll() is None:
+            kill_now(second.pid)
+    assert second.returncode == 0, err[-4000:]
+    return killed, Plan.from_json(tmp / "plan.json")
+
+
+def test_resumed_search_profiles_no_finished_candidate_again(killed_then_resumed):
+    killed, plan = killed_then_resumed
+    assert plan.meta["resumed"] is True
+    rows = plan.profiles.set_index(["num_workers", "global_batch"])
+    assert rows.index.is_unique  # every candidate profiled once
+    expected = {(n, b) for n in (1, 2) for b in (32, 64, 128, 256, 512)}
+    assert set(rows.index) == expected and (rows["status"] == "ok").all()
+    for row in killed["rows"].values():  # rows saved before the kill are kept as they were
+        kept = rows.loc[(row["num_workers"], row["global_batch"])]
+        assert kept["step_time_s"] == row["step_time_s"]
+    done_before = {(r["num_workers"], r["global_batch"]) for r in killed["rows"].values()}
+    later = plan.meta["sweeps"][len(killed["sweeps"]):]  # the worker groups after the kill
+    assert later, "the resumed search launched nothing"
+    for sweep in later:
+        assert not {(sweep["num_workers"], b) for b in sweep["global_batches"]} & done_before
+
+
+def test_resumed_search_makes_the_plan_of_its_rows(killed_then_resumed):
+    """The same plan an uninterrupted search builds from the same rows and probe."""
+    _, plan = killed_then_resumed
+    sizes = tuple(sorted(plan.table["num_workers"].unique().tolist()))
+    batches = tuple(sorted(plan.table["global_batch"].unique().tolist()))
+    from tula_ray.space import SearchSpace
+
+    again = build_plan(SearchSpace(sizes, batches), plan.profiles, epochs=plan.epochs,
+                       dataset_size=plan.dataset_size, strategy=plan.strategy,
+                       objective=plan.objective, pricing=plan.pricing, memory=plan.memory,
+                       max_local_batch=plan.meta["max_local_batch"],
+                       collective=plan.perf.collective)
+    assert again.choice == plan.choice
+    columns = ["num_workers", "global_batch", "step_time_s", "total_time_s", "cost_usd",
+               "feasible"]
+    assert again.table[columns].equals(plan.table[columns])
+    assert plan.meta["memory_probe"]  # the first driver's probe, restored, not rerun

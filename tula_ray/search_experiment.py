@@ -1,0 +1,120 @@
+"""The Tune experiment of a search (DESIGN "Data flow" step 3), and resuming it.
+
+One trial per cluster size and round, one at a time, driven by `TulaSearcher`. The
+searcher's state (rows measured, queue, round) and the search's context (the memory
+probe's result and the grid it bounded) are saved with the experiment, so a search
+whose driver died continues with `Tuner.restore` (issue 13, item 2): the finished
+candidates keep their rows, the interrupted sweep's missing batches are profiled, and
+the plan is built from the same rows an uninterrupted search would have had.
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import datetime
+from typing import Any
+
+from ray import tune
+from ray.tune.search import Searcher
+
+from searchers import TulaSearcher
+from trainables.profiling_trial import trainable_with_resources
+from tula_ray.memory import MemoryParams
+from tula_ray.space import SearchSpace
+
+logger = logging.getLogger(__name__)
+
+# What a resumed search must share with the one it continues (else it is another search).
+SAME_SEARCH_KEYS = ("workload", "cluster_sizes", "min_batch", "max_batch", "strategy",
+                    "strategy_options", "objective")
+
+
+def experiment_name(name: str | None, workload_name: str) -> str:
+    return name or f"tula-{workload_name}-{datetime.now():%Y%m%d-%H%M%S}"
+
+
+def experiment_path(storage_path: str | None, name: str) -> str:
+    """Where Tune keeps the experiment `name` (Tune's default storage when None)."""
+    storage = tune.RunConfig(storage_path=storage_path, name=name).storage_path
+    return f"{str(storage).rstrip('/')}/{name}"
+
+
+def saved_search(path: str) -> TulaSearcher | None:
+    """The searcher of the experiment at `path` as last saved, or None if there is none."""
+    if not tune.Tuner.can_restore(path):
+        return None
+    searcher = TulaSearcher.__new__(TulaSearcher)
+    Searcher.__init__(searcher, metric="step_time_s", mode="min")
+    try:
+        searcher.restore_from_dir(path)
+    except (FileNotFoundError, RuntimeError):  # Tune saved the experiment, not yet the searcher
+        return None
+    return searcher
+
+
+def check_same_search(saved: dict[str, Any], request: dict[str, Any], path: str) -> None:
+    """A resumed search continues the one at `path`: the arguments that define it must match."""
+    differ = [k for k in SAME_SEARCH_KEYS if saved.get(k) != request.get(k)]
+    if differ:
+        details = "; ".join(f"{k}: saved {saved.get(k)!r}, now {request.get(k)!r}"
+                            for k in differ)
+        raise ValueError(f"resume=True continues the search saved at {path}, but these "
+                         f"arguments differ from it: {details}. Pass the same arguments, or a "
+                         "new name= to start another search")
+
+
+def context_of(space: SearchSpace, probe: dict[str, Any], device_bytes: float,
+               use_gpu: bool, probe_s: float, request: dict[str, Any]) -> dict[str, Any]:
+    """What a resumed search needs besides the rows, as JSON: the probe's result and grid."""
+    return {"request": request, "space": [list(space.cluster_sizes), list(space.batch_sizes)],
+            "memory": probe["params"].to_dict(), "max_local_batch": probe["max_local_batch"],
+            "memory_probe": probe["rows"], "device_memory_bytes": device_bytes,
+            "use_gpu": use_gpu, "probe_wall_s": probe_s}
+
+
+def restore_context(context: dict[str, Any]) -> tuple[SearchSpace, dict[str, Any], float]:
+    """(space, probe, device bytes) of a saved search: no memory probe runs again."""
+    space = SearchSpace(tuple(context["space"][0]), tuple(context["space"][1]))
+    probe = {"params": MemoryParams.from_dict(context["memory"]),
+             "max_local_batch": context["max_local_batch"], "rows": context["memory_probe"]}
+    return space, probe, float(context["device_memory_bytes"])
+
+
+def run_experiment(searcher: TulaSearcher, constants: dict[str, Any], storage_path: str | None,
+                   name: str, resume: bool) -> tuple[TulaSearcher, str]:
+    """Run (or, with `resume` and a saved experiment, continue) the profiling trials.
+    Returns the searcher's final state and the experiment's path."""
+    path = experiment_path(storage_path, name)
+    if resume and tune.Tuner.can_restore(path):
+        logger.info("resuming the search saved at %s", path)
+        # An interrupted trial is not rerun as it was: the searcher queues the batches it
+        # had not finished (TulaSearcher.set_state), so no finished (N, B) runs twice.
+        tuner = tune.Tuner.restore(path, trainable=trainable_with_resources(),
+                                   resume_unfinished=False, resume_errored=False,
+                                   param_space=constants)
+    else:
+        tuner = tune.Tuner(
+            trainable_with_resources(),
+            param_space=constants,
+            # One trial at a time: the searcher suggests nothing while one runs. Not Tune's
+            # max_concurrent_trials: its ConcurrencyLimiter saves the running trial with the
+            # experiment and, restored, waits for that trial to end, which a trial
+            # interrupted by a dead driver never does.
+            tune_config=tune.TuneConfig(search_alg=searcher, num_samples=-1,
+                                        metric="step_time_s", mode="min",
+                                        trial_name_creator=trial_name,
+                                        trial_dirname_creator=trial_name),
+            run_config=tune.RunConfig(storage_path=storage_path, name=name, verbose=1),
+        )
+    results = tuner.fit()
+    # Tune saves the searcher with the experiment at its end: read that final state (a
+    # restored Tuner drives its own copy of the searcher, not `searcher`).
+    final = saved_search(results.experiment_path) if resume else searcher
+    return final or searcher, results.experiment_path
+
+
+def trial_name(trial: Any) -> str:
+    """A short trial name (and directory) from the searched keys only: Tune's default
+    spells out the whole config, a user's Workload object included."""
+    config = trial.config
+    return f"profile_N{config.get('num_workers')}_round{config.get('round')}_{trial.trial_id}"
