@@ -36,9 +36,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__)
     parser.add_argument("name", choices=[*BENCHMARKS, "all"])
     parser.add_argument("--quick", action="store_true", help="tiny grid: a smoke test")
+    parser.add_argument("--from-saved", action="store_true",
+                        help="prediction only: analyse the plans the last run saved again, "
+                             "without profiling (e.g. after a crash in the analysis)")
     args = parser.parse_args()
+    if args.from_saved and args.name != "prediction":
+        parser.error("--from-saved is for the prediction benchmark only")
+    extra = {"from_saved": True} if args.from_saved else {}
     for name in BENCHMARKS if args.name == "all" else [args.name]:
-        importlib.import_module(BENCHMARKS[name]).run(quick=args.quick)
+        importlib.import_module(BENCHMARKS[name]).run(quick=args.quick, **extra)
     if not args.quick:
         print(f"wrote {write_report()}")
 

@@ -47,7 +47,8 @@ def spread(values) -> str:
     return f"{np.median(values):.1%} [{values.min():.1%}, {values.max():.1%}]"
 
 
-def spawn_gloo(worker: Callable[..., None], world_size: int, *args: Any) -> None:
+def spawn_gloo(worker: Callable[..., None], world_size: int, *args: Any,
+               timeout_s: float | None = None) -> None:
     """Run worker(rank, *args) in world_size processes joined by a local gloo group, one
     torch thread each (N workers on N cores, as Ray Train places them here).
 
@@ -58,17 +59,21 @@ def spawn_gloo(worker: Callable[..., None], world_size: int, *args: Any) -> None
 
     with tempfile.TemporaryDirectory(prefix="tula-gloo-") as scratch:
         init_method = f"file://{Path(scratch, 'rendezvous')}"
-        mp.spawn(_gloo_rank, args=(worker, world_size, init_method, args), nprocs=world_size,
-                 join=True)
+        mp.spawn(_gloo_rank, args=(worker, world_size, init_method, args, timeout_s),
+                 nprocs=world_size, join=True)
 
 
 def _gloo_rank(rank: int, worker: Callable[..., None], world_size: int, init_method: str,
-               args: tuple) -> None:
+               args: tuple, timeout_s: float | None = None) -> None:
+    from datetime import timedelta
+
     import torch
     import torch.distributed as dist
 
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=init_method, rank=rank, world_size=world_size)
+    timeout = {} if timeout_s is None else {"timeout": timedelta(seconds=timeout_s)}
+    dist.init_process_group("gloo", init_method=init_method, rank=rank, world_size=world_size,
+                            **timeout)
     try:
         worker(rank, *args)
         # No rank tears the group down while a peer may still be in a collective with it

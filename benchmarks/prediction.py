@@ -218,16 +218,30 @@ def _live_cost(plan, full_plan) -> dict:
             "regret_vs_full_grid": (pick["measured"] - best_s) / best_s}
 
 
-def _one_workload(name: str, settings: dict, quick: bool, scratch: Path, full=None) -> dict:
+def _saved_plans(name: str) -> dict:
+    """The plans a full run saved for `name`: its full search and its live searches."""
+    from tula_ray.plan import Plan
+
+    return {s: Plan.from_json(RESULTS_DIR / (f"{NAME}_{name}.plan.json" if s == "full" else
+                                             f"{NAME}_{name}_{s}.plan.json"))
+            for s in STRATEGIES}
+
+
+def _one_workload(name: str, settings: dict, quick: bool, scratch: Path, full=None,
+                  saved: dict | None = None) -> dict:
     import tula_ray
 
     options = dict(**SEARCH, max_batch=settings["max_batch"],
                    workload_options={"train_subset": settings["train_subset"]})
-    live = {}
-    for strategy in STRATEGIES if not quick else ("full",) * (full is None):
+    live = dict(saved or {})
+    for strategy in () if saved else STRATEGIES if not quick else ("full",) * (full is None):
         live[strategy] = tula_ray.search(
             name, strategy=strategy, storage_path=str(scratch / f"{name}-{strategy}"), **options)
     full = full or live["full"]
+    if not saved:  # what measured them, for a re-analysis (--from-saved) to say
+        for plan in live.values():
+            plan.meta["measured_by"] = {**provenance(),
+                                        "load_avg_1min": list(os.getloadavg()[:1])}
     suffix = "_quick" if quick else ""
     # The full search's plan (profiles, fits, measurements): selection and fits can be
     # re-analysed from it without profiling again.
@@ -259,11 +273,16 @@ def _one_workload(name: str, settings: dict, quick: bool, scratch: Path, full=No
             "plan_json": plan_json}
 
 
-def run(quick: bool = False, full_plans: dict | None = None) -> dict:
+def run(quick: bool = False, full_plans: dict | None = None, from_saved: bool = False) -> dict:
     """full_plans: {workload: Plan of a full search} to analyse instead of searching again
-    (quick only: the test suite hands in the full search its own tests already ran)."""
+    (quick only: the test suite hands in the full search its own tests already ran).
+    from_saved: analyse again the plans the last full run saved (its full and live
+    searches, prediction_<workload>[_<strategy>].plan.json) without profiling again; the
+    measurements, wall times and the date of that run are kept, the analysis is new."""
     if full_plans and not quick:
         raise ValueError("full_plans is for quick runs only; a full run measures its own grid")
+    if from_saved:
+        return _reanalyse()
     workloads = QUICK_WORKLOADS if quick else WORKLOADS
     if full_plans:
         workloads = {name: {"max_batch": int(plan.table["global_batch"].max()),
@@ -280,6 +299,25 @@ def run(quick: bool = False, full_plans: dict | None = None) -> dict:
               "load_avg_1min": [load_before, os.getloadavg()[0]]}
     markdown = _markdown(result)
     write_result(NAME + ("_quick" if quick else ""), result, markdown)
+    print(markdown)
+    return result
+
+
+def _reanalyse() -> dict:
+    """The last full run's saved plans, analysed with the code as it is now."""
+    saved = {name: _saved_plans(name) for name in WORKLOADS}
+    stamps = [plan.meta.get("measured_by") for plans in saved.values() for plan in plans.values()]
+    if not all(stamps):
+        raise ValueError("the saved plans do not say what measured them (saved before "
+                         "re-analysis was possible): run `python -m benchmarks prediction`")
+    results = {name: _one_workload(name, settings, False, Path("."), saved=saved[name])
+               for name, settings in WORKLOADS.items()}
+    first, last = stamps[0], stamps[-1]
+    result = {**provenance(), "quick": False, "workloads": results, "reanalysed": True,
+              "measured": first, "load_avg_1min": [first["load_avg_1min"][0],
+                                                   last["load_avg_1min"][0]]}
+    markdown = _markdown(result)
+    write_result(NAME, result, markdown)
     print(markdown)
     return result
 
@@ -439,10 +477,15 @@ def _goals_markdown(r: dict) -> str:
 def _markdown(r: dict) -> str:
     load = r["load_avg_1min"]
     sections = "\n".join(_workload_markdown(w) for w in r["workloads"].values())
+    measured = r.get("measured")
+    origin = (f"`{r['command']}` — commit {r['commit']}, {r['date']}, {r['machine']}: the "
+              f"analysis of the plans that `{measured['command']}` measured and saved at commit "
+              f"{measured['commit']}, {measured['date']}" if measured else
+              f"`{r['command']}` — commit {r['commit']}, {r['date']}, {r['machine']}")
     return f"""### Search strategies side by side: model accuracy, selection, cost (issues 5 and 11; paper Fig. 9, 11b, §IV-C)
 
-`{r['command']}` — commit {r['commit']}, {r['date']}, {r['machine']}; 1-min load average
-{load[0]:.1f} before, {load[1]:.1f} after (a shared machine: wall times depend on it).
+{origin}; 1-min load average {load[0]:.1f} before, {load[1]:.1f} after the profiling (a
+shared machine: wall times depend on it).
 
 One full search per workload measures every candidate (the ground truth). The full model
 is fitted on all of them; the partial model on the same search's corner rows only (min/max

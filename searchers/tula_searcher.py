@@ -23,7 +23,7 @@ from typing import Any, Iterable
 import pandas as pd
 from ray.tune.search import Searcher
 
-from tula_ray.profile_table import (STATUS_ERROR, STATUS_OK, oom_local_batch, profile_frame,
+from tula_ray.profile_table import (STATUS_OK, oom_local_batch, profile_frame,
                                     profile_row)
 from tula_ray.search_strategies import make_strategy
 from tula_ray.space import Candidate

@@ -3,8 +3,6 @@ with injected exceptions: every worker labels the batch "oom" together, within s
 instead of some waiting in a collective until the process-group timeout; a profiling
 trial's process group gives up after minutes, not torch's default half hour."""
 
-import time
-
 import pytest
 import torch
 import torch.distributed as dist
@@ -39,14 +37,13 @@ def _rank(rank: int, directory: str, failing_rank: int, error_text: str) -> None
                 else torch.OutOfMemoryError(error_text)
         return [0.01]
 
-    started = time.monotonic()
     try:
         agree_first_step_fits(step, torch.device("cpu"), torch.no_grad())
         outcome = "fitted"
-    except RuntimeError as exc:
-        outcome = type(exc).__name__ if is_out_of_memory(exc) else f"other {exc!r}"
+    except RuntimeError as exc:  # a rank left waiting would get the group's timeout here
+        outcome = type(exc).__name__ if is_out_of_memory(exc) else "other"
     with open(f"{directory}/{rank}.txt", "w") as handle:
-        handle.write(f"{outcome} {time.monotonic() - started:.3f}")
+        handle.write(outcome)
 
 
 @pytest.mark.parametrize("failing_rank, error_text", [
@@ -54,18 +51,18 @@ def _rank(rank: int, directory: str, failing_rank: int, error_text: str) -> None
     (0, NCCL_OOM),
 ])
 def test_an_oom_on_one_rank_is_an_oom_on_every_rank_at_once(tmp_path, failing_rank, error_text):
-    spawn_gloo(_rank, 2, str(tmp_path), failing_rank, error_text)
-    outcomes = {rank: (tmp_path / f"{rank}.txt").read_text().split() for rank in (0, 1)}
+    # A short process-group timeout: a rank left waiting in a collective fails fast with a
+    # timeout error ("other" below) instead of hanging the test for torch's 30 minutes.
+    spawn_gloo(_rank, 2, str(tmp_path), failing_rank, error_text, timeout_s=30)
+    outcomes = {rank: (tmp_path / f"{rank}.txt").read_text() for rank in (0, 1)}
     expected_failing = "DistBackendError" if "NCCL" in error_text else "OutOfMemoryError"
-    assert outcomes[failing_rank][0] == expected_failing
-    assert outcomes[1 - failing_rank][0] == PeerOutOfMemoryError.__name__
-    assert all(float(seconds) < 60 for _, seconds in outcomes.values())  # no timeout wait
+    assert outcomes[failing_rank] == expected_failing
+    assert outcomes[1 - failing_rank] == PeerOutOfMemoryError.__name__
 
 
 def test_every_rank_fitting_returns_the_step_timing(tmp_path):
-    spawn_gloo(_rank, 2, str(tmp_path), -1, "")
-    assert [(tmp_path / f"{rank}.txt").read_text().split()[0] for rank in (0, 1)] == [
-        "fitted", "fitted"]
+    spawn_gloo(_rank, 2, str(tmp_path), -1, "", timeout_s=30)
+    assert [(tmp_path / f"{rank}.txt").read_text() for rank in (0, 1)] == ["fitted", "fitted"]
 
 
 def test_a_profiling_trial_gives_up_on_a_lost_peer_in_minutes(monkeypatch):

@@ -202,3 +202,24 @@ def test_unmeasured_candidates_are_chosen_on_their_predictions():
     assert (table.loc[~predicted, "source"] == "measured").all()
     chosen = plan.chosen
     assert plan.choice.reason.endswith(f"figures are {chosen['estimate']}")
+
+
+def test_the_dense_curve_passes_through_the_measurements_and_keeps_the_models_shape():
+    """The knee's curve (estimates.through_measurements): at a measured batch it is the
+    measurement; between two measured batches the ratio measured / predicted is
+    interpolated in log2 B; at an N with nothing measured it is the model's."""
+    from tula_ray.estimates import through_measurements
+    from tula_ray.pricing import FixedRate
+
+    dense = pd.DataFrame({"num_workers": [1, 1, 1, 2], "global_batch": [32.0, 64.0, 128.0, 64.0],
+                          "total_time_s": [100.0, 100.0, 100.0, 80.0],
+                          "peak_mem_bytes": [1.0, 1.0, 1.0, 1.0], "feasible": True})
+    table = pd.DataFrame({"num_workers": [1, 1, 2], "global_batch": [32, 128, 32],
+                          "total_time_s": [100.0, 100.0, 90.0],
+                          "measured_total_time_s": [200.0, 50.0, np.nan],
+                          "estimate": ["measured", "measured", "predicted"]})
+    bent = through_measurements(dense, table, FixedRate(1.0))
+    assert bent["total_time_s"].tolist() == pytest.approx([200.0, 100.0, 50.0, 80.0])
+    # ratio 2 at B=32 and 1/2 at B=128: halfway in log2 B the log-ratio is 0
+    assert bent["cost_usd"].tolist() == pytest.approx(
+        [t / 3600 * n for t, n in zip([200.0, 100.0, 50.0, 80.0], [1, 1, 1, 2])])

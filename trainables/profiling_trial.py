@@ -28,7 +28,8 @@ from ray.train.torch import TorchConfig, TorchTrainer
 from ray.tune.integration.ray_train import TuneReportCallback
 
 from trainables.profiling_loop import profile_loop_per_worker
-from tula_ray.cluster import trial_resources, use_gpu_default, worker_resources
+from tula_ray.cluster import (alive_node_resources, trial_resources, use_gpu_default,
+                              worker_resources, workers_that_fit)
 from tula_ray.measure import is_out_of_memory
 from tula_ray.profile_table import STATUS_ERROR, STATUS_OOM, empty_row
 from tula_ray.workloads import resolve_workload
@@ -36,7 +37,11 @@ from tula_ray.workloads import resolve_workload
 logger = logging.getLogger(__name__)
 
 # Keys of a trial config read by the trial itself; the rest go to the worker loop.
-TRIAL_KEYS = ("num_workers", "use_gpu", "cpus_per_worker", "resources_per_worker", "storage_path")
+TRIAL_KEYS = ("num_workers", "use_gpu", "cpus_per_worker", "resources_per_worker", "storage_path",
+              "provision_timeout_s")
+# How long a trial waits for a lost node to come back (an autoscaler replacing it) before
+# its cluster size is recorded as not placeable; the search's provision_timeout_s if shorter.
+LOST_NODE_WAIT_S = 60.0
 # The process group's timeout for a profiling trial (torch's default is 1800 s): a profiling
 # step takes seconds, so a collective still waiting after this has lost a peer (a crash, a
 # kill, an allocation failure past the agreed first step); the trial ends as an error
@@ -108,6 +113,12 @@ def profile_cluster_size(config: dict[str, Any]) -> None:
             runnable.append(global_batch)
     if not runnable:
         return
+    missing = _cannot_place(num_workers, config)
+    if missing:  # a node lost since the search started: record it, go on with other N
+        logger.warning("cluster size N=%d not profiled: %s", num_workers, missing)
+        for global_batch in runnable:
+            tune.report(empty_row(num_workers, global_batch, STATUS_ERROR, missing))
+        return
     # The Train run is stored inside its Tune trial unless the config names a place.
     config = {**config, "global_batches": runnable, "trial_started_at": started_at,
               "storage_path": config.get("storage_path") or tune.get_context().get_trial_dir()}
@@ -120,6 +131,26 @@ def profile_cluster_size(config: dict[str, Any]) -> None:
                        message)
         for global_batch in runnable:
             tune.report(empty_row(num_workers, global_batch, status, message))
+
+
+def _cannot_place(num_workers: int, config: dict[str, Any]) -> str:
+    """Why the cluster cannot hold N workers now ("" when it can), after waiting for it to
+    hold them again (at most LOST_NODE_WAIT_S). The search checked that it did when it
+    started (tula_ray.cluster.provision_workers); a node lost since then would leave the
+    Train run waiting for its workers forever."""
+    use_gpu = config.get("use_gpu")
+    worker = worker_resources(num_workers, use_gpu_default() if use_gpu is None else bool(use_gpu),
+                              config.get("cpus_per_worker"), config.get("resources_per_worker"))
+    wait_s = min(float(config.get("provision_timeout_s", LOST_NODE_WAIT_S)), LOST_NODE_WAIT_S)
+    deadline = time.monotonic() + wait_s
+    while (held := workers_that_fit(worker, alive_node_resources())) < num_workers:
+        if time.monotonic() >= deadline:
+            return (f"the cluster holds {held} workers of {worker} now, fewer than "
+                    f"N={num_workers} (a node lost since the search started?), after waiting "
+                    f"{wait_s:.0f} s for it; the search goes on with the other cluster sizes. "
+                    "Run the search again once the nodes are back to profile this one")
+        time.sleep(1.0)
+    return ""
 
 
 def _infeasible(num_workers: int, global_batch: int, config: dict[str, Any]) -> str:

@@ -273,7 +273,7 @@ def provision_workers(num_workers: int, resources_per_worker: dict[str, float] |
         worker = dict(GPU_WORKER if use_gpu else CPU_WORKER)
     else:
         worker = default_worker(ray.cluster_resources().get("GPU", 0.0), node_types)
-    fits_now = workers_that_fit(worker, _alive_node_resources())
+    fits_now = workers_that_fit(worker, alive_node_resources())
     if fits_now >= num_workers:
         return Workers(worker, worker.get("GPU", 0) > 0, requested=False)
     shape = f"{num_workers} workers of {worker}"
@@ -301,7 +301,7 @@ def provision_workers(num_workers: int, resources_per_worker: dict[str, float] |
     request_resources(bundles=[worker] * num_workers)
     deadline = time.monotonic() + timeout_s
     while True:
-        fits_now = workers_that_fit(worker, _alive_node_resources())
+        fits_now = workers_that_fit(worker, alive_node_resources())
         if fits_now >= num_workers:
             logger.info("the cluster now holds %s", shape)
             return Workers(worker, worker.get("GPU", 0) > 0, requested=True)
@@ -325,7 +325,8 @@ def release_workers(workers: Workers | None) -> None:
         request_resources(bundles=[])
 
 
-def _alive_node_resources() -> list[dict[str, float]]:
+def alive_node_resources() -> list[dict[str, float]]:
+    """Total resources of each node that is alive now."""
     return [node["Resources"] for node in ray.nodes() if node["Alive"]]
 
 

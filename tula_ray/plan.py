@@ -3,8 +3,9 @@
 `build_plan` is the whole modelling pipeline after profiling (DESIGN step 4):
 fit the performance model (full or partial), predict step time, training time
 (eq. 4a), peak memory (eq. 3) and cost (eq. 4b) for every (N, B) of the space,
-apply the constraints, and let the policy choose. It needs no cluster, so a
-plan can be re-made offline from recorded profiles.
+apply the constraints, and let the policy choose on the estimates
+(`tula_ray.estimates`: measured where profiled, predicted elsewhere). It needs no
+cluster, so a plan can be re-made offline from recorded profiles.
 """
 
 from __future__ import annotations
@@ -20,14 +21,15 @@ import pandas as pd
 
 from tula_ray import memory as memory_model
 from tula_ray import perf
+from tula_ray.estimates import (add_estimates, add_uncertainty, dense_curve,
+                                predict_candidates, through_measurements)
 from tula_ray.policy import Choice, choose
-from tula_ray.pricing import Pricing, parse_pricing, pricing_from_dict, pricing_to_dict
-from tula_ray.profile_table import STATUS_OK, oom_local_batch, profile_frame, usable
+from tula_ray.pricing import Pricing, parse_pricing, pricing_to_dict
+from tula_ray.profile_table import oom_local_batch, profile_frame, usable
 from tula_ray.search_strategies import make_strategy
 from tula_ray.space import SearchSpace
 
 PLAN_FORMAT = 1
-DENSE_POINTS = 256  # batch sizes on the dense curve the knee is found on
 
 
 @dataclass
@@ -156,23 +158,6 @@ def fit_memory_from_profiles(profiles: pd.DataFrame) -> memory_model.MemoryParam
     return memory_model.fit(rows["local_batch"], rows["peak_mem_bytes"])
 
 
-def _predict(space_frame: pd.DataFrame, params: perf.PerfParams,
-             memory: memory_model.MemoryParams | None, pricing: Pricing,
-             epochs: int, dataset_size: int, whole_steps: bool = True) -> pd.DataFrame:
-    frame = space_frame.copy()
-    n, b = frame["num_workers"].to_numpy(float), frame["local_batch"].to_numpy(float)
-    frame["compute_time_s"] = perf.predict_compute_s(params, n, b)
-    frame["step_time_s"] = perf.predict_step_s(params, n, b)
-    frame["sync_time_s"] = frame["step_time_s"] - frame["compute_time_s"]
-    frame["total_time_s"] = perf.training_time_s(
-        frame["step_time_s"], epochs, dataset_size, frame["global_batch"], whole_steps)
-    frame["peak_mem_bytes"] = (np.nan if memory is None
-                               else memory_model.predict_peak_bytes(memory, b))
-    frame["cost_usd"] = pricing.cost_usd(
-        frame["total_time_s"].to_numpy(float), n, frame["peak_mem_bytes"].to_numpy(float))
-    return frame
-
-
 def _infeasible_reason(row: pd.Series, oom_local_batch: float, max_local_batch: int | None,
                        max_workers: int | None, max_global_batch: int | None) -> str:
     if row["status"] == "error":
@@ -228,7 +213,7 @@ def build_plan(
                          "local batch sizes with peak_mem_bytes, or pass memory=")
 
     grid = pd.DataFrame([c.as_dict() for c in space.candidates()])
-    table = _predict(grid, params, memory, pricing, epochs, dataset_size)
+    table = predict_candidates(grid, params, memory, pricing, epochs, dataset_size)
     measured = profiles.rename(columns={
         "step_time_s": "measured_step_time_s", "peak_mem_bytes": "measured_peak_mem_bytes",
         "compute_time_s": "measured_compute_time_s", "sync_time_s": "measured_sync_time_s"})
@@ -243,7 +228,7 @@ def build_plan(
     table["step_time_rel_error"] = (
         (table["step_time_s"] - table["measured_step_time_s"]).abs()
         / table["measured_step_time_s"])
-    predicted_u = _add_uncertainty(table, profiles, params)
+    predicted_u = add_uncertainty(table, profiles, params)
 
     oom_bound = oom_local_batch(profiles)
     reasons = [_infeasible_reason(row, oom_bound, max_local_batch, max_workers, max_global_batch)
@@ -251,10 +236,10 @@ def build_plan(
     table["infeasible_reason"] = reasons
     table["feasible"] = table["infeasible_reason"] == ""
 
-    estimates = _add_estimates(table, pricing)
-    dense = _dense_curve(space, params, memory, pricing, epochs, dataset_size,
+    estimates = add_estimates(table, pricing)
+    dense = dense_curve(space, params, memory, pricing, epochs, dataset_size,
                          oom_bound, max_local_batch, max_workers, max_global_batch)
-    dense = _through_measurements(dense, table, pricing)
+    dense = through_measurements(dense, table, pricing)
     choice = choose(estimates, objective, dense=dense, weight_time=weight_time,
                     uncertainty="rel_uncertainty", dense_uncertainty=predicted_u)
     source = estimates.loc[(estimates["num_workers"] == choice.num_workers)
@@ -263,49 +248,6 @@ def build_plan(
                                     f"{source.iloc[0]}")
     return Plan(workload, strategy, objective, epochs, dataset_size, profiles, params, memory,
                 pricing_to_dict(pricing), table, choice, dict(meta or {}))
-
-
-def _add_estimates(table: pd.DataFrame, pricing: Pricing) -> pd.DataFrame:
-    """What the policy chooses on: a profiled candidate's own measured training time (and
-    the cost from it, with its measured peak memory) in place of the model's prediction;
-    the prediction where nothing was measured. A search measures a candidate to check the
-    model there, so its choice rests on what it measured (adaptive search measures its
-    choice for this reason). Adds `estimated_total_time_s`, `estimated_cost_usd` and
-    `estimate` ("measured"/"predicted") to `table`; returns the table with the estimates
-    in the policy's columns (total_time_s, cost_usd)."""
-    measured = ((table["status"] == STATUS_OK) & table["measured_total_time_s"].notna()).to_numpy()
-    time_s = np.where(measured, table["measured_total_time_s"], table["total_time_s"])
-    peak = table["measured_peak_mem_bytes"].where(table["measured_peak_mem_bytes"] > 0)
-    peak = np.where(measured & peak.notna().to_numpy(), peak, table["peak_mem_bytes"])
-    table["estimated_total_time_s"] = time_s
-    table["estimated_cost_usd"] = pricing.cost_usd(
-        time_s.astype(float), table["num_workers"].to_numpy(float), peak.astype(float))
-    table["estimate"] = np.where(measured, "measured", "predicted")
-    return table.assign(total_time_s=table["estimated_total_time_s"],
-                        cost_usd=table["estimated_cost_usd"])
-
-
-def _add_uncertainty(table: pd.DataFrame, profiles: pd.DataFrame,
-                     params: perf.PerfParams) -> float:
-    """How sure the plan is of each row (issue 11, item 4), as a relative half-width:
-    a measured row, its own measured spread (interquartile range / median of its
-    steps); a predicted row, the fit's out-of-sample error (leave-one-out median) plus
-    the median measured spread. Adds `rel_uncertainty` and the training-time interval
-    `total_time_low_s` / `total_time_high_s`; returns the predicted rows' value."""
-    spreads = usable(profiles)["step_time_spread"] if "step_time_spread" in profiles else \
-        pd.Series(dtype=float)
-    spreads = spreads.dropna()
-    typical = float(spreads.median()) if len(spreads) else 0.0
-    out_of_sample = params.loo_median_rel_error
-    predicted = (out_of_sample if out_of_sample is not None else 0.0) + typical
-    spread = table.merge(profiles[["num_workers", "global_batch", "step_time_spread"]],
-                         on=["num_workers", "global_batch"], how="left")["step_time_spread"]
-    measured = (table["source"] == "measured").to_numpy()
-    u = np.where(measured, spread.fillna(typical).to_numpy(float), predicted)
-    table["rel_uncertainty"] = u
-    table["total_time_low_s"] = table["total_time_s"] * (1.0 - u)
-    table["total_time_high_s"] = table["total_time_s"] * (1.0 + u)
-    return predicted
 
 
 def deprecated_mode(strategy: str, mode: str | None) -> str:
@@ -317,46 +259,3 @@ def deprecated_mode(strategy: str, mode: str | None) -> str:
     return mode
 
 
-def _dense_curve(space, params, memory, pricing, epochs, dataset_size, oom_local,
-                 max_local_batch, max_workers, max_global_batch) -> pd.DataFrame:
-    """Predictions on a dense log-spaced batch grid for every N: what the knee is found on."""
-    batches = np.geomspace(space.batch_sizes[0], space.batch_sizes[-1], DENSE_POINTS)
-    grid = pd.DataFrame([(n, b) for n in space.cluster_sizes for b in batches],
-                        columns=["num_workers", "global_batch"])
-    grid["local_batch"] = grid["global_batch"] / grid["num_workers"]
-    # Unrounded steps per epoch: the knee is a property of the smooth curve (eq. 4a);
-    # snapping to a candidate afterwards uses the candidate table's rounded times.
-    dense = _predict(grid, params, memory, pricing, epochs, dataset_size, whole_steps=False)
-    feasible = (dense["local_batch"] < oom_local) & (dense["local_batch"] >= 1)
-    if max_local_batch is not None:
-        feasible &= dense["local_batch"] <= max_local_batch
-    if max_workers is not None:
-        feasible &= dense["num_workers"] <= max_workers
-    if max_global_batch is not None:
-        feasible &= dense["global_batch"] <= max_global_batch
-    dense["feasible"] = feasible
-    return dense
-
-
-def _through_measurements(dense: pd.DataFrame, table: pd.DataFrame,
-                          pricing: Pricing) -> pd.DataFrame:
-    """The dense curve bent through what was measured, as the candidates' estimates are:
-    per N, the ratio measured / predicted training time at each measured batch,
-    interpolated linearly in log2 B (held constant beyond the first and last measured
-    batch), multiplies the prediction. Where nothing was measured at an N the curve is
-    the model's. So the knee, like a minimum, rests on the measurements where there are
-    some, and on the model's shape between them."""
-    dense = dense.copy()
-    measured = table[table["estimate"] == "measured"]
-    for n, rows in measured.groupby("num_workers"):
-        rows = rows.sort_values("global_batch")
-        ratio = np.log(rows["measured_total_time_s"].to_numpy(float)
-                       / rows["total_time_s"].to_numpy(float))
-        at_n = dense["num_workers"] == n
-        x = np.log2(dense.loc[at_n, "global_batch"].to_numpy(float))
-        factor = np.exp(np.interp(x, np.log2(rows["global_batch"].to_numpy(float)), ratio))
-        dense.loc[at_n, "total_time_s"] = dense.loc[at_n, "total_time_s"] * factor
-    dense["cost_usd"] = pricing.cost_usd(dense["total_time_s"].to_numpy(float),
-                                         dense["num_workers"].to_numpy(float),
-                                         dense["peak_mem_bytes"].to_numpy(float))
-    return dense

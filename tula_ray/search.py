@@ -105,6 +105,7 @@ class _Request:
     name: str | None
     epochs: int
     measure_seconds: float
+    provision_timeout_s: float
 
 
 def search(
@@ -180,7 +181,7 @@ def search(
         min_batch, max_batch, objective, strategy, dict(strategy_options or {}),
         named_arguments(parse_pricing, "pricing")(pricing), weight_time,
         device_memory_gb, headroom, collective, warmup_steps, measure_steps, storage_path, name,
-        resolved.epochs if epochs is None else epochs, measure_seconds)
+        resolved.epochs if epochs is None else epochs, measure_seconds, provision_timeout_s)
     _validate(request)
     resources = check_worker_request(resources_per_worker, provision_timeout_s)
     started_ray = ensure_ray(address)
@@ -303,7 +304,8 @@ def _profile(request: _Request, space: SearchSpace, use_gpu: bool, device_bytes:
                  "use_gpu": use_gpu, "warmup_steps": request.warmup_steps,
                  "measure_steps": request.measure_steps,
                  "measure_seconds": request.measure_seconds, "device_memory_bytes": device_bytes,
-                 "resources_per_worker": resources}
+                 "resources_per_worker": resources,
+                 "provision_timeout_s": request.provision_timeout_s}
     # Above the memory probe's checked bound a candidate is infeasible: the plan says so,
     # and no worker group is launched to learn it again.
     grid = [c for c in space.candidates() if c.local_batch <= probe["max_local_batch"]]

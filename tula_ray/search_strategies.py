@@ -201,7 +201,7 @@ class AdaptiveSearch:
         open_keys = {_key(c) for c in open_candidates(grid, rows)}
         wanted = [(choice.num_workers, choice.global_batch), *choice.ties,
                   *_knee_neighbours(choice, grid, self.context["objective"])]
-        todo = [Candidate(n, b) for n, b in wanted if (n, b) in open_keys]
+        todo = [Candidate(n, b) for n, b in dict.fromkeys(wanted) if (n, b) in open_keys]
         named = f"N={choice.num_workers}, B={choice.global_batch}"
         if not todo:
             why = (f"the choice {named} is measured and no unmeasured candidate ties it "
