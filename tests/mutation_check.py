@@ -85,6 +85,19 @@ MUTATIONS = (
              "    x = np.log2(np.asarray(global_batch, dtype=float))",
              "    x = np.asarray(global_batch, dtype=float)",
              ("tests/test_policy.py", "tests/test_plan.py")),
+    Mutation("estimates: a measured candidate judged by its prediction", "tula_ray/estimates.py",
+             'time_s = np.where(measured, table["measured_total_time_s"], table["total_time_s"])',
+             'time_s = np.where(False, table["measured_total_time_s"], table["total_time_s"])',
+             ("tests/test_plan.py",)),
+    Mutation("knee curve: interpolation of the measured ratio in B, not log2(B)",
+             "tula_ray/estimates.py",
+             'factor = np.exp(np.interp(x, np.log2(rows["global_batch"].to_numpy(float)), ratio))',
+             'factor = np.exp(np.interp(2 ** x, rows["global_batch"].to_numpy(float), ratio))',
+             ("tests/test_plan.py",)),
+    Mutation("knee: Kneedle's first knee instead of its most pronounced", "tula_ray/policy.py",
+             "return float(2.0 ** locator.x[int(np.argmax(locator.y_difference))])",
+             "return float(2.0 ** locator.knee)",
+             ("tests/test_policy.py", "tests/test_plan.py")),
 )
 
 

@@ -126,3 +126,18 @@ def test_knee_ties_survive_an_uncertainty_above_the_curve_itself():
     choice = choose(rows, "knee", dense=dense, uncertainty="total_time_s",
                     dense_uncertainty=1.7)
     assert set(choice.ties) <= set(zip(rows["num_workers"], rows["global_batch"]))
+
+
+def test_the_knee_is_the_most_pronounced_of_kneedles_knees():
+    """A dense curve through a few measured points (linear between them in log2 B, as the
+    plan's curve bent through measurements is) has a small knee at every point where it
+    bends; the knee is the most pronounced one. By hand, normalising x = log2 B and y to
+    [0, 1], the points (32, 696), (64, 614), (128, 541), (256, 400), (512, 308),
+    (1024, 304) lie below the chord y = 1 - x by 0.01, -0.01 (above it), 0.16, 0.19 (at
+    B = 512) and 0:
+    Kneedle's difference curve peaks at B = 512; the first small knee is at B = 64."""
+    points_b = np.array([32, 64, 128, 256, 512, 1024], dtype=float)
+    points_t = np.array([696, 614, 541, 400, 308, 304], dtype=float)
+    dense_b = np.geomspace(32, 1024, 256)
+    dense_t = np.interp(np.log2(dense_b), np.log2(points_b), points_t)
+    assert find_knee(dense_b, dense_t) == pytest.approx(512, rel=0.02)

@@ -35,8 +35,10 @@ SHOWN_COLUMNS = ("epoch", "resumed_from", "train_loss", "train_accuracy", "test_
 def _add_plan_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--search-strategy", "--mode", dest="search_strategy",
                         choices=sorted(SEARCH_STRATEGIES), default="partial",
-                        help="which candidates to profile and fit from: only the extremes "
-                             "(partial) or all (full); --mode is the former name")
+                        help="which candidates to profile and fit from: the extremes "
+                             "(partial, the default), all (full), or the extremes and then "
+                             "the choice and its contenders (adaptive); --mode is the former "
+                             "name")
     parser.add_argument("--objective", choices=OBJECTIVES, default="knee")
     parser.add_argument("--pricing", default="fixed",
                         help="fixed[:USD_PER_NODE_HOUR] or memory[:USD_PER_GB_HOUR]")
