@@ -486,8 +486,8 @@ def _markdown(r: dict) -> str:
               f"`{r['command']}` — commit {r['commit']}, {r['date']}, {r['machine']}")
     return f"""### Search strategies side by side: model accuracy, selection, cost (issues 5 and 11; paper Fig. 9, 11b, §IV-C)
 
-{origin}; 1-min load average {load[0]:.1f} before, {load[1]:.1f} after the profiling (a
-shared machine: wall times depend on it).
+{origin}; 1-min load average {load[0]:.1f} {"when its first plan was saved" if measured else "before"},
+{load[1]:.1f} {"when its last was" if measured else "after"} (a shared machine: wall times depend on it).
 
 One full search per workload measures every candidate (the ground truth). The full model
 is fitted on all of them; the partial model on the same search's corner rows only (min/max
