@@ -243,16 +243,21 @@ def test_out_of_memory_candidate_is_infeasible_and_the_search_goes_on(
 
 def _kill_a_worker_of_the_second_group(storage: Path, killed: list,
                                        stop: threading.Event) -> None:
-    """Wait until the N = 2 worker group has reported its first batch (its trial's
-    result.json has a line; the N = 1 group is gone by then), and SIGKILL one of its Ray
-    Train worker processes: the group is in the middle of its sweep."""
+    """SIGKILL one Ray Train worker of the N = 2 group in the middle of its sweep: the
+    workers that appear after its trial started (the N = 1 group's may still be exiting),
+    a few seconds after they do (their setup takes seconds; the sweep's five batches take
+    at least 1 s per timed phase each, so it cannot be over by then)."""
+    before = None
     while not stop.is_set():
-        reported = [path for path in storage.glob("*/profile_N2_*/result.json")
-                    if path.read_text().strip()]
-        workers = [pid for pid in descendants(os.getpid()) if "RayTrainWorker" in command(pid)]
-        if reported and workers:
-            os.kill(workers[-1], signal.SIGKILL)
-            killed.append(workers[-1])
+        workers = {pid for pid in descendants(os.getpid()) if "RayTrainWorker" in command(pid)}
+        if before is None:
+            if any(storage.glob("*/profile_N2_*")):  # Tune made the N = 2 trial's directory
+                before = workers
+        elif len(workers - before) >= 2:
+            time.sleep(6.0)
+            victim = max(workers - before)
+            os.kill(victim, signal.SIGKILL)
+            killed.append(victim)
             return
         time.sleep(0.1)
 
