@@ -88,18 +88,16 @@ def replay(full_plan, strategy: str, objective: str = "knee", pricing=None):
     row for each proposed candidate is handed back (with that round's number), until it is
     done. Returns (its plan, the rows it measured, its rounds, why it stopped)."""
     from tula_ray.pricing import pricing_to_dict
-    from tula_ray.search_strategies import STRATEGIES as REGISTRY
-    from tula_ray.search_strategies import make_strategy
+    from tula_ray.profile_table import profile_frame
+    from tula_ray.search_strategies import make_strategy, with_plan_context
 
     pricing = pricing or FixedRate()
-    options = {}
-    if getattr(REGISTRY[strategy], "needs_plan_context", False):
-        options = dict(objective=objective, epochs=full_plan.epochs,
-                       dataset_size=full_plan.dataset_size, pricing=pricing_to_dict(pricing),
-                       collective=full_plan.perf.collective,
-                       memory=None if full_plan.memory is None else full_plan.memory.to_dict(),
-                       max_local_batch=full_plan.meta.get("max_local_batch"))
-    from tula_ray.profile_table import profile_frame
+    options = with_plan_context(
+        strategy, {}, objective=objective, epochs=full_plan.epochs,
+        dataset_size=full_plan.dataset_size, pricing=pricing_to_dict(pricing),
+        collective=full_plan.perf.collective,
+        memory=None if full_plan.memory is None else full_plan.memory.to_dict(),
+        max_local_batch=full_plan.meta.get("max_local_batch"))
 
     chooser = make_strategy(strategy, options)
     profiles = profile_frame(full_plan.profiles.to_dict("records"))  # every column
@@ -203,11 +201,10 @@ def extra_candidate_seconds(profiles: pd.DataFrame) -> list[float]:
 
 def _live_cost(plan, full_plan) -> dict:
     """What one live search cost, and its own choice measured on the full grid."""
-    indexed = measured_table(full_plan.table, FixedRate()).set_index(
-        ["num_workers", "global_batch"])
-    oracle = measured_table(full_plan.table, FixedRate())
     from tula_ray.policy import choose
 
+    oracle = measured_table(full_plan.table, FixedRate())
+    indexed = oracle.set_index(["num_workers", "global_batch"])
     best = choose(oracle, plan.objective)
     pick = _measured_pick(indexed, plan.choice, "total_time_s")
     best_s = float(indexed.loc[(best.num_workers, best.global_batch), "total_time_s"])

@@ -80,13 +80,13 @@ def simulate(strategy: str, cluster_sizes, batch_sizes, noise: float, seed: int,
     from tula_ray.plan import build_plan
     from tula_ray.pricing import FixedRate, pricing_to_dict
     from tula_ray.profile_table import profile_frame
+    from tula_ray.search_strategies import with_plan_context
 
     pricing = pricing or FixedRate()
     space, grid = _grid(cluster_sizes, batch_sizes)
-    options = {}
-    if strategy == "adaptive":
-        options = dict(objective=objective, epochs=EPOCHS, dataset_size=DATASET,
-                       pricing=pricing_to_dict(pricing), max_local_batch=MAX_LOCAL_BATCH)
+    options = with_plan_context(strategy, {}, objective=objective, epochs=EPOCHS,
+                                dataset_size=DATASET, pricing=pricing_to_dict(pricing),
+                                max_local_batch=MAX_LOCAL_BATCH)
     searcher = TulaSearcher(grid, strategy, options)
     rng = np.random.default_rng(seed)
     seconds, launches = 0.0, 0

@@ -77,11 +77,12 @@ def is_loopback(host) -> bool:
     return host.is_loopback or (mapped is not None and mapped.is_loopback)
 
 
-def kill_tree(root: int, grace_s: float = 10.0) -> None:
-    """SIGTERM `root` and everything below it, then SIGKILL what is left after `grace_s`
-    (only these processes: never `ray stop`, which stops every Ray on the machine)."""
+def kill_tree(root: int, grace_s: float = 10.0, *, term_first: bool = True) -> None:
+    """SIGTERM `root` and everything below it, then SIGKILL what is left after `grace_s`;
+    with term_first=False, SIGKILL at once (a crash, no chance to clean up). Only these
+    processes: never `ray stop`, which stops every Ray on the machine."""
     pids = [root, *descendants(root)]
-    for sig in (signal.SIGTERM, signal.SIGKILL):
+    for sig in (signal.SIGTERM, signal.SIGKILL) if term_first else (signal.SIGKILL,):
         for pid in pids:
             try:
                 os.kill(pid, sig)

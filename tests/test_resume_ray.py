@@ -7,7 +7,6 @@ first is killed with SIGKILL, and so is every process it started (Ray's)."""
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -15,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from process_tree import descendants
+from process_tree import kill_tree
 from tula_ray.plan import Plan, build_plan
 
 pytestmark = pytest.mark.ray
@@ -62,15 +61,6 @@ def saved_state(experiment: Path) -> dict | None:
         return None
 
 
-def kill_now(pid: int) -> None:
-    """SIGKILL to the driver and to every process below it (the Ray it started)."""
-    for victim in [pid, *descendants(pid)]:
-        try:
-            os.kill(victim, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-
-
 def run_driver(script: Path, storage: Path, out: Path) -> subprocess.Popen:
     # Tune saves the experiment (and the searcher) every second instead of every >= 10 s,
     # so that the kill below lands between two saves with rows in the first.
@@ -96,7 +86,7 @@ def killed_then_resumed(tmp_path_factory):
                 break
             time.sleep(0.2)
     finally:
-        kill_now(first.pid)
+        kill_tree(first.pid, term_first=False)  # the driver and its Ray
         first.wait(timeout=60)
     assert before is not None, f"no rows saved before the kill:\n{first.stderr.read()[-3000:]}"
     assert not (tmp / "never.json").exists()
@@ -107,7 +97,7 @@ def killed_then_resumed(tmp_path_factory):
         _, err = second.communicate(timeout=TIMEOUT_S)
     finally:
         if second.poll() is None:
-            kill_now(second.pid)
+            kill_tree(second.pid, term_first=False)
     assert second.returncode == 0, err[-4000:]
     return killed, Plan.from_json(tmp / "plan.json")
 

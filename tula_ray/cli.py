@@ -78,17 +78,22 @@ def add_train_options(parser: argparse.ArgumentParser) -> None:
                              "(default: tula_ray.train's)")
 
 
+def _add_job_options(parser: argparse.ArgumentParser, storage_help: str, out: Path,
+                     written: str) -> None:
+    """What `train` and `tune` share: the workload, the Ray storage, the output directory."""
+    parser.add_argument("--workload", default=None,
+                        help="a built-in workload name, when the plan records none")
+    parser.add_argument("--storage-path", type=storage_location, default=None,
+                        help=f"{storage_help} (default ~/ray_results)")
+    parser.add_argument("--out", type=Path, default=out, help=f"directory for {written}")
+
+
 def add_train_command(commands: Any) -> None:
     """The `train` subcommand on the `tula-ray` subparsers."""
     parser = commands.add_parser("train", help="train a plan's chosen N and B as a Ray Train job")
     parser.add_argument("plan", type=Path, help="a plan.json written by demo, search or replay")
     add_train_options(parser)
-    parser.add_argument("--workload", default=None,
-                        help="a built-in workload name, when the plan records none")
-    parser.add_argument("--storage-path", type=storage_location, default=None,
-                        help="where Ray Train keeps checkpoints (default ~/ray_results)")
-    parser.add_argument("--out", type=Path, default=Path("train"),
-                        help=f"directory for {METRICS_FILE}")
+    _add_job_options(parser, "where Ray Train keeps checkpoints", Path("train"), METRICS_FILE)
     parser.add_argument("--config", type=Path, default=None,
                         help=f"a {TUNED_FILE} written by `tula-ray tune` (strategy, lr, options)")
     add_address_option(parser)
@@ -104,12 +109,7 @@ def add_tune_command(commands: Any) -> None:
     parser.add_argument("--trials", type=int, default=None,
                         help="sampled configurations (default: tula_ray.tune_training's)")
     parser.add_argument("--epochs", type=int, default=None, help="epochs per trial")
-    parser.add_argument("--workload", default=None,
-                        help="a built-in workload name, when the plan records none")
-    parser.add_argument("--storage-path", type=storage_location, default=None,
-                        help="where Ray Tune keeps the trials (default ~/ray_results)")
-    parser.add_argument("--out", type=Path, default=Path("tune"),
-                        help=f"directory for {TUNED_FILE}")
+    _add_job_options(parser, "where Ray Tune keeps the trials", Path("tune"), TUNED_FILE)
     add_address_option(parser)
     parser.set_defaults(run=run_tune)
 

@@ -218,15 +218,9 @@ def _choose(
     """
     _check(objective, weight_time)
     feasible = _feasible(table)
-    if objective == "time":
-        row = feasible.loc[feasible["total_time_s"].idxmin()]
-        return _row_choice(row, objective, "lowest training time")
-    if objective == "cost":
-        row = feasible.loc[feasible["cost_usd"].idxmin()]
-        return _row_choice(row, objective, "lowest training cost")
-    if objective == "weighted":
-        score = (weight_time * feasible["total_time_s"] / feasible["total_time_s"].min()
-                 + (1 - weight_time) * feasible["cost_usd"] / feasible["cost_usd"].min())
-        row = feasible.loc[score.idxmin()]
-        return _row_choice(row, objective, f"best weighted score (time weight {weight_time:g})")
-    return _knee(feasible, dense, knee_metric)
+    if objective == "knee":
+        return _knee(feasible, dense, knee_metric)
+    row = feasible.loc[_score(feasible, objective, weight_time).idxmin()]
+    reason = {"time": "lowest training time", "cost": "lowest training cost",
+              "weighted": f"best weighted score (time weight {weight_time:g})"}[objective]
+    return _row_choice(row, objective, reason)

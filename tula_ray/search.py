@@ -26,7 +26,7 @@ from tula_ray.plan import Plan, build_plan, deprecated_mode
 from tula_ray.policy import OBJECTIVES
 from tula_ray.pricing import Pricing, parse_pricing, pricing_to_dict
 from tula_ray.profile_table import profile_frame
-from tula_ray.search_strategies import STRATEGIES, make_strategy
+from tula_ray.search_strategies import STRATEGIES, make_strategy, with_plan_context
 from tula_ray.space import MIN_BATCH_DEFAULT, SearchSpace, check_positive_ints
 from tula_ray.workloads import Workload, resolve_workload
 from tula_ray.arguments import (check_bool, check_choice, check_int, check_mapping, check_number,
@@ -192,14 +192,14 @@ def search(
         check_storage_path(request.storage_path)
         use_gpu = workers.use_gpu
         name = experiment_name(request.name, request.workload.name)
-        saved = saved_search(experiment_path(request.storage_path, name)) if resume else None
+        saved_at = experiment_path(request.storage_path, name)
+        saved = saved_search(saved_at) if resume else None
         started = time.perf_counter()
         if saved is None:
             space, probe, device_bytes = _bounded_space(request, use_gpu)
             probe_s = time.perf_counter() - started
         else:
-            check_same_search(saved.context.get("request", {}), _identity(request),
-                              experiment_path(request.storage_path, name))
+            check_same_search(saved.context.get("request", {}), _identity(request), saved_at)
             space, probe, device_bytes = restore_context(saved.context)
             probe_s = 0.0
         context = context_of(space, probe, device_bytes, use_gpu, probe_s, _identity(request))
@@ -275,14 +275,12 @@ def _bounded_space(request: _Request, use_gpu: bool) -> tuple[SearchSpace, dict,
 def _strategy_options(request: _Request, probe: dict) -> dict[str, Any]:
     """The user's strategy options, plus the plan's context for a strategy that plans as
     it goes (adaptive): all JSON, so the searcher's state stays JSON."""
-    options = dict(request.strategy_options)
-    if getattr(STRATEGIES[request.strategy], "needs_plan_context", False):
-        options.update(objective=request.objective, epochs=request.epochs,
-                       dataset_size=request.workload.dataset_size,
-                       pricing=pricing_to_dict(request.pricing), weight_time=request.weight_time,
-                       collective=request.collective, memory=probe["params"].to_dict(),
-                       max_local_batch=probe["max_local_batch"])
-    return options
+    return with_plan_context(
+        request.strategy, request.strategy_options, objective=request.objective,
+        epochs=request.epochs, dataset_size=request.workload.dataset_size,
+        pricing=pricing_to_dict(request.pricing), weight_time=request.weight_time,
+        collective=request.collective, memory=probe["params"].to_dict(),
+        max_local_batch=probe["max_local_batch"])
 
 
 def _identity(request: _Request) -> dict[str, Any]:

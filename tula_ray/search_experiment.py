@@ -85,7 +85,8 @@ def run_experiment(searcher: TulaSearcher, constants: dict[str, Any], storage_pa
     """Run (or, with `resume` and a saved experiment, continue) the profiling trials.
     Returns the searcher's final state and the experiment's path."""
     path = experiment_path(storage_path, name)
-    if resume and tune.Tuner.can_restore(path):
+    restored = resume and tune.Tuner.can_restore(path)
+    if restored:
         logger.info("resuming the search saved at %s", path)
         # An interrupted trial is not rerun as it was: the searcher queues the batches it
         # had not finished (TulaSearcher.set_state), so no finished (N, B) runs twice.
@@ -107,10 +108,11 @@ def run_experiment(searcher: TulaSearcher, constants: dict[str, Any], storage_pa
             run_config=tune.RunConfig(storage_path=storage_path, name=name, verbose=1),
         )
     results = tuner.fit()
-    # Tune saves the searcher with the experiment at its end: read that final state (a
-    # restored Tuner drives its own copy of the searcher, not `searcher`).
-    final = saved_search(results.experiment_path) if resume else searcher
-    return final or searcher, results.experiment_path
+    if not restored:
+        return searcher, results.experiment_path
+    # A restored Tuner drives its own copy of the searcher, not `searcher`; Tune saves
+    # that copy with the experiment at its end: read its final state there.
+    return saved_search(results.experiment_path) or searcher, results.experiment_path
 
 
 def trial_name(trial: Any) -> str:

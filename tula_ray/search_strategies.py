@@ -238,6 +238,17 @@ STRATEGIES: dict[str, Callable[..., SearchStrategy]] = {
 }
 
 
+def with_plan_context(name: str, options: dict[str, Any] | None,
+                      **context: Any) -> dict[str, Any]:
+    """`options` for the strategy `name`, plus the plan's context (objective, epochs,
+    dataset_size, pricing, ... as JSON) when that strategy plans as it goes
+    (`needs_plan_context`, e.g. adaptive); the other strategies take no context."""
+    merged = dict(options or {})
+    if getattr(STRATEGIES[name], "needs_plan_context", False):
+        merged.update(context)
+    return merged
+
+
 def register_strategy(name: str, factory: Callable[..., SearchStrategy]) -> None:
     """Add a search strategy: `factory(**options)` returns an object with `name`,
     `propose(grid, rows)` and `fit_rows(rows)` (see `SearchStrategy`)."""
