@@ -3,13 +3,13 @@
 smallest first, one report (one Tune result) per (N, B).
 
 Phases for each batch, at local batch b = B / N on the workload's real data:
-  1. memory (CPU only): one short MemTracker pass on a separate model copy;
-     a peak over `device_memory_bytes` ends the batch as "oom";
-  2. warm-up, not timed (allocator, thread pools): the first step without a collective,
-     after which the workers agree that it fitted in memory (`agree_first_step_fits`),
-     then `warmup_steps` - 1 synced steps;
-  3. compute: steps under DDP's `no_sync()`: no all-reduce;
-  4. synced: ordinary DDP steps.
+  1. warm-up, not timed (allocator, thread pools): the first step without a collective,
+     after which the workers agree that it fitted in memory (`agree_first_step_fits`);
+     on CPU the second step is memory's (MemTracker around one step of the worker's own
+     model, whose optimizer state the first step made; a peak over `device_memory_bytes`
+     ends the batch as "oom"); then synced steps up to `warmup_steps`;
+  2. compute: steps under DDP's `no_sync()`: no all-reduce;
+  3. synced: ordinary DDP steps.
 Compute and synced steps are separate phases, not interleaved: with BatchNorm,
 DDP broadcasts buffers in the forward after a synced step (NOTES-ENV).
 Only the train step is timed; fetching the next batch is outside the timer.
@@ -39,14 +39,14 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader
 
-from tula_ray.measure import StepTimer, is_out_of_memory, peak_memory_bytes, train_step
+from tula_ray.measure import StepTimer, is_out_of_memory, memtracker_peak_bytes, train_step
 from tula_ray.profile_table import MAX_ERROR_CHARS, STATUS_OK, STATUS_OOM, empty_row
 from tula_ray.workloads import resolve_workload
 
 logger = logging.getLogger(__name__)
 
 WARMUP_STEPS_DEFAULT = 3
-MEASURE_STEPS_DEFAULT = 8  # at least this many timed steps per phase
+MEASURE_STEPS_DEFAULT = 5  # at least this many timed steps per phase
 # ... and more while a phase takes less than this: cheap for short steps, where the
 # median of a few steps is noisiest relative to the step (fixed costs, scheduler jitter).
 MEASURE_SECONDS_DEFAULT = 1.0
@@ -183,6 +183,22 @@ class _Sweep:
         self.optimizer = self.workload.optimizer_fn(self.model.parameters())
         self.loss_fn = self.workload.loss_fn()
 
+    def _cpu_peak(self, batches: Iterator) -> tuple[float, float]:
+        """One untimed step of this worker's own model under MemTracker: its peak bytes,
+        the largest over the workers, and the step's seconds. The wrapped module trains
+        alone (no DDP hooks, no collective), on a real batch. The batch is fetched before
+        the tracker and registered with it: a fetch inside would count the whole dataset's
+        storage, which the batch's samples view."""
+        module = getattr(self.model, "module", self.model)
+        started = time.perf_counter()
+        inputs, targets = next(batches)
+        peak = memtracker_peak_bytes(
+            [lambda: train_step(module, self.optimizer, self.loss_fn, inputs, targets)],
+            module, self.optimizer, inputs, targets)
+        seconds = time.perf_counter() - started
+        (peak,) = _max_over_workers([float(peak)], self.device)
+        return peak, seconds
+
     def profile(self, global_batch: int) -> dict[str, Any]:
         world_size, device, config = self.world_size, self.device, self.config
         if global_batch % world_size:
@@ -194,16 +210,7 @@ class _Sweep:
                                   "device": device.type,
                                   "cpus_per_worker": config.get("cpus_per_worker", math.nan)}
 
-        # 1. Memory. CUDA: the allocator's counter over the real run (below).
         limit = config.get("device_memory_bytes")
-        if device.type != "cuda" and config.get("measure_memory", True):
-            (peak,) = _max_over_workers([float(peak_memory_bytes(
-                self.workload, local_batch, device=device))], device)
-            result.update(peak_mem_bytes=peak, memory_source="memtracker")
-            if limit is not None and peak > float(limit):
-                return {**result, "status": STATUS_OOM,
-                        "error": f"peak {peak:.4g} bytes > device_memory_bytes {float(limit):.4g}"}
-
         if len(self.dataset) < global_batch:  # type: ignore[arg-type]
             raise ValueError(f"global_batch={global_batch} is larger than the dataset of "
                              f"{self.workload.name} ({len(self.dataset)} samples)")  # type: ignore[arg-type]
@@ -214,19 +221,29 @@ class _Sweep:
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(device)
 
-        # 2-4. Warm-up, compute-only, synced. One worker: no DDP wrapper, no
-        # collective, so the synced phase would repeat the compute phase: sync = 0.
+        # 1. Warm-up. One worker: no DDP wrapper, no collective, so the synced phase
+        # would repeat the compute phase: sync = 0.
         distributed = isinstance(model, torch.nn.parallel.DistributedDataParallel)
         # The first step, where memory peaks, runs without a collective and the workers
         # agree on whether it fitted: a worker out of memory inside DDP's all-reduce would
         # leave its peers waiting in it until the process-group timeout (issue 14, item 6).
-        first = agree_first_step_fits(
+        warm = agree_first_step_fits(
             lambda: _timed_steps(1, batches, model, optimizer, loss_fn, device), device,
             model.no_sync() if distributed else contextlib.nullcontext())
-        warm = first + _timed_steps(max(self.warmup - 1, 0), batches, model, optimizer,
-                                    loss_fn, device)
-        (warm_s,) = _max_over_workers([warm[-1] if warm else math.nan], device)
+        if device.type != "cuda" and config.get("measure_memory", True):
+            peak, seconds = self._cpu_peak(batches)
+            warm.append(seconds)
+            result.update(peak_mem_bytes=peak, memory_source="memtracker")
+            if limit is not None and peak > float(limit):
+                return {**result, "status": STATUS_OOM,
+                        "error": f"peak {peak:.4g} bytes > device_memory_bytes {float(limit):.4g}"}
+        synced_warm = _timed_steps(max(self.warmup - len(warm), 0), batches, model, optimizer,
+                                   loss_fn, device)
+        warm += synced_warm
+        # The step count comes from an untracked step (MemTracker slows the one it watches).
+        (warm_s,) = _max_over_workers([(synced_warm or warm[:1] or [math.nan])[-1]], device)
         steps = measured_step_count(warm_s, self.measure, self.budget_s)
+        # 2-3. Compute-only, then synced.
         with model.no_sync() if distributed else contextlib.nullcontext():
             compute = _timed_steps(steps, batches, model, optimizer, loss_fn, device)
         step = _timed_steps(steps, batches, model, optimizer, loss_fn, device) if distributed \

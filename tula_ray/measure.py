@@ -121,18 +121,27 @@ def _cuda_peak(model, optimizer, loss_fn, sample_shape, num_classes, local_batch
 
 def _cpu_peak(model, optimizer, loss_fn, sample_shape, num_classes, local_batch, steps,
               device) -> int:
+    def step(seed: int) -> Callable[[], object]:
+        # The batch is made inside the tracker: a worker holds its inputs too.
+        return lambda: train_step(model, optimizer, loss_fn, *synthetic_batch(
+            sample_shape, num_classes, local_batch, device, seed))
+    return memtracker_peak_bytes([step(seed) for seed in range(steps)], model, optimizer)
+
+
+def memtracker_peak_bytes(steps: list[Callable[[], object]], *external: nn.Module |
+                          torch.optim.Optimizer | torch.Tensor) -> int:
+    """Peak tensor bytes (CPU: torch's MemTracker) over `steps`, each one training step;
+    `external`: the model, optimizer and tensors (a batch) they use, built before."""
     # Imported here: torch.distributed._tools is private API, needed on CPU only.
     from torch.distributed._tools.mem_tracker import MemTracker
 
     tracker = MemTracker()
-    tracker.track_external(model, optimizer)  # built outside the tracker: register them
+    tracker.track_external(*external)  # built outside the tracker: register them
     with tracker:
-        for step in range(steps):
-            inputs, targets = synthetic_batch(sample_shape, num_classes, local_batch, device, step)
-            train_step(model, optimizer, loss_fn, inputs, targets)
-            if step == 0:
-                # Per-module snapshots pile up every step; the global peak is kept.
-                tracker.reset_mod_stats()
+        for step in steps:
+            step()
+            # Per-module snapshots refuse a second forward; the global peak is kept.
+            tracker.reset_mod_stats()
     peak = tracker.get_tracker_snapshot("peak")
     return int(sum(snapshot["Total"] for snapshot in peak.values()))
 
