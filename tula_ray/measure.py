@@ -4,8 +4,9 @@ Peak memory: on CUDA the caching allocator's own counter
 (`torch.cuda.max_memory_allocated`); on CPU, where the allocator keeps no such
 counter, torch's MemTracker (a TorchDispatchMode that follows every tensor
 storage). MemTracker counts tensors only (not allocator slack or, under DDP,
-the gradient buckets), and slows the steps it watches, so memory is measured in
-its own short pass, never during timed steps.
+the gradient buckets), and slows the steps it watches, so it watches untimed
+steps only: the memory probe's short passes, and one warm-up step of each
+profiled batch.
 """
 
 from __future__ import annotations
