@@ -10,6 +10,10 @@ default's shape), so PoLo really goes local and the DDP-local gradient exists. E
 run is set up by `tula_ray.training.prepare_run` and each epoch is
 `tula_ray.training.train_epoch`, the code `tula_ray.train()` runs on Ray.
 
+Then each strategy tuned with the same budget (`benchmarks.tuning`: at B = 1024, carried
+to 512 and 2048 by the strategy's own scaling rule) and trained with its tuned
+configuration in the same way, label "<strategy> tuned" (not in --quick).
+
 Runs are appended to a JSON-lines file as they finish, so an interrupted
 benchmark keeps what it measured: `run` skips finished runs, and `report()` rebuilds
 the tables from the runs so far (each row says over how many seeds). A label's
@@ -29,6 +33,7 @@ from typing import Any
 import numpy as np
 from torch import nn
 
+from benchmarks import tuning
 from benchmarks.common import RESULTS_DIR, provenance, spawn_gloo, write_result
 from tula_ray.ags import DELTA_DEFAULT
 
@@ -61,7 +66,8 @@ def _run_one(run: dict[str, Any], rank: int) -> dict[str, Any]:
     prepared = prepare_run(
         get_workload("fashion-mnist-cnn", train_subset=run["train_subset"], subset_seed=0),
         global_batch=run["global_batch"], strategy=run["strategy"], epochs=run["epochs"],
-        seed=run["seed"], options=run["options"], num_replicas=WORLD_SIZE, rank=rank,
+        seed=run["seed"], options=run["options"], lr=run.get("lr"),
+        num_replicas=WORLD_SIZE, rank=rank,
         wrap_model=nn.parallel.DistributedDataParallel)
     model, setup, loss_fn, device = (prepared.model, prepared.setup, prepared.loss_fn,
                                      prepared.device)
@@ -88,7 +94,9 @@ def _worker(rank: int, runs: list[dict], out: str) -> None:
                 stream.write(json.dumps(result, default=float) + "\n")
 
 
-def _plan_runs(train_subset: int, epochs: int, seeds, batches) -> list[dict[str, Any]]:
+def _plan_runs(train_subset: int, epochs: int, seeds, batches,
+               tuned: dict[str, dict] | None = None) -> list[dict[str, Any]]:
+    """The recipe runs, then the tuned configurations' (`tuned`: recorded tunings)."""
     runs = []
     for seed in seeds:
         common = {"train_subset": train_subset, "epochs": epochs, "seed": seed}
@@ -98,7 +106,16 @@ def _plan_runs(train_subset: int, epochs: int, seeds, batches) -> list[dict[str,
             for label, (strategy, options) in STRATEGY_RUNS.items():
                 runs.append({**common, "label": label, "strategy": strategy, "options": options,
                              "global_batch": batch, "version": RECIPE_VERSIONS.get(label, 1)})
+    for seed in seeds:
+        common = {"train_subset": train_subset, "epochs": epochs, "seed": seed}
+        runs += [{**run, "version": _config_version(run)}
+                 for run in tuning.tuned_runs(tuned or {}, common, batches)]
     return runs
+
+
+def _config_version(run: dict) -> str:
+    """A tuned run's version is its configuration: a re-tuning is not reused."""
+    return "tuned " + json.dumps({"lr": run["lr"], "options": run["options"]}, sort_keys=True)
 
 
 def _key(run: dict) -> tuple:
@@ -107,23 +124,37 @@ def _key(run: dict) -> tuple:
 
 
 def _setup(quick: bool, batches: tuple[int, ...]) -> tuple[str, dict, list[dict], Path]:
-    """(name, settings, planned runs, the runs' log) of one benchmark variant."""
+    """(name, settings, planned runs, the runs' log) of one benchmark variant; the tuned
+    runs planned are those of the tunings recorded so far (none in --quick)."""
     name = "generalization" + ("_quick" if quick else "")
     settings = QUICK if quick else {"train_subset": TRAIN_SUBSET, "epochs": EPOCHS,
                                     "seeds": SEEDS, "batches": batches}
-    return name, settings, _plan_runs(**settings), RESULTS_DIR / f"{name}.runs.jsonl"
+    tuned = {} if quick else tuning.read_tuned()
+    return (name, settings, _plan_runs(**settings, tuned=tuned),
+            RESULTS_DIR / f"{name}.runs.jsonl")
 
 
 def run(quick: bool = False, batches: tuple[int, ...] = LARGE_BATCHES) -> dict:
-    _, _, runs, log = _setup(quick, batches)
+    """The recipe runs, then (not in --quick) the tunings, then the tuned runs; each step
+    skips what its log already records."""
     RESULTS_DIR.mkdir(parents=True, exist_ok=True)
+    _, _, _, log = _setup(quick, batches)
     if quick and log.exists():
         log.unlink()
+    _run_missing(quick, batches, recipe_only=True)
+    if not quick:
+        tuning.tune_missing(STRATEGY_RUNS, world_size=WORLD_SIZE, train_subset=TRAIN_SUBSET,
+                            epochs=EPOCHS)
+        _run_missing(quick, batches, recipe_only=False)
+    return report(quick, batches)
+
+
+def _run_missing(quick: bool, batches: tuple[int, ...], recipe_only: bool) -> None:
+    _, _, runs, log = _setup(quick, batches)
     done = {_key(r) for r in _read(log)}
-    todo = [r for r in runs if _key(r) not in done]
+    todo = [r for r in runs if _key(r) not in done and not (recipe_only and "lr" in r)]
     if todo:
         spawn_gloo(_worker, WORLD_SIZE, todo, str(log))
-    return report(quick, batches)
 
 
 def report(quick: bool = False, batches: tuple[int, ...] = LARGE_BATCHES) -> dict:
@@ -141,7 +172,9 @@ def report(quick: bool = False, batches: tuple[int, ...] = LARGE_BATCHES) -> dic
                                  for k, v in settings.items()},
               "world_size": WORLD_SIZE, "reference_batch": REFERENCE_BATCH,
               "summary": _summary(finished), "runs": finished,
-              "variability_plot": f"{name}_variability.png", "delta": DELTA_DEFAULT}
+              "variability_plot": f"{name}_variability.png", "delta": DELTA_DEFAULT,
+              "tuned": [] if quick else list(tuning.read_tuned().values()),
+              "tuning": {"global_batch": tuning.TUNE_BATCH, "trials": tuning.TRIALS}}
     _plot_variability(finished, RESULTS_DIR / result["variability_plot"])
     markdown = _markdown(result)
     write_result(name, result, markdown)
@@ -229,7 +262,8 @@ Fashion-MNIST, {r['train_subset']}-image train subset, full test set, small CNN,
 epoch, mean ± std over seeds (diverged seeds included); "diverged": seeds that ended at
 chance accuracy or with a non-finite loss. "scaled" is AGS's fraction of scaled steps.
 Strategies with the paper's recipe (their defaults): ags is Algorithm 1 literally, ags-ns
-is AGS-NS (README). Tuned configurations: not run yet (issue 12 item 6, see the report).
+is AGS-NS (README). "<strategy> tuned": its tuned configuration (below), {len(r['tuned'])}
+of {len(STRATEGY_RUNS)} strategies tuned so far.
 Runs of a label's current recipe version are reused across sessions and commits (the
 baselines' code is unchanged since they were recorded); wall times depend on the machine's
 load when each run was recorded.
@@ -240,8 +274,29 @@ load when each run was recorded.
 
 {chr(10).join('- ' + n for n in notes)}
 
+{_tuned_markdown(r)}
+
 Fig. 7 analog: where AGS's steps fall against delta = {r['delta']} (eq. 5 per step, all
 seeds and epochs; the share left of delta is the share of scaled steps).
 
 ![variability of AGS steps](benchmarks/results/{r['variability_plot']})
+"""
+
+
+def _tuned_markdown(r: dict) -> str:
+    if not r["tuned"]:
+        return "No strategy tuned yet."
+    rows = "\n".join(
+        f"| {t['label']} | {t['trials']} ({t['trials_run']} run) | {t['lr']:.4g} | "
+        f"{json.dumps(t['strategy_options'], sort_keys=True) if t['strategy_options'] else ''} | "
+        f"{t['val_accuracy']:.2%} | {t['wall_s'] / 60:.0f} |" for t in r["tuned"])
+    return f"""Tuned configurations (`benchmarks.tuning`): each strategy tuned once at N =
+{r['world_size']}, B = {r['tuning']['global_batch']} with `tula_ray.tune_training` (Optuna TPE +
+ASHA on Ray Tune, {r['epochs']} epochs, judged on 20 % of the training subset held out; the
+test set untouched), the same trial budget each, and carried to the other B unchanged: lr
+is the base learning rate that each strategy scales by its own rule.
+
+| strategy | trials | lr (base) | options | validation accuracy | tuning wall (min) |
+|---|---|---|---|---|---|
+{rows}
 """

@@ -1,0 +1,59 @@
+"""The tuned half of the Table I benchmark (`benchmarks.tuning`): what it records, what it
+resumes, and the runs it plans. The tuner is the test's own (`tula_ray.tune_training` on
+Ray is tested in test_tune_training_ray.py); no Ray here."""
+
+from types import SimpleNamespace
+
+import pandas as pd
+
+from benchmarks import generalization, tuning
+
+STRATEGIES = {"lrs": ("lrs", {}), "lars": ("lars", {"trust": 0.02})}
+
+
+def _tuner(calls):
+    def tune(plan, strategy, *, trials, epochs, seed, storage_path):
+        calls.append((strategy, plan.choice.num_workers, plan.choice.global_batch, trials))
+        sampled = {"trust": 0.005} if strategy == "lars" else {}
+        return SimpleNamespace(config={"strategy": strategy, "lr": 0.01 * len(calls),
+                                       "strategy_options": sampled},
+                               val_accuracy=0.8, trials=pd.DataFrame({"x": range(trials)}))
+    return tune
+
+
+def test_each_strategy_is_tuned_once_at_the_tuning_batch_and_recorded(tmp_path):
+    path, calls = tmp_path / "tuned.jsonl", []
+    common = dict(world_size=2, train_subset=4096, epochs=3, trials=4, path=path)
+    tuned = tuning.tune_missing(STRATEGIES, tune=_tuner(calls), **common)
+    assert calls == [("lrs", 2, tuning.TUNE_BATCH, 4), ("lars", 2, tuning.TUNE_BATCH, 4)]
+    assert tuned["lars"]["strategy_options"] == {"trust": 0.005}  # the tuned value wins
+    assert tuned["lrs"]["lr"] == 0.01 and tuned["lrs"]["trials_run"] == 4
+    # A second run (a new session) tunes nothing again; a new budget tunes again.
+    assert tuning.tune_missing(STRATEGIES, tune=_tuner(calls), **common) == tuned
+    assert len(calls) == 2
+    tuning.tune_missing({"lrs": STRATEGIES["lrs"]}, tune=_tuner(calls), **{**common, "trials": 5})
+    assert calls[-1] == ("lrs", 2, tuning.TUNE_BATCH, 5)
+    assert tuning.read_tuned(path)["lrs"]["trials"] == 5
+
+
+def test_the_tuning_plan_names_the_benchmarks_workload_and_batch():
+    plan = tuning.tuning_plan(2, 1024, train_subset=10_000, epochs=20)
+    assert (plan.choice.num_workers, plan.choice.global_batch) == (2, 1024)
+    assert plan.workload == "fashion-mnist-cnn" and plan.epochs == 20
+    assert plan.meta["workload_options"] == {"train_subset": 10_000, "subset_seed": 0}
+
+
+def test_tuned_configurations_are_run_at_every_batch_and_a_retuning_is_not_reused():
+    record = {"label": "lrs", "strategy": "lrs", "lr": 0.02, "strategy_options": {},
+              "global_batch": 1024}
+    runs = generalization._plan_runs(1000, 2, (0, 1), (512, 2048), tuned={"lrs": record})
+    tuned = [r for r in runs if r["label"] == "lrs tuned"]
+    assert [(r["seed"], r["global_batch"]) for r in tuned] == [(0, 512), (0, 2048),
+                                                                (1, 512), (1, 2048)]
+    assert all(r["lr"] == 0.02 and r["tuned_at"] == 1024 for r in tuned)
+    recipe = [r for r in runs if r["label"] == "lrs"]
+    assert recipe and all("lr" not in r for r in recipe)  # the recipe's own LR
+    again = generalization._plan_runs(1000, 2, (0,), (512,),
+                                      tuned={"lrs": {**record, "lr": 0.03}})
+    old_keys = {generalization._key(r) for r in tuned}
+    assert not old_keys & {generalization._key(r) for r in again if r["label"] == "lrs tuned"}
