@@ -140,7 +140,7 @@ class TulaSearcher(Searcher):
         for b in batches:  # a batch the sweep never reached, below any OOM bound: an error
             if _key(n, b) not in self._rows and b // n < bound:
                 why = "the trial failed" if error else "the worker group ended before it"
-                self._rows[_key(n, b)] = profile_row(n, b, None, f"not profiled: {why}")
+                self._rows[_key(n, b)] = profile_row(n, b, error=f"not profiled: {why}")
         self._sweeps.append({"round": round_, "num_workers": n, "global_batches": batches,
                              "wall_s": time.time() - started_at, "error": bool(error)})
 

@@ -15,7 +15,7 @@ from ray import cloudpickle, tune  # noqa: E402
 from trainables.profiling_trial import profile_cluster_size  # noqa: E402
 from tula_ray.cluster import DRIVER_RESOURCE, trial_resources, worker_resources  # noqa: E402
 from tula_ray import measure  # noqa: E402
-from tula_ray.profile_table import PROFILE_COLUMNS, empty_row, profile_frame  # noqa: E402
+from tula_ray.profile_table import PROFILE_COLUMNS, profile_frame, profile_row  # noqa: E402
 from tula_ray.workloads import get_workload  # noqa: E402
 
 pytestmark = pytest.mark.ray
@@ -123,7 +123,7 @@ def test_infeasible_candidate_is_an_error_row(rows, case, message):
 
 
 def test_rows_and_resources_without_ray():
-    row = empty_row(2, 64, "error", "x" * 5000)
+    row = profile_row(2, 64, error="x" * 5000)
     assert set(PROFILE_COLUMNS) <= set(row) and row["local_batch"] == 32
     assert len(row["error"]) == 2000  # a traceback's tail, not all of it
     assert worker_resources(4, use_gpu=False, cpus_per_worker=0.5) == {"CPU": 0.5}

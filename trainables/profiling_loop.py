@@ -40,7 +40,7 @@ import torch.distributed as dist
 from torch.utils.data import DataLoader
 
 from tula_ray.measure import StepTimer, is_out_of_memory, memtracker_peak_bytes, train_step
-from tula_ray.profile_table import MAX_ERROR_CHARS, STATUS_OK, STATUS_OOM, empty_row
+from tula_ray.profile_table import MAX_ERROR_CHARS, STATUS_OK, STATUS_OOM, profile_row
 from tula_ray.workloads import resolve_workload
 
 logger = logging.getLogger(__name__)
@@ -116,7 +116,7 @@ def profile_loop_per_worker(config: dict[str, Any]) -> None:
     sweep = _Sweep(config, world_size)
     for global_batch in batches:
         started = time.perf_counter()
-        row = empty_row(world_size, global_batch)
+        row = profile_row(world_size, global_batch, status=STATUS_OK)
         try:
             row.update(sweep.profile(global_batch))
         except RuntimeError as exc:  # torch's OOM, NCCL's (DistBackendError), or a peer's

@@ -31,7 +31,7 @@ from trainables.profiling_loop import profile_loop_per_worker
 from tula_ray.cluster import (alive_node_resources, trial_resources, use_gpu_default,
                               worker_resources, workers_that_fit)
 from tula_ray.measure import is_out_of_memory
-from tula_ray.profile_table import STATUS_ERROR, STATUS_OOM, empty_row
+from tula_ray.profile_table import STATUS_ERROR, STATUS_OOM, profile_row
 from tula_ray.workloads import resolve_workload
 
 logger = logging.getLogger(__name__)
@@ -108,7 +108,7 @@ def profile_cluster_size(config: dict[str, Any]) -> None:
     for global_batch in batches_of(config):
         problem = _infeasible(num_workers, global_batch, config)
         if problem:  # no need to start N workers to learn this
-            tune.report(empty_row(num_workers, global_batch, STATUS_ERROR, problem))
+            tune.report(profile_row(num_workers, global_batch, error=problem))
         else:
             runnable.append(global_batch)
     if not runnable:
@@ -117,7 +117,7 @@ def profile_cluster_size(config: dict[str, Any]) -> None:
     if missing:  # a node lost since the search started: record it, go on with other N
         logger.warning("cluster size N=%d not profiled: %s", num_workers, missing)
         for global_batch in runnable:
-            tune.report(empty_row(num_workers, global_batch, STATUS_ERROR, missing))
+            tune.report(profile_row(num_workers, global_batch, error=missing))
         return
     # The Train run is stored inside its Tune trial unless the config names a place.
     config = {**config, "global_batches": runnable, "trial_started_at": started_at,
@@ -130,7 +130,7 @@ def profile_cluster_size(config: dict[str, Any]) -> None:
         logger.warning("cluster size N=%d failed at batches %s: %s", num_workers, runnable,
                        message)
         for global_batch in runnable:
-            tune.report(empty_row(num_workers, global_batch, status, message))
+            tune.report(profile_row(num_workers, global_batch, status=status, error=message))
 
 
 def _cannot_place(num_workers: int, config: dict[str, Any]) -> str:

@@ -41,19 +41,6 @@ NUMERIC_COLUMNS = PROFILE_COLUMNS[:-2]
 MAX_ERROR_CHARS = 2000  # keep a traceback-sized message out of every results table
 
 
-def empty_row(num_workers: int, global_batch: int, status: str = STATUS_OK,
-              error: str = "") -> dict[str, Any]:
-    """A profile row with every PROFILE_COLUMNS field: NaN where nothing was measured.
-
-    Every field is always present: Tune rejects results that lack the search metric.
-    """
-    row: dict[str, Any] = {column: math.nan for column in PROFILE_COLUMNS}
-    row.update(num_workers=num_workers, global_batch=global_batch,
-               local_batch=global_batch // num_workers if num_workers else 0,
-               status=status, error=error[-MAX_ERROR_CHARS:])
-    return row
-
-
 def profile_frame(rows: Iterable[Mapping] = ()) -> pd.DataFrame:
     """Rows (dicts) as a profile table with every column, in order; missing fields are NaN/''."""
     frame = pd.DataFrame(list(rows), columns=list(PROFILE_COLUMNS))
@@ -67,20 +54,29 @@ def profile_frame(rows: Iterable[Mapping] = ()) -> pd.DataFrame:
     return frame
 
 
-def profile_row(num_workers: int, global_batch: int, metrics: Mapping | None,
-                error: str | None = None) -> dict:
-    """One row from what a profiling trial reported (the Ray side's single row builder).
+def profile_row(num_workers: int, global_batch: int, metrics: Mapping | None = None, *,
+                status: str | None = None, error: str | None = None) -> dict[str, Any]:
+    """The one builder of a profile row: every PROFILE_COLUMNS field, NaN where nothing
+    was measured (Tune rejects results that lack the search metric).
 
-    The candidate's (N, B) come from its config, not from the metrics; a trial that
-    raised (`error`) or reported no status is an error row: reported, never fatal.
+    (N, B) come from the arguments, never from `metrics` (what a trial reported).
+    status: given, it wins; otherwise a row with an `error`, or whose metrics report no
+    status, is an error row: reported, never fatal.
     """
-    row: dict = {"num_workers": int(num_workers), "global_batch": int(global_batch),
-                 "local_batch": int(global_batch) // int(num_workers)}
-    if error is not None or not metrics or "status" not in metrics:
-        row.update(status=STATUS_ERROR, error=error or "no result reported")
-    else:
+    row: dict[str, Any] = {column: math.nan for column in PROFILE_COLUMNS}
+    row.update(num_workers=int(num_workers), global_batch=int(global_batch),
+               local_batch=int(global_batch) // int(num_workers) if num_workers else 0,
+               status=STATUS_OK, error="")
+    if error is None and metrics and "status" in metrics:
         row.update({k: metrics[k] for k in PROFILE_COLUMNS if k in metrics
                     and k not in ID_COLUMNS})
+    elif status is None:
+        row.update(status=STATUS_ERROR, error=error or "no result reported")
+    if status is not None:
+        row["status"] = status
+    if error is not None:
+        row["error"] = error
+    row["error"] = str(row["error"])[-MAX_ERROR_CHARS:]
     return row
 
 
