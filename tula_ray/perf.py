@@ -12,7 +12,8 @@ reducing to the paper's form when the data do:
   interpolated in log2(N) for cluster sizes never profiled;
 - compute is linear in b with a fixed per-step cost (eq. 2b) unless the data
   are convex (larger batches spill out of cache: on 2 CPU cores a step costs
-  b^1.12), then a power law a * b^p;
+  b^1.12), then a power law a * b^p: the forms of `tula_ray.compute_forms`, where
+  a user registers another;
 - exposed sync time may grow with b (stragglers; on CPU the collective competes
   with compute for the cores): units(N) * (beta0 + beta1 * b), beta1 >= 0;
 - DDP overlaps the all-reduce with the backward pass. Besides the paper's
@@ -31,6 +32,9 @@ import numpy as np
 import pandas as pd
 from scipy.optimize import least_squares, lsq_linear
 
+# ComputeCurve and fit_compute_curve: eq. 2b and its forms, re-exported here.
+from tula_ray.compute_forms import (ComputeCurve, Curve, curve_from_dict,  # noqa: F401
+                                    curve_to_dict, fit_compute_curve)
 from tula_ray.profile_table import usable
 
 logger = logging.getLogger(__name__)
@@ -82,23 +86,11 @@ def _collective(name: str) -> Callable[[np.ndarray], np.ndarray]:
 # --- the fitted parameters ----------------------------------------------------
 
 @dataclass(frozen=True)
-class ComputeCurve:
-    """Eq. 2b: compute time of one step = intercept_s + per_sample_s * b ** exponent."""
-
-    intercept_s: float  # per-step fixed cost: kernel launches, optimizer step, Python
-    per_sample_s: float  # forward + backward cost of one sample of the local batch
-    exponent: float = 1.0  # 1: the paper's linear compute; > 1: convex (cache-bound) data
-
-    def __call__(self, local_batch: np.ndarray) -> np.ndarray:
-        return self.intercept_s + self.per_sample_s * np.asarray(local_batch, float) ** self.exponent
-
-
-@dataclass(frozen=True)
 class PerfParams:
     """The fitted performance model of one workload on one kind of worker."""
 
-    compute: dict[int, ComputeCurve]  # per profiled N with >= 2 local batch sizes
-    compute_pooled: ComputeCurve  # all rows together: used when no per-N curve applies
+    compute: dict[int, Curve]  # eq. 2b per profiled N with >= 2 local batch sizes
+    compute_pooled: Curve  # all rows together: used when no per-N curve applies
     sync_per_unit_s: float  # sync time per unit of the collective's shape (eq. 2c)
     collective: str  # key of COLLECTIVES
     sync_per_unit_per_sample_s: float = 0.0  # growth of exposed sync with b (stragglers)
@@ -114,7 +106,8 @@ class PerfParams:
 
     def to_dict(self) -> dict:
         data = asdict(self)
-        data["compute"] = {str(n): asdict(line) for n, line in self.compute.items()}
+        data["compute"] = {str(n): curve_to_dict(line) for n, line in self.compute.items()}
+        data["compute_pooled"] = curve_to_dict(self.compute_pooled)
         data["notes"] = list(self.notes)
         return data
 
@@ -123,8 +116,8 @@ class PerfParams:
         data = dict(data)
         if "mode" in data:  # plans written before the search's `mode` became `strategy`
             data["strategy"] = data.pop("mode")
-        data["compute"] = {int(n): ComputeCurve(**line) for n, line in data["compute"].items()}
-        data["compute_pooled"] = ComputeCurve(**data["compute_pooled"])
+        data["compute"] = {int(n): curve_from_dict(line) for n, line in data["compute"].items()}
+        data["compute_pooled"] = curve_from_dict(data["compute_pooled"])
         data["notes"] = tuple(data.get("notes", ()))
         return cls(**data)
 
@@ -197,32 +190,7 @@ def training_time_s(step_time_s, epochs: int, dataset_size: int, global_batch,
 
 # --- fitting ------------------------------------------------------------------
 
-def fit_compute_curve(local_batch, compute_s) -> ComputeCurve:
-    """Eq. 2b fitted to (b, compute time) minimising RELATIVE residuals.
-
-    Step-time noise is multiplicative (~15 % between processes, NOTES-ENV), so
-    each point is weighted by 1/t. The paper's line (a fixed cost plus a cost per
-    sample) is kept unless the data are convex, which shows as a chord that
-    would cross zero at a positive b (a negative fixed cost): then a power law
-    a * b^p, fitted in log space. With a single distinct b the curve goes
-    through the origin, as eq. 2b states (t proportional to b).
-    """
-    b = np.asarray(local_batch, dtype=float)
-    t = np.asarray(compute_s, dtype=float)
-    if len(np.unique(b)) < 2:
-        return ComputeCurve(0.0, float(np.median(t / b)))
-    weight = 1.0 / t
-    design = np.column_stack([np.ones_like(b), b]) * weight[:, None]
-    intercept, slope = np.linalg.lstsq(design, t * weight, rcond=None)[0]
-    if intercept >= 0 and slope >= 0:
-        return ComputeCurve(float(intercept), float(slope))
-    exponent, log_scale = np.polyfit(np.log(b), np.log(t), 1)
-    if exponent <= 0:  # compute does not grow with b: a fixed cost only
-        return ComputeCurve(float(np.median(t)), 0.0)
-    return ComputeCurve(0.0, float(np.exp(log_scale)), float(exponent))
-
-
-def _fit_compute(rows: pd.DataFrame) -> tuple[dict[int, ComputeCurve], ComputeCurve]:
+def _fit_compute(rows: pd.DataFrame) -> tuple[dict[int, Curve], Curve]:
     per_n = {
         int(n): fit_compute_curve(group["local_batch"], group["compute_time_s"])
         for n, group in rows.groupby("num_workers")
