@@ -74,6 +74,15 @@ def test_ags_ns_is_registered_with_its_defaults():
         {"gain_exponent": 1.0, "source": "sub-batch"}, [])
 
 
+def test_ags_ns_refuses_a_global_batch_not_above_its_reference_batch():
+    """Its local gradients stand for the 32-sample reference batch: at B = 32 the optimizer
+    could not be built, so the check says so in the driver, before any worker starts."""
+    with pytest.raises(ValueError, match="small_batch < 32"):
+        STRATEGIES["ags-ns"].check(2, 32, {})
+    assert STRATEGIES["ags-ns"].check(2, 32, {"small_batch": 8}) == (
+        {"small_batch": 8, "source": "local"}, [])
+
+
 # --------------------------------------------------------------------------- two DDP workers
 
 def _hook_worker(rank: int, out_dir: str) -> None:

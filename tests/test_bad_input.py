@@ -87,6 +87,9 @@ BAD_SEARCH = {
     "resources_per_worker": RESOURCES,
     "provision_timeout_s": TIMEOUTS,
     "resume": st.sampled_from(["yes", 1, 0, None, True]),  # True: without a name
+    "training_strategy": st.one_of(st.text().filter(lambda t: t not in (
+        "ags", "ags-ns", "lbt", "lrs", "lars", "polo")), st.sampled_from([5, ["ags"]])),
+    "training_options": st.sampled_from(["fast", 5, ["delta"], {"no_such_option": 1}]),
 }
 
 

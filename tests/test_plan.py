@@ -223,3 +223,31 @@ def test_the_dense_curve_passes_through_the_measurements_and_keeps_the_models_sh
     # ratio 2 at B=32 and 1/2 at B=128: halfway in log2 B the log-ratio is 0
     assert bent["cost_usd"].tolist() == pytest.approx(
         [t / 3600 * n for t, n in zip([200.0, 100.0, 50.0, 80.0], [1, 1, 1, 2])])
+
+
+def test_training_times_include_the_strategys_measured_cost_per_step():
+    """Issue 14, item 7: strategy_extra_s, measured once per worker group, is added to
+    every step of that N (eq. 4a with t_step + extra); an N where it was not measured
+    takes the nearest measured N's; a negative difference (noise) adds nothing."""
+    profiles = synthetic_profiles(SPACE.extremes(), example_params(), seed=2)
+    first = (profiles["num_workers"] == 2) & (profiles["global_batch"] == 32)
+    profiles.loc[first, "strategy_extra_s"] = 0.004
+    plain = build_plan(SPACE, profiles.drop(columns="strategy_extra_s"), epochs=5,
+                       dataset_size=10000, strategy="partial", objective="time")
+    plan = build_plan(SPACE, profiles, epochs=5, dataset_size=10000, strategy="partial",
+                      objective="time", meta={"training_strategy": "ags"})
+    steps = 5 * np.ceil(10000 / plan.table["global_batch"])
+    assert plan.table["strategy_extra_s"].to_numpy() == pytest.approx(np.full(12, 0.004))  # N=1: nearest
+    assert plan.table["total_time_s"].to_numpy() == pytest.approx(
+        plain.table["total_time_s"].to_numpy() + steps.to_numpy() * 0.004)
+    measured = plan.table["source"] == "measured"
+    assert plan.table.loc[measured, "measured_total_time_s"].to_numpy() == pytest.approx(
+        (plan.table.loc[measured, "measured_step_time_s"] + 0.004).to_numpy()
+        * steps[measured].to_numpy())
+    assert "include ags's measured cost per step (N=1: +4 ms, N=2: +4 ms)" in plan.summary()
+    assert "plain SGD steps" in plain.summary()
+
+    profiles.loc[first, "strategy_extra_s"] = -0.004
+    noisy = build_plan(SPACE, profiles, epochs=5, dataset_size=10000, strategy="partial",
+                       objective="time")
+    assert (noisy.table["strategy_extra_s"] == 0).all()

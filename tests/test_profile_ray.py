@@ -36,6 +36,11 @@ CASES = {  # name -> the trial's config on top of BASE
     "indivisible": {"num_workers": 2, "global_batches": [33]},
     "unknown": {"workload": "no-such-model"},
     "too-big": {"global_batches": [1024]},  # the fake dataset holds 512
+    # The training strategy's cost per step: ags-ns registers a DDP comm hook (on its own
+    # copy of the model, so the sweep's next batch is plain DDP again); the literal ags
+    # refuses B = 32 at N = 1 (its small batch is 32), so it is measured at B = 64.
+    "ags-ns": {"num_workers": 2, "global_batches": [32, 64], "training_strategy": "ags-ns"},
+    "ags": {"num_workers": 1, "global_batches": [32], "training_strategy": "ags"},
 }
 
 
@@ -111,6 +116,29 @@ def test_memory_over_device_limit_is_oom_and_ends_the_sweep(rows):
     row = sweep[1]
     assert "device_memory_bytes" in row["error"] and row["peak_mem_bytes"] > _LIMIT
     assert math.isnan(row["step_time_s"])  # present (Tune's metric check) but not measured
+
+
+def test_the_training_strategys_cost_is_measured_once_per_worker_group(rows):
+    sweep = rows["ags-ns"]
+    assert [(r["global_batch"], r["status"]) for r in sweep] == [(32, "ok"), (64, "ok")], sweep[0]["error"]
+    assert math.isfinite(sweep[0]["strategy_extra_s"])  # on the first row only
+    assert math.isnan(sweep[1]["strategy_extra_s"])
+    (row,) = rows["ags"]
+    assert row["status"] == "ok" and math.isfinite(row["strategy_extra_s"])
+    assert all(math.isnan(r["strategy_extra_s"]) for r in rows["one"])  # none asked
+
+
+def test_the_strategy_is_measured_where_it_runs_as_configured():
+    from trainables.profiling_loop import _strategy_batch
+
+    config = {"training_strategy": "ags", "training_options": {}}
+    assert _strategy_batch(config, 1, 32, 60000) == (64, {})  # 32 needs a small batch < 32
+    assert _strategy_batch(config, 2, 32, 60000) == (128, {})  # b = 64 keeps sub-batch
+    assert _strategy_batch(config, 2, 32, 100) == (32, {"source": "local"})  # all switch
+    assert _strategy_batch({"training_strategy": "ags-ns"}, 2, 32, 60000) == (
+        64, {"source": "local"})  # its reference batch 32 needs B > 32; always local at N=2
+    assert _strategy_batch({"training_strategy": None}, 2, 32, 100) == (None, {})
+    assert _strategy_batch(config, 1, 32, 32) == (None, {})  # nothing it takes fits
 
 
 @pytest.mark.parametrize("case, message", [

@@ -411,3 +411,20 @@ def test_search_cost_benchmark_quick_on_this_modules_searches(partial_plan, adap
     markdown = (RESULTS_DIR / "search_cost_quick.md").read_text()
     assert len(table_rows(markdown, "| strategy | run |")) == 3
     assert len(table_rows(markdown, "| strategy | same choice")) == 2
+
+
+def test_the_plan_includes_the_training_strategys_measured_cost(partial_plan):
+    """Issue 14, item 7: each worker group times train's default strategy (ags) once;
+    the plan adds what it measured to every step, and says so."""
+    profiles = partial_plan.profiles
+    assert profiles["strategy_extra_s"].notna().sum() == len(partial_plan.meta["sweeps"])
+    assert partial_plan.meta["training_strategy"] == "ags"
+    assert "include ags's measured cost per step" in partial_plan.summary()
+    table = partial_plan.table
+    steps = partial_plan.epochs * np.ceil(partial_plan.dataset_size / table["global_batch"])
+    assert table["total_time_s"].to_numpy() == pytest.approx(  # the model's
+        (steps * (table["step_time_s"] + table["strategy_extra_s"])).to_numpy())
+    step = table["measured_step_time_s"].where(table["estimate"] == "measured",
+                                               table["step_time_s"])
+    assert table["estimated_total_time_s"].to_numpy() == pytest.approx(  # the policy's
+        (steps * (step + table["strategy_extra_s"])).to_numpy())

@@ -9,7 +9,15 @@ Phases for each batch, at local batch b = B / N on the workload's real data:
      model, whose optimizer state the first step made; a peak over `device_memory_bytes`
      ends the batch as "oom"); then synced steps up to `warmup_steps`;
   2. compute: steps under DDP's `no_sync()`: no all-reduce;
-  3. synced: ordinary DDP steps.
+  3. synced: ordinary DDP steps;
+  4. strategy (config "training_strategy"; once per worker group, after its first
+     batch): what the training strategy adds to a step, measured, not assumed (issue 14,
+     item 7): at the smallest local batch the strategy takes as configured, plain synced
+     steps, then as many with the strategy's optimizer and hooks (`StrategySetup`) on a
+     fresh copy of the model (a strategy may register a DDP comm hook, which a model
+     takes only once); the difference of the medians is the first row's
+     `strategy_extra_s`. Its costs are per step and per tensor (scales, a host sync,
+     all-reduces), so a small batch, where they stand out of the timing noise, serves.
 Compute and synced steps are separate phases, not interleaved: with BatchNorm,
 DDP broadcasts buffers in the forward after a synced step (NOTES-ENV).
 Only the train step is timed; fetching the next batch is outside the timer.
@@ -41,6 +49,8 @@ from torch.utils.data import DataLoader
 
 from tula_ray.measure import StepTimer, is_out_of_memory, memtracker_peak_bytes, train_step
 from tula_ray.profile_table import MAX_ERROR_CHARS, STATUS_OK, STATUS_OOM, profile_row
+from tula_ray.training import optimizer_hyperparameters
+from tula_ray.training_strategies import build_strategy, get_strategy
 from tula_ray.workloads import resolve_workload
 
 logger = logging.getLogger(__name__)
@@ -163,6 +173,31 @@ def agree_first_step_fits(step: Callable[[], list[float]], device: torch.device,
     return seconds
 
 
+def _strategy_batch(config: dict[str, Any], world_size: int, first_batch: int,
+                    dataset_size: int) -> tuple[int | None, dict[str, Any]]:
+    """(global batch, options) at which the sweep measures the training strategy: the
+    smallest from `first_batch` up (doubling) that the strategy takes with its options
+    unchanged (AGS switches its source where its small batch does not fit: a different
+    cost), else the smallest it takes at all; (None, {}) without a strategy or a batch."""
+    if not config.get("training_strategy"):
+        return None, {}
+    strategy = get_strategy(config["training_strategy"])
+    given = dict(config.get("training_options") or {})
+    accepted = []
+    global_batch = first_batch
+    while global_batch <= dataset_size:
+        try:
+            options, _ = strategy.check(world_size, global_batch, dict(given))
+        except ValueError:
+            options = None
+        if options == given:
+            return global_batch, options
+        if options is not None:
+            accepted.append((global_batch, options))
+        global_batch *= 2
+    return accepted[0] if accepted else (None, {})
+
+
 class _Sweep:
     """What a worker group builds once and reuses for every batch: workload, model, data."""
 
@@ -182,6 +217,10 @@ class _Sweep:
         self.model.train()
         self.optimizer = self.workload.optimizer_fn(self.model.parameters())
         self.loss_fn = self.workload.loss_fn()
+        self.first_batch = min(int(b) for b in config.get(
+            "global_batches", [config.get("global_batch")]))
+        self.strategy_batch, self.strategy_options = _strategy_batch(
+            config, world_size, self.first_batch, len(self.dataset))  # type: ignore[arg-type]
 
     def _cpu_peak(self, batches: Iterator) -> tuple[float, float]:
         """One untimed step of this worker's own model under MemTracker: its peak bytes,
@@ -198,6 +237,39 @@ class _Sweep:
         seconds = time.perf_counter() - started
         (peak,) = _max_over_workers([float(peak)], self.device)
         return peak, seconds
+
+    def _strategy_extra_s(self) -> float:
+        """Seconds the training strategy adds to one step (phase 4), the slowest worker's
+        strategy median less the slowest worker's plain median."""
+        global_batch = self.strategy_batch
+        loader = ray.train.torch.prepare_data_loader(DataLoader(
+            self.dataset, batch_size=global_batch // self.world_size, shuffle=True,
+            drop_last=True))
+        batches = _cycle(loader)
+        first = _timed_steps(1, batches, self.model, self.optimizer, self.loss_fn, self.device)
+        (first_s,) = _max_over_workers(first, self.device)
+        count = measured_step_count(first_s, self.measure, self.budget_s)
+        plain = _timed_steps(count, batches, self.model, self.optimizer, self.loss_fn,
+                             self.device)
+        model = ray.train.torch.prepare_model(self.workload.model_fn())
+        model.train()
+        setup = build_strategy(
+            get_strategy(self.config["training_strategy"]), model, global_batch=global_batch,
+            steps_per_epoch=max(1, len(self.dataset) // global_batch),  # type: ignore[arg-type]
+            epochs=int(self.config.get("epochs") or self.workload.epochs),
+            options=self.strategy_options, **optimizer_hyperparameters(self.workload))
+        setup.start_epoch(0)
+        seconds = []
+        for _ in range(count + 1):  # the first builds the optimizer's state: untimed
+            inputs, targets = next(batches)
+            with StepTimer(self.device) as timer:
+                setup.optimizer.zero_grad(set_to_none=True)
+                setup.backward(model, self.loss_fn, inputs, targets)
+                setup.step()
+            seconds.append(timer.seconds)
+        strategy_s, plain_s = _max_over_workers(
+            [statistics.median(seconds[1:]), statistics.median(plain)], self.device)
+        return strategy_s - plain_s
 
     def profile(self, global_batch: int) -> dict[str, Any]:
         world_size, device, config = self.world_size, self.device, self.config
@@ -249,6 +321,8 @@ class _Sweep:
         step = _timed_steps(steps, batches, model, optimizer, loss_fn, device) if distributed \
             else compute
 
+        if global_batch == self.first_batch and self.strategy_batch is not None:
+            result["strategy_extra_s"] = self._strategy_extra_s()
         medians = [statistics.median(compute), statistics.median(step), _spread(step),
                    sum(compute) + (sum(step) if distributed else 0.0), sum(warm)]
         if device.type == "cuda":

@@ -137,6 +137,13 @@ class NoiseScaleAGS(AdaptiveGradientScaling):
         options = check_option_names(self, options)
         if "source" not in options:
             options["source"] = "local" if num_workers >= 2 else "sub-batch"
+        small = options.get("small_batch", SMALL_BATCH_DEFAULT)
+        if options["source"] == "local" and not small < global_batch:
+            # The local gradients stand for a reference batch of small_batch (build): it
+            # must be smaller than the large batch whose noise it measures.
+            raise ValueError(f"ags-ns's reference small batch {small} needs a larger global "
+                             f"batch than B={global_batch}: pass strategy_options with "
+                             f"small_batch < {global_batch}")
         return super().check(num_workers, global_batch, options)
 
     def build(self, model, *, global_batch, steps_per_epoch, epochs, lr, momentum, weight_decay,

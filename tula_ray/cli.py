@@ -188,6 +188,7 @@ def _ray_for(enabled: bool, address: str | None) -> Iterator[None]:
 
 
 def _replay(args: argparse.Namespace) -> None:
+    meta: dict = {"source": "replay"}
     if args.synthetic:
         from tula_ray.synthetic import example_params, synthetic_profiles
 
@@ -201,6 +202,7 @@ def _replay(args: argparse.Namespace) -> None:
         old = Plan.from_json(args.profiles)
         profiles, workload = old.profiles, old.workload
         epochs, dataset_size = old.epochs, old.dataset_size
+        meta["training_strategy"] = old.meta.get("training_strategy")
         space = SearchSpace(tuple(old.table["num_workers"].unique().tolist()),
                             tuple(old.table["global_batch"].unique().tolist()))
     else:
@@ -211,7 +213,7 @@ def _replay(args: argparse.Namespace) -> None:
     plan = build_plan(space, profiles, epochs=epochs, dataset_size=dataset_size,
                       strategy=args.search_strategy, objective=args.objective,
                       pricing=args.pricing,
-                      workload=workload, meta={"source": "replay"})
+                      workload=workload, meta=meta)
     _write(plan, args.out)
 
 
@@ -224,7 +226,7 @@ def _demo(args: argparse.Namespace) -> None:
                       min_batch=args.min_batch, max_batch=args.max_batch,
                       strategy=args.search_strategy, objective=args.objective,
                       pricing=args.pricing, address=args.address,
-                      storage_path=args.storage_path)
+                      storage_path=args.storage_path, training_strategy=args.strategy)
         _write(plan, args.out)
         meta = plan.meta
         print(f"memory probe {meta['probe_wall_s']:.0f} s, profiling "

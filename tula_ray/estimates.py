@@ -6,6 +6,8 @@ curve the knee is found on. Core module: no Ray.
 
 from __future__ import annotations
 
+from typing import Callable
+
 import numpy as np
 import pandas as pd
 
@@ -15,18 +17,44 @@ from tula_ray.pricing import Pricing
 from tula_ray.profile_table import STATUS_OK, usable
 
 DENSE_POINTS = 256  # batch sizes on the dense curve the knee is found on
+StepExtra = Callable[[np.ndarray], np.ndarray]  # N -> seconds the strategy adds per step
+
+
+def strategy_extra_s(profiles: pd.DataFrame) -> StepExtra | None:
+    """What the training strategy adds to each step (issue 14, item 7), as a function of
+    N: per profiled N, the median of its measured strategy_extra_s (the strategy's steps
+    less plain ones, in the same worker group; at least 0: a strategy adds work, a
+    negative difference is timing noise); at an N not measured, the nearest measured
+    N's in log2(N). None when no worker group measured the strategy."""
+    if "strategy_extra_s" not in profiles:
+        return None
+    rows = profiles.dropna(subset=["strategy_extra_s"])
+    if rows.empty:
+        return None
+    by_n = rows["strategy_extra_s"].clip(lower=0.0).groupby(rows["num_workers"]).median()
+    known, values = np.log2(by_n.index.to_numpy(float)), by_n.to_numpy(float)
+
+    def at(num_workers: np.ndarray) -> np.ndarray:
+        x = np.log2(np.asarray(num_workers, dtype=float))
+        return values[np.abs(x[..., None] - known).argmin(axis=-1)]
+    return at
 
 
 def predict_candidates(space_frame: pd.DataFrame, params: perf.PerfParams,
              memory: memory_model.MemoryParams | None, pricing: Pricing,
-             epochs: int, dataset_size: int, whole_steps: bool = True) -> pd.DataFrame:
+             epochs: int, dataset_size: int, whole_steps: bool = True,
+             strategy_extra: StepExtra | None = None) -> pd.DataFrame:
+    """Eq. 2 (step), 4a (training time, with the training strategy's measured cost per
+    step, `strategy_extra`, added to each step), 3 (memory) and 4b (cost) per row."""
     frame = space_frame.copy()
     n, b = frame["num_workers"].to_numpy(float), frame["local_batch"].to_numpy(float)
     frame["compute_time_s"] = perf.predict_compute_s(params, n, b)
     frame["step_time_s"] = perf.predict_step_s(params, n, b)
     frame["sync_time_s"] = frame["step_time_s"] - frame["compute_time_s"]
+    frame["strategy_extra_s"] = 0.0 if strategy_extra is None else strategy_extra(n)
     frame["total_time_s"] = perf.training_time_s(
-        frame["step_time_s"], epochs, dataset_size, frame["global_batch"], whole_steps)
+        frame["step_time_s"] + frame["strategy_extra_s"], epochs, dataset_size,
+        frame["global_batch"], whole_steps)
     frame["peak_mem_bytes"] = (np.nan if memory is None
                                else memory_model.predict_peak_bytes(memory, b))
     frame["cost_usd"] = pricing.cost_usd(
@@ -78,7 +106,8 @@ def add_uncertainty(table: pd.DataFrame, profiles: pd.DataFrame,
 
 
 def dense_curve(space, params, memory, pricing, epochs, dataset_size, oom_local,
-                 max_local_batch, max_workers, max_global_batch) -> pd.DataFrame:
+                 max_local_batch, max_workers, max_global_batch,
+                 strategy_extra: StepExtra | None = None) -> pd.DataFrame:
     """Predictions on a dense log-spaced batch grid for every N: what the knee is found on."""
     batches = np.geomspace(space.batch_sizes[0], space.batch_sizes[-1], DENSE_POINTS)
     grid = pd.DataFrame([(n, b) for n in space.cluster_sizes for b in batches],
@@ -86,7 +115,8 @@ def dense_curve(space, params, memory, pricing, epochs, dataset_size, oom_local,
     grid["local_batch"] = grid["global_batch"] / grid["num_workers"]
     # Unrounded steps per epoch: the knee is a property of the smooth curve (eq. 4a);
     # snapping to a candidate afterwards uses the candidate table's rounded times.
-    dense = predict_candidates(grid, params, memory, pricing, epochs, dataset_size, whole_steps=False)
+    dense = predict_candidates(grid, params, memory, pricing, epochs, dataset_size,
+                               whole_steps=False, strategy_extra=strategy_extra)
     feasible = (dense["local_batch"] < oom_local) & (dense["local_batch"] >= 1)
     if max_local_batch is not None:
         feasible &= dense["local_batch"] <= max_local_batch

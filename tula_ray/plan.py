@@ -22,7 +22,7 @@ import pandas as pd
 from tula_ray import memory as memory_model
 from tula_ray import perf
 from tula_ray.estimates import (add_estimates, add_uncertainty, dense_curve,
-                                predict_candidates, through_measurements)
+                                predict_candidates, strategy_extra_s, through_measurements)
 from tula_ray.policy import Choice, choose
 from tula_ray.pricing import Pricing, parse_pricing, pricing_to_dict
 from tula_ray.profile_table import oom_local_batch, profile_frame, usable
@@ -109,6 +109,21 @@ class Plan:
 
         return plot_plan(self, Path(directory))
 
+    def describe_strategy_cost(self) -> str:
+        """What the training times include of the training strategy's own cost per step."""
+        name = self.meta.get("training_strategy")
+        measured = "strategy_extra_s" in self.profiles and \
+            self.profiles["strategy_extra_s"].notna().any()
+        if measured:
+            extra = self.table.groupby("num_workers")["strategy_extra_s"].first()
+            per_n = ", ".join(f"N={n}: +{1e3 * v:.3g} ms" for n, v in extra.items())
+            return (f"training times include {name or 'the training strategy'}'s measured "
+                    f"cost per step ({per_n})")
+        if name:
+            return (f"training times: plain SGD steps ({name}'s cost per step was not "
+                    "measured: no profiled batch suits it)")
+        return "training times: plain SGD steps (no training strategy measured)"
+
     def summary(self) -> str:
         """A printable table of the candidates and the choice."""
         columns = ["num_workers", "global_batch", "local_batch", "step_time_s",
@@ -129,6 +144,7 @@ class Plan:
         ]
         if c.ties:
             lines.append(c.describe_ties())
+        lines.append(self.describe_strategy_cost())
         if self.meta.get("stop_reason"):
             lines.append(f"search stopped: {self.meta['stop_reason']}")
         return "\n".join(lines)
@@ -213,7 +229,9 @@ def build_plan(
                          "local batch sizes with peak_mem_bytes, or pass memory=")
 
     grid = pd.DataFrame([c.as_dict() for c in space.candidates()])
-    table = predict_candidates(grid, params, memory, pricing, epochs, dataset_size)
+    extra = strategy_extra_s(profiles)  # the training strategy's measured cost per step
+    table = predict_candidates(grid, params, memory, pricing, epochs, dataset_size,
+                               strategy_extra=extra)
     measured = profiles.rename(columns={
         "step_time_s": "measured_step_time_s", "peak_mem_bytes": "measured_peak_mem_bytes",
         "compute_time_s": "measured_compute_time_s", "sync_time_s": "measured_sync_time_s"})
@@ -224,7 +242,8 @@ def build_plan(
     table["status"] = table["status"].fillna("")
     table["error"] = table["error"].fillna("")
     table["measured_total_time_s"] = perf.training_time_s(
-        table["measured_step_time_s"], epochs, dataset_size, table["global_batch"])
+        table["measured_step_time_s"] + table["strategy_extra_s"], epochs, dataset_size,
+        table["global_batch"])
     table["step_time_rel_error"] = (
         (table["step_time_s"] - table["measured_step_time_s"]).abs()
         / table["measured_step_time_s"])
@@ -238,7 +257,7 @@ def build_plan(
 
     estimates = add_estimates(table, pricing)
     dense = dense_curve(space, params, memory, pricing, epochs, dataset_size,
-                         oom_bound, max_local_batch, max_workers, max_global_batch)
+                         oom_bound, max_local_batch, max_workers, max_global_batch, extra)
     dense = through_measurements(dense, table, pricing)
     choice = choose(estimates, objective, dense=dense, weight_time=weight_time,
                     uncertainty="rel_uncertainty", dense_uncertainty=predicted_u)

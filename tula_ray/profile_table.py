@@ -24,6 +24,9 @@ PROFILE_COLUMNS = (
     "compute_time_s",  # forward + backward + optimizer step without gradient sync
     "sync_time_s",  # step_time_s - compute_time_s (0 for N = 1: no collective)
     "step_time_s",  # one synchronous data-parallel step
+    # seconds the training strategy's optimizer and hooks (AGS's scales, a host sync, its
+    # all-reduces) add to a step; measured once per worker group, on its first row
+    "strategy_extra_s",
     "peak_mem_bytes",  # peak device memory of one worker
     "samples_per_s",  # B / step_time_s
     "step_time_spread",  # (q3 - q1) / median of the synced steps: this row's own timing noise

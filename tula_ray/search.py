@@ -28,6 +28,8 @@ from tula_ray.pricing import Pricing, parse_pricing, pricing_to_dict
 from tula_ray.profile_table import profile_frame
 from tula_ray.search_strategies import STRATEGIES, make_strategy, with_plan_context
 from tula_ray.space import MIN_BATCH_DEFAULT, SearchSpace, check_positive_ints
+from tula_ray.strategy_base import TrainingStrategy, check_option_names
+from tula_ray.training_strategies import TRAINING_STRATEGY_DEFAULT, get_strategy
 from tula_ray.workloads import Workload, resolve_workload
 from tula_ray.arguments import (check_bool, check_choice, check_int, check_mapping, check_number,
                                 check_text, named_arguments)
@@ -60,6 +62,7 @@ def _check_arguments(a: dict[str, Any]) -> None:
     check_int("measure_steps", a["measure_steps"], minimum=1)
     check_int("epochs", a["epochs"], minimum=1, optional=True)
     check_mapping("workload_options", a["workload_options"])
+    check_mapping("training_options", a["training_options"])
     for label in ("storage_path", "name", "address"):
         check_text(label, a[label], optional=True)
     check_bool("resume", a["resume"])
@@ -73,6 +76,9 @@ def _validate(r: "_Request") -> None:
     """What depends on several arguments or on the workload."""
     # An unknown name or option fails here.
     named_arguments(make_strategy, "strategy", "strategy_options")(r.strategy, r.strategy_options)
+    if r.training_strategy is not None:
+        strategy = named_arguments(get_strategy, "training_strategy")(r.training_strategy)
+        named_arguments(check_option_names, "training_options")(strategy, r.training_options)
     if r.max_batch is not None and r.max_batch < r.min_batch:
         raise ValueError(f"max_batch={r.max_batch} is below min_batch={r.min_batch}; "
                          "max_batch must be >= min_batch")
@@ -106,6 +112,13 @@ class _Request:
     epochs: int
     measure_seconds: float
     provision_timeout_s: float
+    training_strategy: str | TrainingStrategy | None
+    training_options: dict[str, Any]
+
+    @property
+    def training_strategy_name(self) -> str | None:
+        strategy = self.training_strategy
+        return strategy.name if isinstance(strategy, TrainingStrategy) else strategy
 
 
 def search(
@@ -134,6 +147,8 @@ def search(
     resources_per_worker: dict[str, float] | None = None,
     provision_timeout_s: float = PROVISION_TIMEOUT_S_DEFAULT,
     resume: bool = False,
+    training_strategy: str | TrainingStrategy | None = TRAINING_STRATEGY_DEFAULT,
+    training_options: dict[str, Any] | None = None,
 ) -> Plan:
     """Profile candidates on Ray, fit the models, and return the Plan with the choice.
 
@@ -165,6 +180,10 @@ def search(
       GPUs, else a CPU), so N counts devices.
     provision_timeout_s: how long to wait for an autoscaler to add the nodes the largest
       cluster size needs (see tula_ray.cluster.provision_workers).
+    training_strategy, training_options: what you will train the plan with (as
+      `tula_ray.train`'s strategy and strategy_options; default train's). Each worker
+      group also times the strategy's steps at one batch, and the plan's training times
+      include what it adds per step (AGS's scales, syncs, all-reduces). None: plain SGD.
     On a multi-node cluster storage_path must be reachable from every node (a shared
     file system or a cloud URI); the search refuses otherwise, before any trial.
     """
@@ -181,7 +200,8 @@ def search(
         min_batch, max_batch, objective, strategy, dict(strategy_options or {}),
         named_arguments(parse_pricing, "pricing")(pricing), weight_time,
         device_memory_gb, headroom, collective, warmup_steps, measure_steps, storage_path, name,
-        resolved.epochs if epochs is None else epochs, measure_seconds, provision_timeout_s)
+        resolved.epochs if epochs is None else epochs, measure_seconds, provision_timeout_s,
+        training_strategy, dict(training_options or {}))
     _validate(request)
     resources = check_worker_request(resources_per_worker, provision_timeout_s)
     started_ray = ensure_ray(address)
@@ -216,7 +236,9 @@ def search(
                 "ray_version": ray.__version__, "experiment_path": path,
                 "resumed": saved is not None,
                 "memory_probe": probe["rows"],
-                "workload_options": _json_options(request.options)}
+                "workload_options": _json_options(request.options),
+                "training_strategy": request.training_strategy_name,
+                "training_options": _json_options(request.training_options)}
         workload = request.workload
         return build_plan(
             space, profiles, epochs=request.epochs, dataset_size=workload.dataset_size,
@@ -288,7 +310,9 @@ def _identity(request: _Request) -> dict[str, Any]:
     return {"workload": request.workload.name, "cluster_sizes": list(request.cluster_sizes),
             "min_batch": request.min_batch, "max_batch": request.max_batch,
             "strategy": request.strategy, "strategy_options": request.strategy_options,
-            "objective": request.objective}
+            "objective": request.objective,
+            "training_strategy": request.training_strategy_name,
+            "training_options": _json_options(request.training_options)}
 
 
 def _profile(request: _Request, space: SearchSpace, use_gpu: bool, device_bytes: float,
@@ -303,7 +327,9 @@ def _profile(request: _Request, space: SearchSpace, use_gpu: bool, device_bytes:
                  "measure_steps": request.measure_steps,
                  "measure_seconds": request.measure_seconds, "device_memory_bytes": device_bytes,
                  "resources_per_worker": resources,
-                 "provision_timeout_s": request.provision_timeout_s}
+                 "provision_timeout_s": request.provision_timeout_s,
+                 "epochs": request.epochs, "training_strategy": request.training_strategy,
+                 "training_options": request.training_options}
     # Above the memory probe's checked bound a candidate is infeasible: the plan says so,
     # and no worker group is launched to learn it again.
     grid = [c for c in space.candidates() if c.local_batch <= probe["max_local_batch"]]

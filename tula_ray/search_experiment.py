@@ -26,7 +26,7 @@ logger = logging.getLogger(__name__)
 
 # What a resumed search must share with the one it continues (else it is another search).
 SAME_SEARCH_KEYS = ("workload", "cluster_sizes", "min_batch", "max_batch", "strategy",
-                    "strategy_options", "objective")
+                    "strategy_options", "objective", "training_strategy", "training_options")
 
 
 def experiment_name(name: str | None, workload_name: str) -> str:

@@ -53,6 +53,8 @@ LARS_TRUST_COEFFICIENT_DEFAULT = 0.02
 # --------------------------------------------------------------------------- the registry
 
 STRATEGIES: dict[str, TrainingStrategy] = {}
+# What tula_ray.train (and tune, and the search's measured step cost) use by default.
+TRAINING_STRATEGY_DEFAULT = "ags"
 
 
 def register_strategy(strategy: TrainingStrategy) -> TrainingStrategy:
