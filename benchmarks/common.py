@@ -21,9 +21,12 @@ def provenance() -> dict[str, Any]:
     try:
         commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
                                 text=True, cwd=Path(__file__).parent, check=True).stdout.strip()
-        dirty = bool(subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
-                                    capture_output=True, text=True,
-                                    cwd=Path(__file__).parent).stdout.strip())
+        # Dirty: code changed since the commit. The benchmarks' own outputs (results/ and
+        # BENCHMARKS.md, which a run rewrites as it goes) do not count.
+        dirty = bool(subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no", "--", ".",
+             ":(exclude)benchmarks/results", ":(exclude)BENCHMARKS.md"],
+            capture_output=True, text=True, cwd=Path(__file__).parents[1]).stdout.strip())
     except (OSError, subprocess.CalledProcessError):
         commit, dirty = "unknown", False
     return {
