@@ -129,16 +129,16 @@ def test_the_training_strategys_cost_is_measured_once_per_worker_group(rows):
 
 
 def test_the_strategy_is_measured_where_it_runs_as_configured():
-    from trainables.profiling_loop import _strategy_batch
+    from trainables.strategy_cost import strategy_batch
 
     config = {"training_strategy": "ags", "training_options": {}}
-    assert _strategy_batch(config, 1, 32, 60000) == (64, {})  # 32 needs a small batch < 32
-    assert _strategy_batch(config, 2, 32, 60000) == (128, {})  # b = 64 keeps sub-batch
-    assert _strategy_batch(config, 2, 32, 100) == (32, {"source": "local"})  # all switch
-    assert _strategy_batch({"training_strategy": "ags-ns"}, 2, 32, 60000) == (
+    assert strategy_batch(config, 1, 32, 60000) == (64, {})  # 32 needs a small batch < 32
+    assert strategy_batch(config, 2, 32, 60000) == (128, {})  # b = 64 keeps sub-batch
+    assert strategy_batch(config, 2, 32, 100) == (32, {"source": "local"})  # all switch
+    assert strategy_batch({"training_strategy": "ags-ns"}, 2, 32, 60000) == (
         64, {"source": "local"})  # its reference batch 32 needs B > 32; always local at N=2
-    assert _strategy_batch({"training_strategy": None}, 2, 32, 100) == (None, {})
-    assert _strategy_batch(config, 1, 32, 32) == (None, {})  # nothing it takes fits
+    assert strategy_batch({"training_strategy": None}, 2, 32, 100) == (None, {})
+    assert strategy_batch(config, 1, 32, 32) == (None, {})  # nothing it takes fits
 
 
 @pytest.mark.parametrize("case, message", [

@@ -11,13 +11,8 @@ Phases for each batch, at local batch b = B / N on the workload's real data:
   2. compute: steps under DDP's `no_sync()`: no all-reduce;
   3. synced: ordinary DDP steps;
   4. strategy (config "training_strategy"; once per worker group, after its first
-     batch): what the training strategy adds to a step, measured, not assumed (issue 14,
-     item 7): at the smallest local batch the strategy takes as configured, plain synced
-     steps, then as many with the strategy's optimizer and hooks (`StrategySetup`) on a
-     fresh copy of the model (a strategy may register a DDP comm hook, which a model
-     takes only once); the difference of the medians is the first row's
-     `strategy_extra_s`. Its costs are per step and per tensor (scales, a host sync,
-     all-reduces), so a small batch, where they stand out of the timing noise, serves.
+     batch): what the training strategy adds to a step, measured, not assumed
+     (`trainables.strategy_cost`), on the first row as `strategy_extra_s`.
 Compute and synced steps are separate phases, not interleaved: with BatchNorm,
 DDP broadcasts buffers in the forward after a synced step (NOTES-ENV).
 Only the train step is timed; fetching the next batch is outside the timer.
@@ -34,7 +29,6 @@ An out-of-memory batch ends the sweep: every larger local batch would run out to
 from __future__ import annotations
 
 import contextlib
-import itertools
 import logging
 import math
 import statistics
@@ -44,13 +38,13 @@ from typing import Any, Callable, Iterator
 import ray.train
 import ray.train.torch
 import torch
-import torch.distributed as dist
 from torch.utils.data import DataLoader
 
-from tula_ray.measure import StepTimer, is_out_of_memory, memtracker_peak_bytes, train_step
+from trainables.step_timing import cycle, max_over_workers, measured_step_count, timed_steps
+from trainables.step_timing import spread as step_spread
+from trainables.strategy_cost import strategy_batch, strategy_extra_s
+from tula_ray.measure import is_out_of_memory, memtracker_peak_bytes, train_step
 from tula_ray.profile_table import MAX_ERROR_CHARS, STATUS_OK, STATUS_OOM, profile_row
-from tula_ray.training import optimizer_hyperparameters
-from tula_ray.training_strategies import build_strategy, get_strategy
 from tula_ray.workloads import resolve_workload
 
 logger = logging.getLogger(__name__)
@@ -60,54 +54,7 @@ MEASURE_STEPS_DEFAULT = 5  # at least this many timed steps per phase
 # ... and more while a phase takes less than this: cheap for short steps, where the
 # median of a few steps is noisiest relative to the step (fixed costs, scheduler jitter).
 MEASURE_SECONDS_DEFAULT = 1.0
-MAX_MEASURE_STEPS = 64
 SEED_DEFAULT = 0
-
-
-def _cycle(loader: DataLoader) -> Iterator:
-    """Batches forever; a new shuffle (sampler epoch) on each pass over the data."""
-    for epoch in itertools.count():
-        if hasattr(loader.sampler, "set_epoch"):
-            loader.sampler.set_epoch(epoch)
-        yield from loader
-
-
-def _timed_steps(count: int, batches: Iterator, model, optimizer, loss_fn,
-                 device: torch.device) -> list[float]:
-    seconds = []
-    for _ in range(count):
-        inputs, targets = next(batches)
-        with StepTimer(device) as timer:
-            train_step(model, optimizer, loss_fn, inputs, targets)
-        seconds.append(timer.seconds)
-    return seconds
-
-
-def _max_over_workers(values: list[float], device: torch.device) -> list[float]:
-    """Element-wise max over all workers: the slowest worker sets the synchronous step."""
-    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
-        return values
-    # NCCL reduces CUDA tensors only; gloo takes CPU tensors.
-    where = device if dist.get_backend() == "nccl" else torch.device("cpu")
-    tensor = torch.tensor(values, dtype=torch.float64, device=where)
-    dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
-    return tensor.tolist()
-
-
-def _spread(seconds: list[float]) -> float:
-    """Interquartile range over median: the run's own timing noise (NOTES-ENV: ~15 %)."""
-    if len(seconds) < 2:
-        return 0.0
-    q1, _, q3 = statistics.quantiles(seconds, n=4)
-    return (q3 - q1) / statistics.median(seconds)
-
-
-def measured_step_count(warmup_step_s: float, min_steps: int, budget_s: float,
-                        max_steps: int = MAX_MEASURE_STEPS) -> int:
-    """Steps per timed phase: at least `min_steps`, more while they fit in `budget_s`."""
-    if not math.isfinite(warmup_step_s) or warmup_step_s <= 0:
-        return min_steps
-    return max(min_steps, min(max_steps, int(budget_s // warmup_step_s)))
 
 
 def profile_loop_per_worker(config: dict[str, Any]) -> None:
@@ -165,37 +112,12 @@ def agree_first_step_fits(step: Callable[[], list[float]], device: torch.device,
             failure = exc
             if device.type == "cuda":
                 torch.cuda.empty_cache()
-    (any_failed,) = _max_over_workers([1.0 if failure else 0.0], device)
+    (any_failed,) = max_over_workers([1.0 if failure else 0.0], device)
     if failure is not None:
         raise failure
     if any_failed:
         raise PeerOutOfMemoryError("out of memory on another worker of this group")
     return seconds
-
-
-def _strategy_batch(config: dict[str, Any], world_size: int, first_batch: int,
-                    dataset_size: int) -> tuple[int | None, dict[str, Any]]:
-    """(global batch, options) at which the sweep measures the training strategy: the
-    smallest from `first_batch` up (doubling) that the strategy takes with its options
-    unchanged (AGS switches its source where its small batch does not fit: a different
-    cost), else the smallest it takes at all; (None, {}) without a strategy or a batch."""
-    if not config.get("training_strategy"):
-        return None, {}
-    strategy = get_strategy(config["training_strategy"])
-    given = dict(config.get("training_options") or {})
-    accepted = []
-    global_batch = first_batch
-    while global_batch <= dataset_size:
-        try:
-            options, _ = strategy.check(world_size, global_batch, dict(given))
-        except ValueError:
-            options = None
-        if options == given:
-            return global_batch, options
-        if options is not None:
-            accepted.append((global_batch, options))
-        global_batch *= 2
-    return accepted[0] if accepted else (None, {})
 
 
 class _Sweep:
@@ -219,7 +141,7 @@ class _Sweep:
         self.loss_fn = self.workload.loss_fn()
         self.first_batch = min(int(b) for b in config.get(
             "global_batches", [config.get("global_batch")]))
-        self.strategy_batch, self.strategy_options = _strategy_batch(
+        self.strategy_batch, self.strategy_options = strategy_batch(
             config, world_size, self.first_batch, len(self.dataset))  # type: ignore[arg-type]
 
     def _cpu_peak(self, batches: Iterator) -> tuple[float, float]:
@@ -235,41 +157,8 @@ class _Sweep:
             [lambda: train_step(module, self.optimizer, self.loss_fn, inputs, targets)],
             module, self.optimizer, inputs, targets)
         seconds = time.perf_counter() - started
-        (peak,) = _max_over_workers([float(peak)], self.device)
+        (peak,) = max_over_workers([float(peak)], self.device)
         return peak, seconds
-
-    def _strategy_extra_s(self) -> float:
-        """Seconds the training strategy adds to one step (phase 4), the slowest worker's
-        strategy median less the slowest worker's plain median."""
-        global_batch = self.strategy_batch
-        loader = ray.train.torch.prepare_data_loader(DataLoader(
-            self.dataset, batch_size=global_batch // self.world_size, shuffle=True,
-            drop_last=True))
-        batches = _cycle(loader)
-        first = _timed_steps(1, batches, self.model, self.optimizer, self.loss_fn, self.device)
-        (first_s,) = _max_over_workers(first, self.device)
-        count = measured_step_count(first_s, self.measure, self.budget_s)
-        plain = _timed_steps(count, batches, self.model, self.optimizer, self.loss_fn,
-                             self.device)
-        model = ray.train.torch.prepare_model(self.workload.model_fn())
-        model.train()
-        setup = build_strategy(
-            get_strategy(self.config["training_strategy"]), model, global_batch=global_batch,
-            steps_per_epoch=max(1, len(self.dataset) // global_batch),  # type: ignore[arg-type]
-            epochs=int(self.config.get("epochs") or self.workload.epochs),
-            options=self.strategy_options, **optimizer_hyperparameters(self.workload))
-        setup.start_epoch(0)
-        seconds = []
-        for _ in range(count + 1):  # the first builds the optimizer's state: untimed
-            inputs, targets = next(batches)
-            with StepTimer(self.device) as timer:
-                setup.optimizer.zero_grad(set_to_none=True)
-                setup.backward(model, self.loss_fn, inputs, targets)
-                setup.step()
-            seconds.append(timer.seconds)
-        strategy_s, plain_s = _max_over_workers(
-            [statistics.median(seconds[1:]), statistics.median(plain)], self.device)
-        return strategy_s - plain_s
 
     def profile(self, global_batch: int) -> dict[str, Any]:
         world_size, device, config = self.world_size, self.device, self.config
@@ -288,7 +177,7 @@ class _Sweep:
                              f"{self.workload.name} ({len(self.dataset)} samples)")  # type: ignore[arg-type]
         loader = ray.train.torch.prepare_data_loader(
             DataLoader(self.dataset, batch_size=local_batch, shuffle=True, drop_last=True))
-        batches = _cycle(loader)
+        batches = cycle(loader)
         model, optimizer, loss_fn = self.model, self.optimizer, self.loss_fn
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(device)
@@ -300,7 +189,7 @@ class _Sweep:
         # agree on whether it fitted: a worker out of memory inside DDP's all-reduce would
         # leave its peers waiting in it until the process-group timeout (issue 14, item 6).
         warm = agree_first_step_fits(
-            lambda: _timed_steps(1, batches, model, optimizer, loss_fn, device), device,
+            lambda: timed_steps(1, batches, model, optimizer, loss_fn, device), device,
             model.no_sync() if distributed else contextlib.nullcontext())
         if device.type != "cuda" and config.get("measure_memory", True):
             peak, seconds = self._cpu_peak(batches)
@@ -309,25 +198,25 @@ class _Sweep:
             if limit is not None and peak > float(limit):
                 return {**result, "status": STATUS_OOM,
                         "error": f"peak {peak:.4g} bytes > device_memory_bytes {float(limit):.4g}"}
-        synced_warm = _timed_steps(max(self.warmup - len(warm), 0), batches, model, optimizer,
+        synced_warm = timed_steps(max(self.warmup - len(warm), 0), batches, model, optimizer,
                                    loss_fn, device)
         warm += synced_warm
         # The step count comes from an untracked step (MemTracker slows the one it watches).
-        (warm_s,) = _max_over_workers([(synced_warm or warm[:1] or [math.nan])[-1]], device)
+        (warm_s,) = max_over_workers([(synced_warm or warm[:1] or [math.nan])[-1]], device)
         steps = measured_step_count(warm_s, self.measure, self.budget_s)
         # 2-3. Compute-only, then synced.
         with model.no_sync() if distributed else contextlib.nullcontext():
-            compute = _timed_steps(steps, batches, model, optimizer, loss_fn, device)
-        step = _timed_steps(steps, batches, model, optimizer, loss_fn, device) if distributed \
+            compute = timed_steps(steps, batches, model, optimizer, loss_fn, device)
+        step = timed_steps(steps, batches, model, optimizer, loss_fn, device) if distributed \
             else compute
 
         if global_batch == self.first_batch and self.strategy_batch is not None:
-            result["strategy_extra_s"] = self._strategy_extra_s()
-        medians = [statistics.median(compute), statistics.median(step), _spread(step),
+            result["strategy_extra_s"] = strategy_extra_s(self)
+        medians = [statistics.median(compute), statistics.median(step), step_spread(step),
                    sum(compute) + (sum(step) if distributed else 0.0), sum(warm)]
         if device.type == "cuda":
             medians.append(float(torch.cuda.max_memory_allocated(device)))  # reduced[5]
-        reduced = _max_over_workers(medians, device)
+        reduced = max_over_workers(medians, device)
         compute_s, step_s, spread, timed_s, warm_s = reduced[:5]
         # Timing noise (~15 % here) can make the compute-only median exceed the
         # synced one when the collective is cheap; sync cannot be negative, so the

@@ -1,0 +1,82 @@
+"""What the training strategy adds to a profiled step (issue 14, item 7): the profiling
+loop's phase 4, once per worker group.
+
+At the smallest local batch the strategy takes as configured, plain synced steps on the
+worker group's model, then as many with the strategy's optimizer and hooks
+(`StrategySetup`) on a fresh copy of the model (a strategy may register a DDP comm hook,
+which a model takes only once). AGS's costs are per step and per tensor (scales, a host
+sync, all-reduces), so a small batch, where they stand out of the timing noise, serves.
+"""
+
+from __future__ import annotations
+
+import statistics
+from typing import Any
+
+import ray.train.torch
+from torch.utils.data import DataLoader
+
+from trainables.step_timing import cycle, max_over_workers, measured_step_count, timed_steps
+from tula_ray.measure import StepTimer
+from tula_ray.training import optimizer_hyperparameters
+from tula_ray.training_strategies import build_strategy, get_strategy
+
+
+def strategy_batch(config: dict[str, Any], world_size: int, first_batch: int,
+                    dataset_size: int) -> tuple[int | None, dict[str, Any]]:
+    """(global batch, options) at which the sweep measures the training strategy: the
+    smallest from `first_batch` up (doubling) that the strategy takes with its options
+    unchanged (AGS switches its source where its small batch does not fit: a different
+    cost), else the smallest it takes at all; (None, {}) without a strategy or a batch."""
+    if not config.get("training_strategy"):
+        return None, {}
+    strategy = get_strategy(config["training_strategy"])
+    given = dict(config.get("training_options") or {})
+    accepted = []
+    global_batch = first_batch
+    while global_batch <= dataset_size:
+        try:
+            options, _ = strategy.check(world_size, global_batch, dict(given))
+        except ValueError:
+            options = None
+        if options == given:
+            return global_batch, options
+        if options is not None:
+            accepted.append((global_batch, options))
+        global_batch *= 2
+    return accepted[0] if accepted else (None, {})
+
+
+def strategy_extra_s(sweep: Any) -> float:
+    """Seconds the training strategy adds to one step (the profiling loop's phase 4), the
+    slowest worker's strategy median less the slowest worker's plain median, at
+    `sweep.strategy_batch`; `sweep`: the loop's worker group (model, data, config)."""
+    global_batch = sweep.strategy_batch
+    loader = ray.train.torch.prepare_data_loader(DataLoader(
+        sweep.dataset, batch_size=global_batch // sweep.world_size, shuffle=True,
+        drop_last=True))
+    batches = cycle(loader)
+    first = timed_steps(1, batches, sweep.model, sweep.optimizer, sweep.loss_fn, sweep.device)
+    (first_s,) = max_over_workers(first, sweep.device)
+    count = measured_step_count(first_s, sweep.measure, sweep.budget_s)
+    plain = timed_steps(count, batches, sweep.model, sweep.optimizer, sweep.loss_fn,
+                         sweep.device)
+    model = ray.train.torch.prepare_model(sweep.workload.model_fn())
+    model.train()
+    setup = build_strategy(
+        get_strategy(sweep.config["training_strategy"]), model, global_batch=global_batch,
+        steps_per_epoch=max(1, len(sweep.dataset) // global_batch),  # type: ignore[arg-type]
+        epochs=int(sweep.config.get("epochs") or sweep.workload.epochs),
+        options=sweep.strategy_options, **optimizer_hyperparameters(sweep.workload))
+    setup.start_epoch(0)
+    seconds = []
+    for _ in range(count + 1):  # the first builds the optimizer's state: untimed
+        inputs, targets = next(batches)
+        with StepTimer(sweep.device) as timer:
+            setup.optimizer.zero_grad(set_to_none=True)
+            setup.backward(model, sweep.loss_fn, inputs, targets)
+            setup.step()
+        seconds.append(timer.seconds)
+    strategy_s, plain_s = max_over_workers(
+        [statistics.median(seconds[1:]), statistics.median(plain)], sweep.device)
+    return strategy_s - plain_s
