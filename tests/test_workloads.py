@@ -234,3 +234,27 @@ def test_step_timer_times_a_train_step():
     with measure.StepTimer("cpu") as timer:
         loss = measure.train_step(model, optimizer, torch.nn.CrossEntropyLoss(), inputs, targets)
     assert timer.seconds > 0 and loss.requires_grad is False
+
+
+def test_decoded_images_are_kept_so_later_processes_skip_torchvision(places):
+    """The first load decodes with torchvision and keeps uint8 tensors in the cache; a
+    later process (a Ray worker of the next launch) loads them without torchvision;
+    replaced idx files are decoded again."""
+    import subprocess
+    import sys
+
+    raw, root = places["root"] / "FashionMNIST" / "raw", str(places["root"])
+    _write_idx(raw, n=6, gz=False)
+    first = datasets.fashion_mnist(True, root=root)
+    kept = list((places["cache"] / "tula-ray" / "fashion-mnist" / "decoded").glob("train-*.pt"))
+    assert len(kept) == 1
+    script = ("import sys, tula_ray.datasets as d; data = d.fashion_mnist(True, root=sys.argv[1]); "
+              "print(len(data), 'torchvision' in sys.modules, float(data.tensors[0].sum()))")
+    out = subprocess.run([sys.executable, "-c", script, root], capture_output=True, text=True,
+                         check=True).stdout.split()
+    assert out[:2] == ["6", "False"]
+    assert float(out[2]) == pytest.approx(float(first.tensors[0].sum()), rel=1e-6)
+
+    _write_idx(raw, n=9, gz=False)  # replaced files: another key, decoded again
+    datasets._fashion_mnist_tensors.cache_clear()
+    assert len(datasets.fashion_mnist(True, root=root)) == 9

@@ -58,7 +58,8 @@ def strategy_extra_s(sweep: Any) -> float:
     batches = cycle(loader)
     first = timed_steps(1, batches, sweep.model, sweep.optimizer, sweep.loss_fn, sweep.device)
     (first_s,) = max_over_workers(first, sweep.device)
-    count = measured_step_count(first_s, sweep.measure, sweep.budget_s)
+    # Plain and strategy steps share one phase's budget: its cost is what the plan needs.
+    count = measured_step_count(first_s, sweep.measure, sweep.budget_s / 2)
     plain = timed_steps(count, batches, sweep.model, sweep.optimizer, sweep.loss_fn,
                          sweep.device)
     model = ray.train.torch.prepare_model(sweep.workload.model_fn())
