@@ -223,6 +223,9 @@ def _valid(argument: str, value) -> bool:
             isinstance(k, str) and k and _number(x) and x >= 1e-4
             and not (k == "GPU" and x > 1 and x != int(x)) for k, x in v.items())),
         "provision_timeout_s": lambda v: _number(v) and v >= 0,
+        "training_strategy": lambda v: v is None or v in (
+            "ags", "ags-ns", "lbt", "lrs", "lars", "polo"),
+        "training_options": lambda v: v is None or v == {},
     }
     return bool(checks[argument](value))
 
