@@ -35,7 +35,8 @@ from tula_ray.arguments import (check_bool, check_int, check_mapping, check_numb
 from tula_ray.cluster import (PROVISION_TIMEOUT_S_DEFAULT, check_storage_path, check_worker_request,
                               ensure_ray, provision_workers, release_workers)
 from tula_ray.plan import Plan
-from tula_ray.training_strategies import TrainingStrategy, build_strategy, get_strategy
+from tula_ray.training_strategies import (TRAINING_STRATEGY_DEFAULT, TrainingStrategy,
+                                          build_strategy, get_strategy)
 from tula_ray.training_strategies import logger as strategies_logger
 from tula_ray.workloads import Workload, resolve_workload
 
@@ -95,7 +96,7 @@ class _Job:
 
 def train(
     plan: Plan | str | Path,
-    strategy: str | TrainingStrategy = "ags",
+    strategy: str | TrainingStrategy = TRAINING_STRATEGY_DEFAULT,
     *,
     workload: str | Workload | None = None,
     workload_options: dict[str, Any] | None = None,

@@ -26,8 +26,9 @@ from torch import nn
 from torch.utils.data import DataLoader, DistributedSampler, Subset
 
 from tula_ray.measure import StepTimer
-from tula_ray.training_strategies import (StrategySetup, TrainingStrategy, base_optimizer,
-                                          build_strategy, get_strategy)
+from tula_ray.training_strategies import (TRAINING_STRATEGY_DEFAULT, StrategySetup,
+                                          TrainingStrategy, base_optimizer, build_strategy,
+                                          get_strategy)
 from tula_ray.workloads import (LR_DEFAULT, MOMENTUM_DEFAULT, WEIGHT_DECAY_DEFAULT, Workload,
                                 resolve_workload)
 
@@ -246,7 +247,8 @@ class Run:
 
 
 def prepare_run(workload: str | Workload, *, global_batch: int,
-                strategy: str | TrainingStrategy = "ags", epochs: int | None = None,
+                strategy: str | TrainingStrategy = TRAINING_STRATEGY_DEFAULT,
+                epochs: int | None = None,
                 seed: int = 0, device: torch.device | str = "cpu",
                 options: dict[str, Any] | None = None, lr: float | None = None,
                 num_replicas: int = 1, rank: int = 0,
@@ -298,7 +300,8 @@ def prepare_run(workload: str | Workload, *, global_batch: int,
 
 
 def fit(workload: str | Workload, *, global_batch: int,
-        strategy: str | TrainingStrategy = "ags", epochs: int | None = None, seed: int = 0,
+        strategy: str | TrainingStrategy = TRAINING_STRATEGY_DEFAULT,
+        epochs: int | None = None, seed: int = 0,
         device: torch.device | str = "cpu", options: dict[str, Any] | None = None,
         lr: float | None = None,
         on_epoch: Callable[[dict[str, Any], nn.Module, StrategySetup], None] | None = None,

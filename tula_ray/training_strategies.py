@@ -53,7 +53,8 @@ LARS_TRUST_COEFFICIENT_DEFAULT = 0.02
 # --------------------------------------------------------------------------- the registry
 
 STRATEGIES: dict[str, TrainingStrategy] = {}
-# What tula_ray.train (and tune, and the search's measured step cost) use by default.
+# What tula_ray.train, fit, tune_training and the search's measured step cost use by
+# default (the CLI, which does not import torch at start-up, repeats it in its --strategy).
 TRAINING_STRATEGY_DEFAULT = "ags"
 
 

@@ -35,7 +35,8 @@ from tula_ray.cluster import (PROVISION_TIMEOUT_S_DEFAULT, check_storage_path, e
                               provision_workers, release_workers, trial_resources)
 from tula_ray.plan import Plan
 from tula_ray.train import _dry_run, _job  # one way to resolve a plan's training job
-from tula_ray.training_strategies import TrainingStrategy, get_strategy
+from tula_ray.training_strategies import (TRAINING_STRATEGY_DEFAULT, TrainingStrategy,
+                                          get_strategy)
 from tula_ray.workloads import Workload
 
 logger = logging.getLogger(__name__)
@@ -63,7 +64,8 @@ class TuneResult:
     result_grid: Any
 
 
-def tune_training(plan: Plan | str | Path, strategy: str | TrainingStrategy = "ags", *,
+def tune_training(plan: Plan | str | Path,
+                  strategy: str | TrainingStrategy = TRAINING_STRATEGY_DEFAULT, *,
                   trials: int = TRIALS_DEFAULT, epochs: int | None = None,
                   workload: str | Workload | None = None,
                   workload_options: dict[str, Any] | None = None,
