@@ -106,10 +106,13 @@ def _plan_runs(train_subset: int, epochs: int, seeds, batches,
             for label, (strategy, options) in STRATEGY_RUNS.items():
                 runs.append({**common, "label": label, "strategy": strategy, "options": options,
                              "global_batch": batch, "version": RECIPE_VERSIONS.get(label, 1)})
-    for seed in seeds:
-        common = {"train_subset": train_subset, "epochs": epochs, "seed": seed}
-        runs += [{**run, "version": _config_version(run)}
-                 for run in tuning.tuned_runs(tuned or {}, common, batches)]
+    # The tuned runs batch by batch, the tuning's batch first: a session that ends mid-way
+    # leaves whole rows (every strategy, every seed) of the batch the goals weigh most.
+    for batch in sorted(batches, key=lambda b: (b != tuning.TUNE_BATCH, b)):
+        for seed in seeds:
+            common = {"train_subset": train_subset, "epochs": epochs, "seed": seed}
+            runs += [{**run, "version": _config_version(run)}
+                     for run in tuning.tuned_runs(tuned or {}, common, (batch,))]
     return runs
 
 
@@ -152,7 +155,8 @@ def run(quick: bool = False, batches: tuple[int, ...] = LARGE_BATCHES) -> dict:
 def _run_missing(quick: bool, batches: tuple[int, ...], recipe_only: bool) -> None:
     _, _, runs, log = _setup(quick, batches)
     done = {_key(r) for r in _read(log)}
-    todo = [r for r in runs if _key(r) not in done and not (recipe_only and "lr" in r)]
+    todo = [r for r in runs if _key(r) not in done
+            and not (recipe_only and "tuned_at" in r)]
     if todo:
         spawn_gloo(_worker, WORLD_SIZE, todo, str(log))
 

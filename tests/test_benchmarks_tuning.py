@@ -46,10 +46,12 @@ def test_the_tuning_plan_names_the_benchmarks_workload_and_batch():
 def test_tuned_configurations_are_run_at_every_batch_and_a_retuning_is_not_reused():
     record = {"label": "lrs", "strategy": "lrs", "lr": 0.02, "strategy_options": {},
               "global_batch": 1024}
-    runs = generalization._plan_runs(1000, 2, (0, 1), (512, 2048), tuned={"lrs": record})
+    runs = generalization._plan_runs(1000, 2, (0, 1), (512, 1024, 2048),
+                                     tuned={"lrs": record})
     tuned = [r for r in runs if r["label"] == "lrs tuned"]
-    assert [(r["seed"], r["global_batch"]) for r in tuned] == [(0, 512), (0, 2048),
-                                                                (1, 512), (1, 2048)]
+    # Batch by batch, the tuning's batch first, every seed of a batch before the next.
+    assert [(r["global_batch"], r["seed"]) for r in tuned] == [
+        (1024, 0), (1024, 1), (512, 0), (512, 1), (2048, 0), (2048, 1)]
     assert all(r["lr"] == 0.02 and r["tuned_at"] == 1024 for r in tuned)
     recipe = [r for r in runs if r["label"] == "lrs"]
     assert recipe and all("lr" not in r for r in recipe)  # the recipe's own LR
