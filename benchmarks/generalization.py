@@ -36,6 +36,7 @@ from torch import nn
 from benchmarks import tuning
 from benchmarks.common import RESULTS_DIR, provenance, spawn_gloo, write_result
 from tula_ray.ags import DELTA_DEFAULT
+from tula_ray.ags_strategy import NOISE_SCALE_DEFAULTS
 
 WORLD_SIZE = 2
 REFERENCE_BATCH = 32  # NOTES-ENV: the best-generalising batch here
@@ -186,34 +187,49 @@ def report(quick: bool = False, batches: tuple[int, ...] = LARGE_BATCHES) -> dic
     return result
 
 
+def _gate(run: dict) -> float | None:
+    """The run's variability gate delta (None: no gate, every step scaled)."""
+    defaults = NOISE_SCALE_DEFAULTS if run["strategy"] == "ags-ns" else {}
+    return {"delta": DELTA_DEFAULT, **defaults, **run["options"]}["delta"]
+
+
 def _plot_variability(runs: list[dict], path: Path) -> None:
     """Fig. 7b/d analog: density over AGS's steps of eq. 5's variability, one panel per
-    large batch; steps left of delta were scaled, the rest applied as they were."""
+    large batch and one curve per label (recipe and tuned); a step left of its run's
+    gate delta was scaled. The legend gives each label's gate and the share of steps
+    its optimizer scaled (its own count, so a run without a gate shows 100 %)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     from scipy.stats import gaussian_kde
 
-    groups: dict[int, dict[str, list[float]]] = {}
+    groups: dict[int, dict[str, list[dict]]] = {}
     for r in runs:
-        values = [v for e in r["history"] for v in (e.get("variability") or [])
-                  if v is not None and np.isfinite(v) and v > 0]  # the first step's is inf
-        if values:
-            groups.setdefault(r["global_batch"], {}).setdefault(r["label"], []).extend(values)
+        if any(e.get("variability") for e in r["history"]):
+            groups.setdefault(r["global_batch"], {}).setdefault(r["label"], []).append(r)
     batches = sorted(groups) or [None]
-    figure, axes = plt.subplots(1, len(batches), figsize=(5.0 * len(batches), 3.6), squeeze=False)
+    figure, axes = plt.subplots(1, len(batches), figsize=(5.5 * len(batches), 3.8), squeeze=False)
     for axis, batch in zip(axes[0], batches):
-        for label, values in sorted(groups.get(batch, {}).items()):
+        gates = set()
+        for label, group in sorted(groups.get(batch, {}).items()):
+            values = [v for r in group for e in r["history"] for v in (e.get("variability") or [])
+                      if v is not None and np.isfinite(v) and v > 0]  # the first step's is inf
+            scaled = [e["scaled_fraction"] for r in group for e in r["history"]
+                      if e.get("scaled_fraction") is not None]
+            gate = {_gate(r) for r in group}
+            gates |= gate - {None}
+            gate_text = ", ".join("off" if g is None else f"{g:.3g}" for g in sorted(
+                gate, key=lambda g: (g is None, g or 0)))
             logs = np.log10(values)
-            scaled = float(np.mean(np.asarray(values) < DELTA_DEFAULT))
             grid = np.linspace(logs.min() - 0.5, logs.max() + 0.5, 300)
             density = gaussian_kde(logs)(grid) if np.ptp(logs) > 0 else np.zeros_like(grid)
-            axis.plot(grid, density, label=f"{label}: {scaled:.0%} of {len(values)} steps scaled")
-        axis.axvline(np.log10(DELTA_DEFAULT), color="crimson", ls=":",
-                     label=f"delta = {DELTA_DEFAULT} (scaled to its left)")
-        axis.set(xlabel="log10 variability (eq. 5)", ylabel="density over steps",
-                 title=f"B = {batch}")
+            axis.plot(grid, density, label=f"{label} (delta {gate_text}): "
+                      f"{statistics.fmean(scaled) if scaled else float('nan'):.0%} scaled")
+        for gate in sorted(gates):
+            axis.axvline(np.log10(gate), color="crimson", ls=":", lw=1)
+        axis.set(xlabel="log10 variability (eq. 5); dotted: each gate delta",
+                 ylabel="density over steps", title=f"B = {batch}")
         axis.legend(fontsize=7)
     figure.tight_layout()
     figure.savefig(path, dpi=110)
@@ -280,8 +296,10 @@ load when each run was recorded.
 
 {_tuned_markdown(r)}
 
-Fig. 7 analog: where AGS's steps fall against delta = {r['delta']} (eq. 5 per step, all
-seeds and epochs; the share left of delta is the share of scaled steps).
+Fig. 7 analog: where AGS's steps fall against each run's gate delta (eq. 5 per step, all
+seeds and epochs; a step left of its gate is scaled; the paper's delta is {r['delta']}, ags-ns
+has no gate, a tuned run has its tuned delta). The legend gives each label's share of
+scaled steps as its optimizer counted them.
 
 ![variability of AGS steps](benchmarks/results/{r['variability_plot']})
 """

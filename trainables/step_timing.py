@@ -3,10 +3,11 @@ batches forever, timed steps, the slowest worker's figures, a run's own spread."
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 import statistics
-from typing import Iterator
+from typing import Any, Callable, Iterator
 
 import torch
 import torch.distributed as dist
@@ -25,15 +26,23 @@ def cycle(loader: DataLoader) -> Iterator:
         yield from loader
 
 
-def timed_steps(count: int, batches: Iterator, model, optimizer, loss_fn,
-                 device: torch.device) -> list[float]:
+def timed(count: int, batches: Iterator, step: Callable[[Any, Any], Any],
+          device: torch.device) -> list[float]:
+    """Seconds of each of `count` calls step(inputs, targets), one batch each."""
     seconds = []
     for _ in range(count):
         inputs, targets = next(batches)
         with StepTimer(device) as timer:
-            train_step(model, optimizer, loss_fn, inputs, targets)
+            step(inputs, targets)
         seconds.append(timer.seconds)
     return seconds
+
+
+def timed_steps(count: int, batches: Iterator, model, optimizer, loss_fn,
+                device: torch.device) -> list[float]:
+    """Seconds of `count` plain training steps (`tula_ray.measure.train_step`)."""
+    return timed(count, batches, functools.partial(train_step, model, optimizer, loss_fn),
+                 device)
 
 
 def max_over_workers(values: list[float], device: torch.device) -> list[float]:

@@ -16,8 +16,8 @@ from typing import Any
 import ray.train.torch
 from torch.utils.data import DataLoader
 
-from trainables.step_timing import cycle, max_over_workers, measured_step_count, timed_steps
-from tula_ray.measure import StepTimer
+from trainables.step_timing import (cycle, max_over_workers, measured_step_count, timed,
+                                     timed_steps)
 from tula_ray.training import optimizer_hyperparameters
 from tula_ray.training_strategies import build_strategy, get_strategy
 
@@ -70,14 +70,14 @@ def strategy_extra_s(sweep: Any) -> float:
         epochs=int(sweep.config.get("epochs") or sweep.workload.epochs),
         options=sweep.strategy_options, **optimizer_hyperparameters(sweep.workload))
     setup.start_epoch(0)
-    seconds = []
-    for _ in range(count + 1):  # the first builds the optimizer's state: untimed
-        inputs, targets = next(batches)
-        with StepTimer(sweep.device) as timer:
-            setup.optimizer.zero_grad(set_to_none=True)
-            setup.backward(model, sweep.loss_fn, inputs, targets)
-            setup.step()
-        seconds.append(timer.seconds)
+
+    def strategy_step(inputs, targets) -> None:
+        setup.optimizer.zero_grad(set_to_none=True)
+        setup.backward(model, sweep.loss_fn, inputs, targets)
+        setup.step()
+
+    # The first step builds the optimizer's state: untimed.
+    seconds = timed(count + 1, batches, strategy_step, sweep.device)[1:]
     strategy_s, plain_s = max_over_workers(
-        [statistics.median(seconds[1:]), statistics.median(plain)], sweep.device)
+        [statistics.median(seconds), statistics.median(plain)], sweep.device)
     return strategy_s - plain_s
