@@ -7,12 +7,14 @@ Ray part (one Ray session): a user's own tiny Workload, defined here, and a buil
 
 import math
 import sys
+from types import SimpleNamespace
 
 
 import pytest
 import torch
 from torch import nn
 from ray import cloudpickle  # Ray serialises functions with its own copy
+from ray.train import ControllerError, WorkerGroupError
 from torch.utils.data import TensorDataset
 
 import tula_ray
@@ -88,6 +90,51 @@ def test_bad_arguments_fail_before_ray_starts(kwargs, error, message):
     with pytest.raises(error, match=message):
         tula_ray.tune_training(_plan(), **kwargs)
     assert not ray.is_initialized()
+
+
+class _FailingTrainer:
+    """Stands in for TorchTrainer in a trial: keeps its failure config, fails to fit."""
+
+    def __init__(self, error, *args, **kwargs):
+        self.error, self.failure_config = error, kwargs["run_config"].failure_config
+        _FailingTrainer.last = self
+
+    def fit(self):
+        raise self.error
+
+
+@pytest.mark.parametrize("error, is_the_configurations", [
+    (WorkerGroupError("rank 0 died: loss is nan", {0: RuntimeError("nan")}), True),
+    (ControllerError(RuntimeError("worker group startup timed out")), False),
+])
+def test_a_trial_scores_a_crashing_configuration_0_but_errors_when_its_workers_never_start(
+        monkeypatch, error, is_the_configurations):
+    from trainables import tuning_trial
+
+    reports = []
+    monkeypatch.setattr(tuning_trial, "TorchTrainer",
+                        lambda *a, **k: _FailingTrainer(error, *a, **k))
+    monkeypatch.setattr(tuning_trial.tune, "get_context",
+                        lambda: type("Context", (), {"get_trial_dir": lambda self: "/tmp"})())
+    monkeypatch.setattr(tuning_trial.tune, "report", reports.append)
+    # No Tune session here: Tune's report callback and Train's run config are stand-ins.
+    monkeypatch.setattr(tuning_trial, "TuneReportCallback", lambda: None)
+    monkeypatch.setattr(tuning_trial, "RunConfig", SimpleNamespace)
+    fixed = {"workload": "fashion-mnist-cnn", "workload_options": {}, "global_batch": 64,
+             "epochs": 1, "strategy": "lrs", "strategy_options": {}, "seed": 0,
+             "validation_fraction": 0.2, "num_workers": 2, "use_gpu": False,
+             "resources": {"CPU": 1}}
+    if is_the_configurations:
+        tuning_trial.tune_trial({"lr": 10.0}, fixed)
+        assert reports[0][tuning_trial.METRIC] == tuning_trial.FAILED_ACCURACY
+        assert "nan" in reports[0]["error"]
+    else:  # Tune marks the trial ERROR: no score is made up for a fault of the cluster
+        with pytest.raises(ControllerError):
+            tuning_trial.tune_trial({"lr": 10.0}, fixed)
+        assert not reports
+    # A worker group that never starts is retried a bounded number of times, not forever.
+    limit = _FailingTrainer.last.failure_config.controller_failure_limit
+    assert 0 <= limit == tuning_trial.WORKER_GROUP_START_RETRIES
 
 
 # --------------------------------------------------------------------------- local Ray

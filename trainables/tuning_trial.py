@@ -14,7 +14,7 @@ import logging
 from typing import Any
 
 from ray import tune
-from ray.train import FailureConfig, RunConfig, ScalingConfig
+from ray.train import ControllerError, FailureConfig, RunConfig, ScalingConfig
 from ray.train.torch import TorchTrainer
 from ray.tune.integration.ray_train import TuneReportCallback
 
@@ -24,6 +24,11 @@ logger = logging.getLogger(__name__)
 
 METRIC = "val_accuracy"  # what ASHA and Optuna read: accuracy on the held-out split
 FAILED_ACCURACY = 0.0  # reported by a trial whose training crashed: a bad sample, not a crash
+# Train retries a worker group that cannot start (each try waits
+# RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S, 60 s by default) forever unless bounded: a
+# trial whose workers never get their devices would hold the whole tuning. tune_training
+# provisioned the workers before the first trial, so this many failed starts is a fault.
+WORKER_GROUP_START_RETRIES = 10
 
 
 def tune_trial(config: dict[str, Any], fixed: dict[str, Any]) -> None:
@@ -49,9 +54,15 @@ def tune_trial(config: dict[str, Any], fixed: dict[str, Any]) -> None:
         run_config=RunConfig(name="train", storage_path=tune.get_context().get_trial_dir(),
                              callbacks=[TuneReportCallback()],
                              # A failed configuration is a result (accuracy 0), not a retry.
-                             failure_config=FailureConfig(max_failures=0)))
+                             failure_config=FailureConfig(
+                                 max_failures=0,
+                                 controller_failure_limit=WORKER_GROUP_START_RETRIES)))
     try:
         trainer.fit()
+    except ControllerError:
+        # Not the configuration's fault (its workers never started): the trial errors, so
+        # Tune shows the error and Optuna records a failed trial, not a score of 0.
+        raise
     except Exception as exc:  # noqa: BLE001 - a crashing configuration never ends the tuning
         logger.warning("tuning trial %s failed: %s: %s", config, type(exc).__name__, exc)
         tune.report({METRIC: FAILED_ACCURACY, "epoch": -1,
