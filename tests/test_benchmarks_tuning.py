@@ -59,3 +59,27 @@ def test_tuned_configurations_are_run_at_every_batch_and_a_retuning_is_not_reuse
                                       tuned={"lrs": {**record, "lr": 0.03}})
     old_keys = {generalization._key(r) for r in tuned}
     assert not old_keys & {generalization._key(r) for r in again if r["label"] == "lrs tuned"}
+
+
+def _row(batch, label, accuracy, seeds=3, diverged=0):
+    return {"global_batch": batch, "label": label, "test_accuracy_mean": accuracy,
+            "seeds": seeds, "diverged": diverged}
+
+
+def test_the_goals_compare_the_best_ags_with_the_best_rival_and_skip_unfinished_rows():
+    summary = [_row(32, "reference", 0.88),
+               _row(1024, "ags", 0.80), _row(1024, "ags-ns", 0.872), _row(1024, "lrs", 0.86),
+               _row(1024, "ags tuned", 0.85), _row(1024, "ags-ns tuned", 0.84),
+               *[_row(1024, label + " tuned", 0.845) for label in ("lbt", "lrs", "lars")],
+               _row(1024, "polo tuned", 0.86, seeds=2),  # not finished: the goal waits
+               _row(2048, "ags-ns", 0.79, diverged=1),
+               *[_row(2048, label, 0.70) for label in ("lbt", "lrs", "lars", "polo")]]
+    goals = {(g["goal"].split(":")[0].split(",")[0], g["global_batch"]): g
+             for g in generalization._goals(summary, (1024, 2048), seeds=3)}
+    untuned = goals["untuned", 1024]
+    assert (untuned["ags"], untuned["rival"], untuned["met"]) == ("ags-ns", "lrs", True)
+    assert goals["tuned", 1024]["met"] is None  # polo tuned has 2 of 3 seeds
+    assert goals["untuned", 2048]["met"] is False  # better than every baseline, but diverged
+    near = goals["best AGS", 1024]
+    assert (near["ags"], near["rival"], near["met"]) == ("ags-ns", "reference", True)
+    assert "not finished" in generalization._goals_markdown(list(goals.values()))
