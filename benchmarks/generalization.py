@@ -384,7 +384,8 @@ def _tuned_markdown(r: dict) -> str:
 {r['world_size']}, B = {r['tuning']['global_batch']} with `tula_ray.tune_training` (Optuna TPE +
 ASHA on Ray Tune, {r['epochs']} epochs, judged on 20 % of the training subset held out; the
 test set untouched), the same trial budget each, and carried to the other B unchanged: lr
-is the base learning rate that each strategy scales by its own rule.
+is the rate before each strategy's own rule (lrs and lars scale it by B / 128; lbt and polo
+keep it; the AGS variants keep it and scale the gradient, by at most s_max).
 
 | strategy | trials | lr (base) | options | validation accuracy | tuning wall (min) |
 |---|---|---|---|---|---|

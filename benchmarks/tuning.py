@@ -5,9 +5,10 @@ Tuning at every B does not fit this machine, so each strategy is tuned once, at
 B = 1024 on the generalization benchmark's N = 2 (`tula_ray.tune_training`: Optuna's
 TPE and ASHA on Ray Tune, the same `TRIALS` for every strategy, every trial judged on
 a share of the TRAINING subset held out; the test set stays untouched). Its best
-configuration is carried to B = 512 and 2048 unchanged: `lr` is the base learning rate,
-which each strategy scales by its own rule (lbt keeps it, lrs, lars and the AGS
-variants scale it linearly from B = 128), so carrying it is the strategy's own rule.
+configuration is carried to B = 512 and 2048 unchanged: `lr` is the learning rate before
+each strategy's own rule (lrs and lars scale it by B / 128; lbt and polo keep it; the AGS
+variants keep it and scale the gradient instead, by at most their s_max), so carrying it
+is the strategy's own rule.
 
 Resumes: each strategy's tuning is appended to `generalization.tuned.jsonl` when it
 finishes (an interrupted tuning starts over: its trials are not kept); the final runs
