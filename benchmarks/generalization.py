@@ -178,6 +178,10 @@ def report(quick: bool = False, batches: tuple[int, ...] = LARGE_BATCHES) -> dic
               "world_size": WORLD_SIZE, "reference_batch": REFERENCE_BATCH,
               "summary": _summary(finished), "runs": finished,
               "goals": _goals(_summary(finished), batches, len(settings["seeds"])),
+              "shortfalls": {kind: _shortfalls(_summary(finished), batches,
+                                               len(settings["seeds"]), labels)
+                             for kind, labels in (("recipe", list(STRATEGY_RUNS)), (
+                                 "tuned", [k + tuning.TUNED_SUFFIX for k in STRATEGY_RUNS]))},
               "variability_plot": f"{name}_variability.png", "delta": DELTA_DEFAULT,
               "tuned": [] if quick else list(tuning.read_tuned().values()),
               "tuning": {"global_batch": tuning.TUNE_BATCH, "trials": tuning.TRIALS}}
@@ -316,6 +320,43 @@ def _goals(summary: list[dict], batches, seeds: int) -> list[dict]:
     return goals
 
 
+def _shortfalls(summary: list[dict], batches, seeds: int, labels: list[str]) -> list[dict]:
+    """Per strategy (`labels`: recipe or tuned), its worst shortfall in mean test accuracy
+    against the best of `labels` at each B, and its diverged seeds: the strategy a user
+    who does not know B in advance is safest with has no diverged seed and the smallest
+    worst shortfall. Only strategies finished at every B; best first."""
+    rows = {(r["global_batch"], r["label"]): r for r in summary
+            if r["seeds"] >= seeds and r["label"] in labels}
+    complete = [label for label in labels if all((b, label) in rows for b in batches)]
+    if not complete:
+        return []
+    best = {b: max(rows[b, label]["test_accuracy_mean"] for label in complete) for b in batches}
+    ranked = [{"label": label,
+               "worst_shortfall": max(best[b] - rows[b, label]["test_accuracy_mean"]
+                                      for b in batches),
+               "diverged": sum(rows[b, label]["diverged"] for b in batches),
+               "mean_accuracy": statistics.fmean(rows[b, label]["test_accuracy_mean"]
+                                                 for b in batches)}
+              for label in complete]
+    return sorted(ranked, key=lambda r: (r["diverged"] > 0, r["worst_shortfall"]))
+
+
+def _shortfalls_markdown(shortfalls: dict[str, list[dict]]) -> str:
+    parts = []
+    for kind, ranked in shortfalls.items():
+        if not ranked:
+            parts.append(f"{kind}: no strategy finished at every B yet.")
+            continue
+        rows = "\n".join(f"| {r['label']} | {r['worst_shortfall'] * 100:.2f} | {r['diverged']} | "
+                         f"{r['mean_accuracy']:.2%} |" for r in ranked)
+        parts.append(f"{kind} ({len(ranked)} strategies finished at every B; safest first):\n\n"
+                     "| strategy | worst shortfall against the best at a B (points) | "
+                     f"diverged seeds | mean over B |\n|---|---|---|---|\n{rows}")
+    return ("Which strategy is safest when B is not known in advance (the plan picks it): "
+            "its worst shortfall against the best strategy at each B, and its diverged "
+            "seeds.\n\n" + "\n\n".join(parts))
+
+
 def _goals_markdown(goals: list[dict]) -> str:
     lines = []
     for g in goals:
@@ -363,6 +404,8 @@ load when each run was recorded.
 
 {_tuned_markdown(r)}
 {_goals_markdown(r["goals"])}
+
+{_shortfalls_markdown(r["shortfalls"])}
 
 Fig. 7 analog: where AGS's steps fall against each run's gate delta (eq. 5 per step, all
 seeds and epochs; a step left of its gate is scaled; the paper's delta is {r['delta']}, ags-ns

@@ -83,3 +83,16 @@ def test_the_goals_compare_the_best_ags_with_the_best_rival_and_skip_unfinished_
     near = goals["best AGS", 1024]
     assert (near["ags"], near["rival"], near["met"]) == ("ags-ns", "reference", True)
     assert "not finished" in generalization._goals_markdown(list(goals.values()))
+
+
+def test_the_safest_strategy_has_no_diverged_seed_and_the_smallest_worst_shortfall():
+    summary = [_row(512, "lrs", 0.87), _row(2048, "lrs", 0.80, diverged=1),
+               _row(512, "ags-ns", 0.86), _row(2048, "ags-ns", 0.78),
+               _row(512, "lars", 0.82), _row(2048, "lars", 0.79),
+               _row(512, "polo", 0.90, seeds=2), _row(2048, "polo", 0.90)]  # not finished
+    ranked = generalization._shortfalls(summary, (512, 2048), 3,
+                                        ["lrs", "ags-ns", "lars", "polo"])
+    assert [r["label"] for r in ranked] == ["ags-ns", "lars", "lrs"]
+    assert abs(ranked[0]["worst_shortfall"] - 0.02) < 1e-9  # 0.80 - 0.78 at 2048
+    assert abs(ranked[1]["worst_shortfall"] - 0.05) < 1e-9  # 0.87 - 0.82 at 512
+    assert ranked[-1]["diverged"] == 1
