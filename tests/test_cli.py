@@ -6,6 +6,7 @@ import pandas as pd
 
 from tula_ray.cli import main
 from tula_ray.plan import Plan
+from tula_ray.training_strategies import TRAINING_STRATEGY_DEFAULT
 
 
 def test_replay_synthetic_writes_a_plan_and_figures(tmp_path, capsys):
@@ -56,7 +57,10 @@ def test_train_arguments_are_parsed():
     cloud = _parser().parse_args(["demo", "--storage-path", "s3://bucket/tula", "--address", "auto"])
     assert (cloud.storage_path, cloud.address) == ("s3://bucket/tula", "auto")  # URI kept as is
     defaults = _parser().parse_args(["demo", "--train"])
-    assert defaults.train and defaults.strategy == "ags" and defaults.epochs is None
+    assert defaults.train and defaults.epochs is None
+    tune = _parser().parse_args(["tune", "plan/plan.json"])
+    # The CLI's defaults are the library's (it repeats the name to keep torch out of start-up).
+    assert defaults.strategy == tune.strategy == TRAINING_STRATEGY_DEFAULT
 
 
 def test_train_of_a_missing_plan_is_a_clear_error(tmp_path, capsys):

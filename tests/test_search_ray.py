@@ -29,6 +29,7 @@ from tula_ray import measure, perf
 from tula_ray import memory as memory_model
 from tula_ray.profile_table import usable
 from tula_ray.search_strategies import make_strategy
+from tula_ray.training_strategies import TRAINING_STRATEGY_DEFAULT
 from tula_ray.workloads import Workload
 
 pytestmark = pytest.mark.ray
@@ -414,12 +415,13 @@ def test_search_cost_benchmark_quick_on_this_modules_searches(partial_plan, adap
 
 
 def test_the_plan_includes_the_training_strategys_measured_cost(partial_plan):
-    """Issue 14, item 7: each worker group times train's default strategy (ags) once;
+    """Issue 14, item 7: each worker group times train's default strategy once;
     the plan adds what it measured to every step, and says so."""
     profiles = partial_plan.profiles
     assert profiles["strategy_extra_s"].notna().sum() == len(partial_plan.meta["sweeps"])
-    assert partial_plan.meta["training_strategy"] == "ags"
-    assert "include ags's measured cost per step" in partial_plan.summary()
+    assert partial_plan.meta["training_strategy"] == TRAINING_STRATEGY_DEFAULT
+    assert (f"include {TRAINING_STRATEGY_DEFAULT}'s measured cost per step"
+            in partial_plan.summary())
     table = partial_plan.table
     steps = partial_plan.epochs * np.ceil(partial_plan.dataset_size / table["global_batch"])
     assert table["total_time_s"].to_numpy() == pytest.approx(  # the model's

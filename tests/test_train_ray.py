@@ -45,12 +45,13 @@ def plan():
 
 @pytest.fixture(scope="module")
 def trained(ray_session, plan, tmp_path_factory):
-    return tula_ray.train(plan, storage_path=str(tmp_path_factory.mktemp("train")), name="ags")
+    return tula_ray.train(plan, "ags", storage_path=str(tmp_path_factory.mktemp("train")),
+                          name="ags")
 
 
 @pytest.fixture(scope="module")
 def recovered(ray_session, plan, tmp_path_factory):
-    return tula_ray.train(plan, storage_path=str(tmp_path_factory.mktemp("recover")),
+    return tula_ray.train(plan, "ags", storage_path=str(tmp_path_factory.mktemp("recover")),
                           name="ags-fail", fail_at_epoch=1)
 
 
@@ -101,13 +102,16 @@ def test_a_worker_failure_resumes_from_the_last_checkpoint(recovered, trained):
 
 @pytest.mark.parametrize("plan_kwargs, train_kwargs, message", [
     ({}, dict(strategy="sgd"), r"strategy 'sgd' is unknown; use one of \('ags', "),
-    ({}, dict(strategy_options={"deltaa": 0.3}), "option 'deltaa' is unknown for strategy 'ags'"),
+    ({}, dict(strategy="ags", strategy_options={"deltaa": 0.3}),
+     "option 'deltaa' is unknown for strategy 'ags'"),
     ({}, dict(strategy_options={"s_min": -1.0}), r"s_min=-1.0: need 0 <= s_min"),
     (dict(workload="synthetic", meta={}), {}, "the plan does not record a workload"),
     (dict(cluster_sizes=(4,)), {}, "cluster size 4 is larger than the cluster's 2 CPUs"),
     ({}, dict(epochs=0), "epochs=0; it must be an integer >= 1"),
-    (dict(cluster_sizes=(1,), batch_sizes=(16, 32)), {},
+    (dict(cluster_sizes=(1,), batch_sizes=(16, 32)), dict(strategy="ags"),
      "ags takes its small-batch gradient from 32 samples .* needs fewer than 32"),
+    (dict(cluster_sizes=(1,), batch_sizes=(16, 32)), {},  # the default strategy, ags-ns
+     "ags-ns takes its small-batch gradient from 32 samples .* needs fewer than 32"),
 ])
 def test_bad_input_fails_before_any_worker(ray_session, tmp_path, plan_kwargs, train_kwargs,
                                            message):

@@ -133,6 +133,23 @@ def test_the_registry_holds_the_five_and_each_names_its_options():
         register_strategy(object())
 
 
+def test_every_entry_point_defaults_to_one_registered_strategy():
+    import inspect
+
+    import tula_ray
+    from tula_ray import training
+    from tula_ray.training_strategies import TRAINING_STRATEGY_DEFAULT
+
+    assert TRAINING_STRATEGY_DEFAULT in STRATEGIES
+    defaults = {name: inspect.signature(function).parameters[parameter].default
+                for name, function, parameter in (
+                    ("train", tula_ray.train, "strategy"), ("fit", training.fit, "strategy"),
+                    ("prepare_run", training.prepare_run, "strategy"),
+                    ("tune_training", tula_ray.tune_training, "strategy"),
+                    ("search", tula_ray.search, "training_strategy"))}
+    assert defaults == dict.fromkeys(defaults, TRAINING_STRATEGY_DEFAULT)
+
+
 @pytest.mark.parametrize("n, b, options, expected, note", [
     (2, 1024, {}, {}, None),  # 32 < 512: the sub-batch fits
     (2, 64, {}, {"source": "local"}, "does not fit in the local batch B/N = 32"),

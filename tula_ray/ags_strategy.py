@@ -88,7 +88,8 @@ class AdaptiveGradientScaling(BaseStrategy):
         local = global_batch // num_workers
         if options.get("source") == "local":
             if num_workers < 2:
-                raise ValueError("ags source='local' needs >= 2 workers (the plan chose N=1); "
+                raise ValueError(f"{self.name} source='local' needs >= 2 workers (the plan chose "
+                                 "N=1); "
                                  "use source='sub-batch'")
             return options, []
         small = options.get("small_batch", SMALL_BATCH_DEFAULT)
@@ -100,7 +101,7 @@ class AdaptiveGradientScaling(BaseStrategy):
                     f"b = {local}) as the small-batch gradient")
             return {**options, "source": "local"}, [note]
         hint = f" or source='local' (b = {local})" if num_workers >= 2 else ""
-        raise ValueError(f"ags takes its small-batch gradient from {small} samples of each "
+        raise ValueError(f"{self.name} takes its small-batch gradient from {small} samples of each "
                          f"worker's local batch of {local} (B={global_batch} / N={num_workers}), "
                          f"which needs fewer than {local}: pass strategy_options with "
                          f"small_batch < {local}{hint}")

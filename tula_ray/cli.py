@@ -27,6 +27,9 @@ from tula_ray.search_strategies import STRATEGIES as SEARCH_STRATEGIES
 from tula_ray.space import SearchSpace
 
 METRICS_FILE = "train_metrics.csv"
+# tula_ray.training_strategies.TRAINING_STRATEGY_DEFAULT, repeated: importing it would
+# import torch at start-up (tests/test_cli.py holds the two equal).
+STRATEGY_DEFAULT = "ags-ns"
 TUNED_FILE = "tuned.json"  # `tula-ray tune`'s best configuration: `tula-ray train --config`
 SHOWN_COLUMNS = ("epoch", "resumed_from", "train_loss", "train_accuracy", "test_loss",
                  "test_accuracy", "lr", "seconds", "scaled_fraction")
@@ -68,9 +71,10 @@ def add_address_option(parser: argparse.ArgumentParser) -> None:
 
 def add_train_options(parser: argparse.ArgumentParser) -> None:
     """Options shared by `train` and `demo --train`."""
-    parser.add_argument("--strategy", default="ags",
-                        help="ags (default, the paper's method) or a baseline: lbt, lrs, lars, "
-                             "polo (tula_ray.training_strategies.STRATEGIES)")
+    parser.add_argument("--strategy", default=STRATEGY_DEFAULT,
+                        help=f"{STRATEGY_DEFAULT} (default: AGS-NS, README), ags (the paper's "
+                             "literal AGS) or a baseline: lbt, lrs, lars, polo "
+                             "(tula_ray.training_strategies.STRATEGIES)")
     parser.add_argument("--epochs", type=int, default=None,
                         help="epochs to train (default: the plan's)")
     parser.add_argument("--max-failures", type=int, default=None,
@@ -105,7 +109,8 @@ def add_tune_command(commands: Any) -> None:
     parser = commands.add_parser("tune", help="tune a strategy at a plan's N and B "
                                               "(Optuna + ASHA, judged on held-out training data)")
     parser.add_argument("plan", type=Path, help="a plan.json written by demo, search or replay")
-    parser.add_argument("--strategy", default="ags", help="the strategy to tune (default ags)")
+    parser.add_argument("--strategy", default=STRATEGY_DEFAULT,
+                        help=f"the strategy to tune (default {STRATEGY_DEFAULT})")
     parser.add_argument("--trials", type=int, default=None,
                         help="sampled configurations (default: tula_ray.tune_training's)")
     parser.add_argument("--epochs", type=int, default=None, help="epochs per trial")
