@@ -65,7 +65,7 @@ def test_every_rank_fitting_returns_the_step_timing(tmp_path):
     assert [(tmp_path / f"{rank}.txt").read_text() for rank in (0, 1)] == ["fitted", "fitted"]
 
 
-def test_a_profiling_trial_gives_up_on_a_lost_peer_in_minutes(monkeypatch):
+def test_a_profiling_trial_gives_up_on_a_lost_peer_or_a_group_that_cannot_start(monkeypatch):
     import trainables.profiling_trial as trial
 
     built = {}
@@ -74,3 +74,6 @@ def test_a_profiling_trial_gives_up_on_a_lost_peer_in_minutes(monkeypatch):
                    "resources_per_worker": {"CPU": 1}, "workload": "fashion-mnist-cnn"})
     assert built["torch_config"].timeout_s == COLLECTIVE_TIMEOUT_S
     assert COLLECTIVE_TIMEOUT_S <= 300 < 1800  # torch's default: half an hour
+    # A group that keeps failing to start gives up too (Ray Train's default: retry forever).
+    assert 0 <= built["run_config"].failure_config.controller_failure_limit \
+        == trial.WORKER_GROUP_START_RETRIES

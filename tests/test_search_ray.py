@@ -244,18 +244,20 @@ def test_out_of_memory_candidate_is_infeasible_and_the_search_goes_on(
 
 def _kill_a_worker_of_the_second_group(storage: Path, killed: list,
                                        stop: threading.Event) -> None:
-    """SIGKILL one Ray Train worker of the N = 2 group in the middle of its sweep: the
-    workers that appear after its trial started (the N = 1 group's may still be exiting),
-    a few seconds after they do (their setup takes seconds; the sweep's five batches take
-    at least 1 s per timed phase each, so it cannot be over by then)."""
+    """SIGKILL one Ray Train worker of the N = 2 group in the middle of its sweep: one of
+    the workers that appeared after its trial started (the N = 1 group's may still be
+    exiting), once the trial has reported its first batch. Not earlier: a worker killed
+    while its group starts is a failed start, which Ray Train retries with a new group
+    (a loaded machine took more than the old fixed 6 s to start one). Four batches are
+    left then, at least 1 s per timed phase each, so the sweep cannot be over."""
     before = None
     while not stop.is_set():
         workers = {pid for pid in descendants(os.getpid()) if "RayTrainWorker" in command(pid)}
         if before is None:
             if any(storage.glob("*/profile_N2_*")):  # Tune made the N = 2 trial's directory
                 before = workers
-        elif len(workers - before) >= 2:
-            time.sleep(6.0)
+        elif len(workers - before) >= 2 and any(
+                path.stat().st_size for path in storage.glob("*/profile_N2_*/result.json")):
             victim = max(workers - before)
             os.kill(victim, signal.SIGKILL)
             killed.append(victim)

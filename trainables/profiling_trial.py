@@ -28,8 +28,8 @@ from ray.train.torch import TorchConfig, TorchTrainer
 from ray.tune.integration.ray_train import TuneReportCallback
 
 from trainables.profiling_loop import profile_loop_per_worker
-from tula_ray.cluster import (alive_node_resources, trial_resources, use_gpu_default,
-                              worker_resources, workers_that_fit)
+from tula_ray.cluster import (WORKER_GROUP_START_RETRIES, alive_node_resources, trial_resources,
+                              use_gpu_default, worker_resources, workers_that_fit)
 from tula_ray.measure import is_out_of_memory
 from tula_ray.profile_table import STATUS_ERROR, STATUS_OOM, profile_row
 from tula_ray.workloads import resolve_workload
@@ -89,8 +89,10 @@ def build_trainer(config: dict[str, Any], callbacks: list | None = None) -> Torc
             num_workers=num_workers, use_gpu=bool(use_gpu), resources_per_worker=resources),
         run_config=RunConfig(
             name=name, storage_path=config.get("storage_path"), callbacks=callbacks or [],
-            # A failed candidate is a measurement (status "error"), not a reason to retry.
-            failure_config=FailureConfig(max_failures=0)),
+            # A failed candidate is a measurement (status "error"), not a reason to retry;
+            # a group that keeps failing to start is one too (its rows become errors).
+            failure_config=FailureConfig(
+                max_failures=0, controller_failure_limit=WORKER_GROUP_START_RETRIES)),
     )
 
 

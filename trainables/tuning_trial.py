@@ -19,16 +19,12 @@ from ray.train.torch import TorchTrainer
 from ray.tune.integration.ray_train import TuneReportCallback
 
 from trainables.training_loop import train_loop_per_worker
+from tula_ray.cluster import WORKER_GROUP_START_RETRIES
 
 logger = logging.getLogger(__name__)
 
 METRIC = "val_accuracy"  # what ASHA and Optuna read: accuracy on the held-out split
 FAILED_ACCURACY = 0.0  # reported by a trial whose training crashed: a bad sample, not a crash
-# Train retries a worker group that cannot start (each try waits
-# RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S, 60 s by default) forever unless bounded: a
-# trial whose workers never get their devices would hold the whole tuning. tune_training
-# provisioned the workers before the first trial, so this many failed starts is a fault.
-WORKER_GROUP_START_RETRIES = 10
 
 
 def tune_trial(config: dict[str, Any], fixed: dict[str, Any]) -> None:

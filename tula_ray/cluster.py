@@ -162,6 +162,12 @@ def use_gpu_default() -> bool:
 # Node launch plus setup (cluster.yaml pip-installs torch on each node) takes minutes on a
 # cloud: long enough for that, bounded so a launch that never succeeds ends in an error.
 PROVISION_TIMEOUT_S_DEFAULT = 1800.0
+# Ray Train retries a worker group that fails to start (each try waits
+# RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S, 60 s by default) forever unless told otherwise
+# (FailureConfig.controller_failure_limit): a trial whose workers never get their devices
+# would hold the whole search or tuning. The workers were provisioned before the first
+# trial, so a few retries cover a worker lost while its group starts; more is a fault.
+WORKER_GROUP_START_RETRIES = 10
 PROVISION_POLL_S = 5.0
 # Where the cluster launcher (`ray up`) puts the autoscaler's config on the head (Ray Tune
 # looks there too, to tell an autoscaling cluster); TULA_RAY_AUTOSCALING_CONFIG overrides.
