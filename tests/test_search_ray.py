@@ -64,6 +64,21 @@ def user_test_data() -> TensorDataset:
 
 USER_WORKLOAD = Workload("user-rgb-cnn", user_model, user_train_data, user_test_data, epochs=3)
 WORKLOAD = dict(workload=USER_WORKLOAD)
+
+
+class SlowOnLargeBatches(nn.Module):
+    """Sleeps in each forward of a local batch >= 128: gives a sweep a tail that lasts
+    seconds (a step here takes milliseconds), so a worker killed after the sweep's first
+    batch is killed in the middle of it."""
+
+    def forward(self, inputs: torch.Tensor) -> torch.Tensor:
+        if inputs.shape[0] >= 128:
+            time.sleep(0.3)
+        return inputs
+
+
+def user_model_slow_on_large_batches() -> nn.Module:
+    return nn.Sequential(SlowOnLargeBatches(), user_model())
 QUICK = dict(warmup_steps=2, measure_steps=5, measure_seconds=0.5, min_batch=32, max_batch=128)
 
 
@@ -248,8 +263,8 @@ def _kill_a_worker_of_the_second_group(storage: Path, killed: list,
     the workers that appeared after its trial started (the N = 1 group's may still be
     exiting), once the trial has reported its first batch. Not earlier: a worker killed
     while its group starts is a failed start, which Ray Train retries with a new group
-    (a loaded machine took more than the old fixed 6 s to start one). Four batches are
-    left then, at least 1 s per timed phase each, so the sweep cannot be over."""
+    (a loaded machine took more than the old fixed 6 s to start one). Not later: the
+    sweep's last two batches take seconds (`SlowOnLargeBatches`), the first ones do not."""
     before = None
     while not stop.is_set():
         workers = {pid for pid in descendants(os.getpid()) if "RayTrainWorker" in command(pid)}
@@ -275,7 +290,9 @@ def test_a_profiling_worker_killed_mid_trial_is_an_error_row_and_the_search_fini
                               args=(tmp_path, killed, stop))
     killer.start()
     try:
-        plan = tula_ray.search(**WORKLOAD, warmup_steps=2, measure_steps=5, measure_seconds=1.0,
+        plan = tula_ray.search(workload=dataclasses.replace(
+                                   USER_WORKLOAD, model_fn=user_model_slow_on_large_batches),
+                               warmup_steps=2, measure_steps=5, measure_seconds=1.0,
                                min_batch=32, max_batch=512, cluster_sizes=(1, 2),
                                strategy="full", objective="time", storage_path=str(tmp_path))
     finally:
