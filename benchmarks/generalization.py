@@ -301,8 +301,8 @@ def _goals(summary: list[dict], batches, seeds: int) -> list[dict]:
     for batch in batches:
         rivals = ["lrs"] if batch < max(LARGE_BATCHES) else list(BASELINES)
         named = rivals[0] if len(rivals) == 1 else "every baseline"
-        goals.append(goal(f"untuned: best AGS recipe >= {named}, no diverged seed", batch, best(batch, AGS_LABELS),
-                          best(batch, rivals, every=True),
+        goals.append(goal(f"untuned: best AGS recipe >= {named}, no diverged seed", batch,
+                          best(batch, AGS_LABELS), best(batch, rivals, every=True),
                           lambda a, r: a["test_accuracy_mean"] >= r["test_accuracy_mean"]
                           and a["diverged"] == 0))
         goals.append(goal("tuned: best tuned AGS >= every tuned baseline", batch,

@@ -88,9 +88,8 @@ class AdaptiveGradientScaling(BaseStrategy):
         local = global_batch // num_workers
         if options.get("source") == "local":
             if num_workers < 2:
-                raise ValueError(f"{self.name} source='local' needs >= 2 workers (the plan chose "
-                                 "N=1); "
-                                 "use source='sub-batch'")
+                raise ValueError(f"{self.name} source='local' needs >= 2 workers (the plan "
+                                 "chose N=1); use source='sub-batch'")
             return options, []
         small = options.get("small_batch", SMALL_BATCH_DEFAULT)
         if small < local:
@@ -101,8 +100,9 @@ class AdaptiveGradientScaling(BaseStrategy):
                     f"b = {local}) as the small-batch gradient")
             return {**options, "source": "local"}, [note]
         hint = f" or source='local' (b = {local})" if num_workers >= 2 else ""
-        raise ValueError(f"{self.name} takes its small-batch gradient from {small} samples of each "
-                         f"worker's local batch of {local} (B={global_batch} / N={num_workers}), "
+        raise ValueError(f"{self.name} takes its small-batch gradient from {small} samples of "
+                         f"each worker's local batch of {local} (B={global_batch} / "
+                         f"N={num_workers}), "
                          f"which needs fewer than {local}: pass strategy_options with "
                          f"small_batch < {local}{hint}")
 
