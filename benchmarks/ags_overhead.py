@@ -30,6 +30,7 @@ from torch import nn
 
 from benchmarks.common import provenance, spawn_gloo, spread, write_result
 from tula_ray.ags import TulaOptimizer, backward_with_refresh, register_local_gradient_hook
+from tula_ray.ags_strategy import NOISE_SCALE_DEFAULTS
 from tula_ray.measure import synthetic_batch
 from tula_ray.workloads import FashionCNN, sgd
 
@@ -45,7 +46,7 @@ def _variant(kind: str, model: nn.Module, local_batch: int) -> torch.optim.Optim
         return base
     if kind == "ags-ns/local":  # the options of the "ags-ns" strategy, local source
         optimizer = TulaOptimizer(base, large_batch=GLOBAL_BATCH, small_batch=SMALL_BATCH,
-                                  source="local", estimator="ema", refresh_every=1, delta=None)
+                                  source="local", **NOISE_SCALE_DEFAULTS)
     else:
         source, granularity = kind.split("/")
         small = SMALL_BATCH if source == "sub-batch" else local_batch

@@ -55,8 +55,9 @@ STRATEGY_RUNS = {  # label -> (strategy, options): each strategy's paper recipe 
     "ags-ns": ("ags-ns", {}),
 }
 # Records before versions count as 1. ags 2: Algorithm 1 exact (issue 12: scales from the
-# next step, BatchNorm untouched; the old records applied them one step early).
-RECIPE_VERSIONS = {"ags": 2}
+# next step, BatchNorm untouched; the old records applied them one step early). ags-ns 2:
+# AdaScale's gain exponent 1 (version 1 had the paper's 1/2).
+RECIPE_VERSIONS = {"ags": 2, "ags-ns": 2}
 
 
 def _run_one(run: dict[str, Any], rank: int) -> dict[str, Any]:
