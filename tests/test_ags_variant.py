@@ -74,6 +74,19 @@ def test_ags_ns_is_registered_with_its_defaults():
         {"gain_exponent": 1.0, "source": "sub-batch"}, [])
 
 
+def test_ags_ns_builds_adascale_s_equal_r_capped_at_b_over_32_every_step_without_gate():
+    """What a user of strategy="ags-ns" gets with no options: AdaScale's exponent 1 and
+    cap B / 32, the per-step moving average, no gate (one worker: the sub-batch source)."""
+    model = nn.Linear(4, 3)
+    setup = STRATEGIES["ags-ns"].build(model, global_batch=1024, steps_per_epoch=10, epochs=2,
+                                       lr=0.01, momentum=0.9, weight_decay=0.0, options={})
+    optimizer = setup.optimizer
+    group = optimizer.param_groups[0]
+    assert (group["gain_exponent"], group["s_max"], group["delta"]) == (1.0, 32.0, None)
+    assert (optimizer.estimator, optimizer.refresh_every, optimizer.source,
+            optimizer.small_batch) == ("ema", 1, "sub-batch", 32)
+
+
 def test_ags_ns_refuses_a_global_batch_not_above_its_reference_batch():
     """Its local gradients stand for the 32-sample reference batch: at B = 32 the optimizer
     could not be built, so the check says so in the driver, before any worker starts."""
