@@ -54,6 +54,9 @@ STRATEGY_RUNS = {  # label -> (strategy, options): each strategy's paper recipe 
     "ags": ("ags", {}),
     "ags-ns": ("ags-ns", {}),
 }
+# Ablations of a recipe, beside it in the table (not tuned, not among the goals' labels):
+# AGS-NS with the paper's gain exponent 1/2 (its recipe until issue 12's re-run).
+ABLATION_RUNS = {"ags-ns p=1/2": ("ags-ns", {"gain_exponent": 0.5})}
 # Records before versions count as 1. ags 2: Algorithm 1 exact (issue 12: scales from the
 # next step, BatchNorm untouched; the old records applied them one step early). ags-ns 2:
 # AdaScale's gain exponent 1 (version 1 had the paper's 1/2).
@@ -97,15 +100,17 @@ def _worker(rank: int, runs: list[dict], out: str) -> None:
 
 
 def _plan_runs(train_subset: int, epochs: int, seeds, batches,
-               tuned: dict[str, dict] | None = None) -> list[dict[str, Any]]:
-    """The recipe runs, then the tuned configurations' (`tuned`: recorded tunings)."""
+               tuned: dict[str, dict] | None = None, quick: bool = False) -> list[dict[str, Any]]:
+    """The recipe runs (and, unless `quick`, the ablations'), then the tuned configurations'
+    (`tuned`: recorded tunings)."""
     runs = []
     for seed in seeds:
         common = {"train_subset": train_subset, "epochs": epochs, "seed": seed}
         runs.append({**common, "label": "reference", "strategy": "lbt", "options": {},
                      "global_batch": REFERENCE_BATCH})
+        recipes = STRATEGY_RUNS | ({} if quick else ABLATION_RUNS)
         for batch in batches:
-            for label, (strategy, options) in STRATEGY_RUNS.items():
+            for label, (strategy, options) in recipes.items():
                 runs.append({**common, "label": label, "strategy": strategy, "options": options,
                              "global_batch": batch, "version": RECIPE_VERSIONS.get(label, 1)})
     # The tuned runs batch by batch, the tuning's batch first: a session that ends mid-way
@@ -135,7 +140,7 @@ def _setup(quick: bool, batches: tuple[int, ...]) -> tuple[str, dict, list[dict]
     settings = QUICK if quick else {"train_subset": TRAIN_SUBSET, "epochs": EPOCHS,
                                     "seeds": SEEDS, "batches": batches}
     tuned = {} if quick else tuning.read_tuned()
-    return (name, settings, _plan_runs(**settings, tuned=tuned),
+    return (name, settings, _plan_runs(**settings, tuned=tuned, quick=quick),
             RESULTS_DIR / f"{name}.runs.jsonl")
 
 
@@ -391,8 +396,9 @@ Fashion-MNIST, {r['train_subset']}-image train subset, full test set, small CNN,
 epoch, mean ± std over seeds (diverged seeds included); "diverged": seeds that ended at
 chance accuracy or with a non-finite loss. "scaled" is AGS's fraction of scaled steps.
 Strategies with the paper's recipe (their defaults): ags is Algorithm 1 literally, ags-ns
-is AGS-NS (README). "<strategy> tuned": its tuned configuration (below), {len(r['tuned'])}
-of {len(STRATEGY_RUNS)} strategies tuned so far.
+is AGS-NS (README: AdaScale's gain exponent 1); ags-ns p=1/2, an ablation, is AGS-NS with
+the paper's exponent 1/2 (AGS-NS's recipe before). "<strategy> tuned": its tuned
+configuration (below), {len(r['tuned'])} of {len(STRATEGY_RUNS)} strategies tuned so far.
 Runs of a label's current recipe version are reused across sessions and commits (the
 baselines' code is unchanged since they were recorded); wall times depend on the machine's
 load when each run was recorded.

@@ -96,3 +96,12 @@ def test_the_safest_strategy_has_no_diverged_seed_and_the_smallest_worst_shortfa
     assert abs(ranked[0]["worst_shortfall"] - 0.02) < 1e-9  # 0.80 - 0.78 at 2048
     assert abs(ranked[1]["worst_shortfall"] - 0.05) < 1e-9  # 0.87 - 0.82 at 512
     assert ranked[-1]["diverged"] == 1
+
+
+def test_the_ablation_runs_beside_the_recipes_but_not_in_quick_mode():
+    runs = generalization._plan_runs(1000, 2, (0,), (512,))
+    ablation = [r for r in runs if r["label"] == "ags-ns p=1/2"]
+    assert [(r["strategy"], r["options"], r["global_batch"]) for r in ablation] == [
+        ("ags-ns", {"gain_exponent": 0.5}, 512)]
+    quick = generalization._plan_runs(1000, 2, (0,), (512,), quick=True)
+    assert {r["label"] for r in quick} == {"reference", *generalization.STRATEGY_RUNS}
