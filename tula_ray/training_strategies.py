@@ -55,9 +55,9 @@ LARS_TRUST_COEFFICIENT_DEFAULT = 0.02
 STRATEGIES: dict[str, TrainingStrategy] = {}
 # What tula_ray.train, fit, tune_training and the search's measured step cost use by
 # default (the CLI, which does not import torch at start-up, repeats it in its --strategy).
-# AGS-NS: in the Table I analog (BENCHMARKS.md) its recipe is never more than 2.3 points
-# under the best strategy at any B and no seed diverged; LRS is best at B <= 1024 but
-# diverged in 2 of 3 seeds at 2048, and the paper's literal AGS trails by up to 6.5 points.
+# AGS-NS: in the Table I analog (BENCHMARKS.md) its recipe is the best at B = 512 and 2048,
+# 0.5 points under LRS at 1024, and no seed diverged; LRS diverged in 2 of 3 seeds at 2048,
+# and the paper's literal AGS trails by up to 6.5 points.
 TRAINING_STRATEGY_DEFAULT = "ags-ns"
 
 
