@@ -103,12 +103,11 @@ def _plan_runs(train_subset: int, epochs: int, seeds, batches,
                tuned: dict[str, dict] | None = None, quick: bool = False) -> list[dict[str, Any]]:
     """The recipe runs (and, unless `quick`, the ablations'), then the tuned configurations'
     (`tuned`: recorded tunings)."""
-    runs = []
+    runs, recipes = [], STRATEGY_RUNS | ({} if quick else ABLATION_RUNS)
     for seed in seeds:
         common = {"train_subset": train_subset, "epochs": epochs, "seed": seed}
         runs.append({**common, "label": "reference", "strategy": "lbt", "options": {},
                      "global_batch": REFERENCE_BATCH})
-        recipes = STRATEGY_RUNS | ({} if quick else ABLATION_RUNS)
         for batch in batches:
             for label, (strategy, options) in recipes.items():
                 runs.append({**common, "label": label, "strategy": strategy, "options": options,
@@ -178,14 +177,13 @@ def report(quick: bool = False, batches: tuple[int, ...] = LARGE_BATCHES) -> dic
     # resumes); the command is the one that runs them, whoever rebuilds the table.
     command = f"{Path(sys.executable).name} -m benchmarks generalization" + (
         " --quick" if quick else "")
+    summary, seeds = _summary(finished), len(settings["seeds"])
     result = {**provenance(), "command": command, "name": name,
               "planned_runs": len(runs), **{k: list(v) if isinstance(v, tuple) else v
                                  for k, v in settings.items()},
               "world_size": WORLD_SIZE, "reference_batch": REFERENCE_BATCH,
-              "summary": _summary(finished), "runs": finished,
-              "goals": _goals(_summary(finished), batches, len(settings["seeds"])),
-              "shortfalls": {kind: _shortfalls(_summary(finished), batches,
-                                               len(settings["seeds"]), labels)
+              "summary": summary, "runs": finished, "goals": _goals(summary, batches, seeds),
+              "shortfalls": {kind: _shortfalls(summary, batches, seeds, labels)
                              for kind, labels in (("recipe", list(STRATEGY_RUNS)), (
                                  "tuned", [k + tuning.TUNED_SUFFIX for k in STRATEGY_RUNS]))},
               "variability_plot": f"{name}_variability.png", "delta": DELTA_DEFAULT,
