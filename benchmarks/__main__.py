@@ -15,7 +15,8 @@ from benchmarks.common import RESULTS_DIR
 BENCHMARKS = {"search": "benchmarks.search_cost", "ags-overhead": "benchmarks.ags_overhead",
               "generalization": "benchmarks.generalization", "memory": "benchmarks.memory_accuracy",
               "batch-finder": "benchmarks.batch_finder", "prediction": "benchmarks.prediction",
-              "simulation": "benchmarks.strategy_simulation"}
+              "simulation": "benchmarks.strategy_simulation",
+              "first-contact": "benchmarks.first_contact"}
 REPORT = Path(__file__).parents[1] / "BENCHMARKS.md"
 HEADER = """# Benchmarks
 

@@ -71,10 +71,7 @@ def main() -> None:
                         test_dataset_fn=test_data, epochs=10)
     storage = str(args.storage_path.resolve()) if args.storage_path else None
     with ray_session():  # one local Ray for the search and the training
-        # From B = 64: AGS (train's default) compares each worker's batch with a 32-sample
-        # sub-batch of it, so the chosen B / N must be above 32 (B = 64 on N = 2: DDP's
-        # local gradient is the small one instead).
-        plan = tula_ray.search(workload, cluster_sizes=tuple(args.cluster_sizes), min_batch=64,
+        plan = tula_ray.search(workload, cluster_sizes=tuple(args.cluster_sizes),
                                max_batch=args.max_batch, objective="time",
                                measure_steps=args.measure_steps, storage_path=storage)
         print(plan.summary())

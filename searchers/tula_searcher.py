@@ -23,7 +23,8 @@ from typing import Any, Iterable
 import pandas as pd
 from ray.tune.search import Searcher
 
-from tula_ray.profile_table import (STATUS_OK, oom_local_batch, profile_frame,
+from tula_ray.failures import deciding_error, record_error
+from tula_ray.profile_table import (STATUS_OK, TRACEBACK_KEY, oom_local_batch, profile_frame,
                                     profile_row)
 from tula_ray.search_strategies import make_strategy
 from tula_ray.space import Candidate
@@ -73,6 +74,7 @@ class TulaSearcher(Searcher):
         self._sweeps: list[dict[str, Any]] = []  # one per finished trial (= launch)
         self._round = 0
         self._stop_reason = ""
+        self._errors: list[dict[str, Any]] = []  # one per distinct error (tula_ray.failures)
 
     # --- what to profile next -------------------------------------------------
 
@@ -101,6 +103,11 @@ class TulaSearcher(Searcher):
     def suggest(self, trial_id: str) -> dict | str | None:
         if self._running:
             return None  # one trial at a time; the next round depends on this one
+        fatal = deciding_error(self._errors)
+        if fatal is not None:  # it would fail every candidate the same way
+            self._stop_reason = (f"stopped by this error ({fatal['failure']}) on "
+                                 f"{len(fatal['candidates'])} candidates: {fatal['error']}")
+            return Searcher.FINISHED
         while True:
             if not self._queue and not self._next_round():
                 return Searcher.FINISHED
@@ -123,9 +130,19 @@ class TulaSearcher(Searcher):
         if b not in running[1] or key in self._rows:
             return  # a batch keeps its first row (a failed group re-reports every batch)
         self._rows[key] = profile_row(n, b, result)
-        if self._rows[key]["status"] != STATUS_OK:
-            logger.warning("candidate N=%d B=%d: %s %s", n, b, self._rows[key]["status"],
-                           self._rows[key].get("error", ""))
+        self._record_failure(self._rows[key], result.get(TRACEBACK_KEY, ""), running[3])
+
+    def _record_failure(self, row: dict[str, Any], traceback_text: str, round_: int) -> None:
+        """Keep a failed row's error once per distinct error (logged the first time)."""
+        if row["status"] == STATUS_OK:
+            return
+        known = len(self._errors)
+        n, b = int(row["num_workers"]), int(row["global_batch"])
+        record_error(self._errors, failure=row["failure"], error=row["error"],
+                     traceback_text=traceback_text, launch=(round_, n), candidate=(n, b))
+        if len(self._errors) > known:
+            logger.warning("candidate N=%d B=%d: %s (%s)%s", n, b, row["error"],
+                           row["failure"], f"\n{traceback_text}" if traceback_text else "")
 
     def on_trial_complete(self, trial_id: str, result: dict | None = None,
                           error: bool = False) -> None:
@@ -141,6 +158,7 @@ class TulaSearcher(Searcher):
             if _key(n, b) not in self._rows and b // n < bound:
                 why = "the trial failed" if error else "the worker group ended before it"
                 self._rows[_key(n, b)] = profile_row(n, b, error=f"not profiled: {why}")
+                self._record_failure(self._rows[_key(n, b)], "", round_)
         self._sweeps.append({"round": round_, "num_workers": n, "global_batches": batches,
                              "wall_s": time.time() - started_at, "error": bool(error)})
 
@@ -161,6 +179,17 @@ class TulaSearcher(Searcher):
         return self._round
 
     @property
+    def errors(self) -> list[dict[str, Any]]:
+        """Each distinct error once: class, "Type: message", the worker's traceback, and the
+        launches (round, N) and candidates (N, B) it hit (`tula_ray.failures.record_error`)."""
+        return [dict(entry) for entry in self._errors]
+
+    @property
+    def deciding_error(self) -> dict[str, Any] | None:
+        """The error that ended the search (`tula_ray.failures.deciding_error`), or None."""
+        return deciding_error(self._errors)
+
+    @property
     def stop_reason(self) -> str:
         """Why the search ended (the strategy's reason), "" while it runs."""
         return self._stop_reason
@@ -170,7 +199,7 @@ class TulaSearcher(Searcher):
                 "candidates": [[c.num_workers, c.global_batch] for c in self._candidates],
                 "rows": self._rows, "queue": self._queue, "running": self._running,
                 "sweeps": self._sweeps, "round": self._round, "stop_reason": self._stop_reason,
-                "context": self.context}
+                "errors": self._errors, "context": self.context}
 
     def set_state(self, state: dict) -> None:
         self._strategy_name = state["strategy"]
@@ -181,6 +210,7 @@ class TulaSearcher(Searcher):
         self._sweeps = state["sweeps"]
         self._round = state["round"]
         self._stop_reason = state["stop_reason"]
+        self._errors = state.get("errors", [])
         self.context = state.get("context", {})
         # Trials that were running when the search stopped did not finish: their
         # batches without a row go first again; finished ones are never repeated.

@@ -12,7 +12,7 @@ from torch import nn
 
 from benchmarks.common import spawn_gloo
 from tula_ray.ags import TulaOptimizer, gain_ratio, max_scale, register_local_gradient_hook
-from tula_ray.training_strategies import STRATEGIES
+from tula_ray.training_strategies import STRATEGIES, build_strategy
 
 
 def test_gain_ratio_carries_the_measured_ratio_to_the_reference_batch():
@@ -87,13 +87,24 @@ def test_ags_ns_builds_adascale_s_equal_r_capped_at_b_over_32_every_step_without
             optimizer.small_batch) == ("ema", 1, "sub-batch", 32)
 
 
-def test_ags_ns_refuses_a_global_batch_not_above_its_reference_batch():
-    """Its local gradients stand for the 32-sample reference batch: at B = 32 the optimizer
-    could not be built, so the check says so in the driver, before any worker starts."""
-    with pytest.raises(ValueError, match="small_batch < 32"):
-        STRATEGIES["ags-ns"].check(2, 32, {})
-    assert STRATEGIES["ags-ns"].check(2, 32, {"small_batch": 8}) == (
-        {"small_batch": 8, "source": "local"}, [])
+@pytest.mark.parametrize("name", ["ags", "ags-ns"])
+@pytest.mark.parametrize("n, b", [(1, 32), (2, 32), (1, 16), (4, 32)])
+def test_ags_trains_a_batch_no_larger_than_its_reference_with_plain_steps(name, n, b):
+    """At B <= the reference small batch (32) the large batch is a small one: the gain is 1.
+    The check accepts the (N, B) with a note (a search's plan may choose it: issue 22,
+    item 6) and the strategy builds the workload's plain SGD, no TulaOptimizer."""
+    options, notes = STRATEGIES[name].check(n, b, {})
+    assert options == {} and len(notes) == 1
+    assert f"B={b} is not larger than its reference small batch 32" in notes[0]
+    model = nn.Linear(4, 2)
+    setup = build_strategy(name, model, global_batch=b, steps_per_epoch=3, epochs=1)
+    assert type(setup.optimizer) is torch.optim.SGD and setup.name == name
+    assert setup.notes == notes
+    # Above it, AGS proper; with a smaller reference of the user's, AGS proper at 32 too.
+    assert isinstance(build_strategy(name, model, global_batch=64, steps_per_epoch=3,
+                                     epochs=1).optimizer, TulaOptimizer)
+    assert isinstance(build_strategy(name, model, global_batch=32, steps_per_epoch=3, epochs=1,
+                                     options={"small_batch": 8}).optimizer, TulaOptimizer)
 
 
 # --------------------------------------------------------------------------- two DDP workers

@@ -51,6 +51,8 @@ def assert_refused(call, argument: str) -> None:
 RESOURCES = st.sampled_from([{}, {"CPU": 0}, {"CPU": -1}, {"CPU": "4"}, {"CPU": True},
                              {"GPU": 1.5}, {1: 2}, {"CPU": float("nan")}, "CPU", 4, ["CPU"]])
 TIMEOUTS = st.sampled_from([-1, -0.5, "600", float("nan"), True, [1]])
+RUNTIME_ENVS = st.sampled_from(["py_modules", 5, ["my_models"], {"env_var": {"A": "1"}},
+                                {"env_vars": {"A": 1}}, {"py_modules": "my_models"}])
 
 
 # --- search() -----------------------------------------------------------------------
@@ -90,6 +92,7 @@ BAD_SEARCH = {
     "training_strategy": st.one_of(st.text().filter(lambda t: t not in (
         "ags", "ags-ns", "lbt", "lrs", "lars", "polo")), st.sampled_from([5, ["ags"]])),
     "training_options": st.sampled_from(["fast", 5, ["delta"], {"no_such_option": 1}]),
+    "runtime_env": RUNTIME_ENVS,
 }
 
 
@@ -139,6 +142,7 @@ BAD_TRAIN = {
     "address": st.sampled_from([5, 1.5, ["auto"], ""]),
     "resources_per_worker": RESOURCES,
     "provision_timeout_s": TIMEOUTS,
+    "runtime_env": RUNTIME_ENVS,
 }
 
 
@@ -158,6 +162,7 @@ BAD_TUNE = {
     "address": BAD_TRAIN["address"],
     "workload": BAD_TRAIN["workload"],
     "workload_options": BAD_TRAIN["workload_options"],
+    "runtime_env": RUNTIME_ENVS,
 }
 
 
@@ -226,6 +231,7 @@ def _valid(argument: str, value) -> bool:
         "training_strategy": lambda v: v is None or v in (
             "ags", "ags-ns", "lbt", "lrs", "lars", "polo"),
         "training_options": lambda v: v is None or v == {},
+        "runtime_env": lambda v: v is None or v == {},
     }
     return bool(checks[argument](value))
 

@@ -132,3 +132,72 @@ def test_search_resume_flag_continues_the_named_search(tmp_path, monkeypatch, ca
     seen.clear()
     assert main(["search", str(config)]) == 2
     assert "resume" not in seen and seen["name"] == "nightly"  # the file alone: no resume
+
+
+def test_runtime_env_json_is_parsed_for_every_command_that_starts_ray(capsys):
+    import pytest
+
+    from tula_ray.cli import _parser
+
+    runtime_env = '{"py_modules": ["my_models"], "env_vars": {"NCCL_DEBUG": "INFO"}}'
+    for command in (["demo"], ["search", "s.yaml"], ["train", "p.json"], ["tune", "p.json"]):
+        args = _parser().parse_args([*command, "--runtime-env-json", runtime_env])
+        assert args.runtime_env == {"py_modules": ["my_models"],
+                                    "env_vars": {"NCCL_DEBUG": "INFO"}}
+    for bad in ("{not json", '["my_models"]'):
+        with pytest.raises(SystemExit):
+            _parser().parse_args(["demo", "--runtime-env-json", bad])
+        assert "--runtime-env-json" in capsys.readouterr().err
+
+
+def test_demo_without_any_means_to_get_its_data_stops_at_once_saying_what_to_do(
+        tmp_path, monkeypatch, capsys):
+    """Issue 22, item 1: no Fashion-MNIST on the machine and no source answering: the
+    command exits with 2 before starting Ray (within 10 s), naming what to do."""
+    import time
+
+    from tula_ray import fashion_mnist_files as files
+
+    monkeypatch.setattr(files, "DEBIAN_DATA_DIR", tmp_path / "no-debian-package")
+    monkeypatch.setenv(files.CACHE_DIR_ENV, str(tmp_path / "cache"))
+    monkeypatch.delenv(files.DATA_DIR_ENV, raising=False)
+
+    def unreachable(directory, deadline):
+        raise OSError("network is unreachable")
+
+    monkeypatch.setattr(files, "fetch_debian_package", unreachable)
+    monkeypatch.setattr(files, "fetch_torchvision", unreachable)
+    started = time.monotonic()
+    assert main(["demo", "--out", str(tmp_path / "plan")]) == 2
+    assert time.monotonic() - started < 10
+    error = capsys.readouterr().err
+    assert "Fashion-MNIST is not on this machine and could not be downloaded" in error
+    assert "apt-get install dataset-fashion-mnist" in error and "TULA_DATA_DIR" in error
+    assert not (tmp_path / "plan").exists()
+
+
+def test_replay_keeps_what_the_training_strategy_cannot_train(tmp_path):
+    """A replayed plan.json keeps its candidates the training strategy refused out of the
+    choice (issue 22, item 6): the replay cannot re-ask a strategy it may not know."""
+    from tula_ray import build_plan
+    from tula_ray.space import SearchSpace
+    from tula_ray.synthetic import example_params, synthetic_profiles
+
+    space = SearchSpace.build((1, 2), min_batch=32, max_batch=256)
+    profiles = synthetic_profiles(space.candidates(), example_params())
+    free = build_plan(space, profiles, epochs=2, dataset_size=4096, objective="time")
+    chosen = (free.choice.num_workers, free.choice.global_batch)
+    plan = build_plan(space, profiles, epochs=2, dataset_size=4096, objective="time",
+                      untrainable={chosen: "refused by the test"},
+                      meta={"training_strategy": "ags"})
+    assert (plan.choice.num_workers, plan.choice.global_batch) != chosen
+    assert "cannot train" in plan.summary()
+    plan.to_json(tmp_path / "plan.json")
+    assert main(["replay", str(tmp_path / "plan.json"), "--objective", "time",
+                 "--out", str(tmp_path / "again")]) == 0
+    again = Plan.from_json(tmp_path / "again" / "plan.json")
+    row = again.table.set_index(["num_workers", "global_batch"]).loc[chosen]
+    assert not row["trainable"] and not row["feasible"]
+    assert row["infeasible_reason"] == "the training strategy cannot train it: refused by the test"
+    assert (again.choice.num_workers, again.choice.global_batch) == (
+        plan.choice.num_workers, plan.choice.global_batch)

@@ -62,6 +62,7 @@ objective: time
 warmup_steps: 1
 measure_steps: 2
 storage_path: {tmp_path / "ray_results"}
+runtime_env: {{env_vars: {{TULA_CLI_MARK: "1"}}}}
 """)
     searched = tula_ray_command("search", str(config), "--out", str(tmp_path / "plan"),
                                 cwd=tmp_path)
@@ -72,6 +73,7 @@ storage_path: {tmp_path / "ray_results"}
     tuned = tula_ray_command(
         "tune", str(tmp_path / "plan" / "plan.json"), "--strategy", "lrs", "--trials", "2",
         "--epochs", "1", "--storage-path", str(tmp_path / "ray_results"),
+        "--runtime-env-json", '{"env_vars": {"TULA_CLI_MARK": "1"}}',
         "--out", str(tmp_path / "tune"), cwd=tmp_path)
     config = json.loads((tmp_path / "tune" / "tuned.json").read_text())
     assert config["strategy"] == "lrs" and 1e-3 <= config["lr"] <= 0.2  # LRS's tuned space
@@ -96,4 +98,7 @@ def test_demo_searches_and_trains_with_one_ray(tmp_path):
     check_plan(tmp_path / "demo", demo.stdout, measured={(1, 64)})
     check_metrics(tmp_path / "demo" / "train_metrics.csv", epochs=1)
     assert "memory probe" in demo.stdout and "trained N=1, B=64 with lbt" in demo.stdout
+    assert demo.stdout.startswith("Fashion-MNIST: ")  # where the data came from, first
+    # The workers' output reaches the driver's terminal (Ray's log_to_driver).
+    assert "(RayTrainWorker pid=" in demo.stdout + demo.stderr
     shutil.rmtree(tmp_path / "ray_results", ignore_errors=True)

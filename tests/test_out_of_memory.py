@@ -10,7 +10,7 @@ import torch.distributed as dist
 from benchmarks.common import spawn_gloo
 from trainables.profiling_loop import PeerOutOfMemoryError, agree_first_step_fits
 from trainables.profiling_trial import COLLECTIVE_TIMEOUT_S, build_trainer
-from tula_ray.measure import is_out_of_memory
+from tula_ray.failures import is_out_of_memory
 
 NCCL_OOM = ("NCCL error in: ProcessGroupNCCL.cpp:1970, unhandled cuda error (run with "
             "NCCL_DEBUG=INFO for details), NCCL version 2.21.5\nncclUnhandledCudaError: Call "

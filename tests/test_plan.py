@@ -251,3 +251,27 @@ def test_training_times_include_the_strategys_measured_cost_per_step():
     noisy = build_plan(SPACE, profiles, epochs=5, dataset_size=10000, strategy="partial",
                        objective="time")
     assert (noisy.table["strategy_extra_s"] == 0).all()
+
+
+def test_candidates_the_training_strategy_cannot_train_are_marked_and_never_chosen():
+    """Issue 22, item 6: the plan asks the training strategy (`refusals`) and keeps what it
+    refuses out of the choice, with a column, the reason and a summary line."""
+    from tula_ray.training_strategies import refusals
+
+    space = SearchSpace.build((1, 2), min_batch=32, max_batch=256)
+    profiles = synthetic_profiles(space.candidates(), example_params())
+    pairs = [(c.num_workers, c.global_batch) for c in space.candidates()]
+    # AGS with a reference of 64 samples at N = 2: a worker's batch must hold more than 64.
+    refused = refusals("ags", {"small_batch": 64}, pairs)
+    assert set(refused) == {(2, 128)}  # B <= 64: plain steps; B = 256: 128 > 64 per worker
+    assert "from 64 samples of each worker's local batch of 64" in refused[(2, 128)]
+    assert refusals("ags-ns", {}, pairs) == {}  # the default trains every candidate
+    plan = build_plan(space, profiles, epochs=2, dataset_size=60_000, objective="time",
+                      untrainable={(n, b): "no" for n, b in pairs if b != 64},
+                      meta={"training_strategy": "ags"})
+    assert plan.choice.global_batch == 64
+    table = plan.table.set_index(["num_workers", "global_batch"])
+    assert not table.loc[(1, 128), "trainable"] and not table.loc[(1, 128), "feasible"]
+    assert table.loc[(1, 128), "infeasible_reason"] == "the training strategy cannot train it: no"
+    assert table.loc[(2, 64), "trainable"]
+    assert "ags cannot train N=1 B=32" in plan.summary()

@@ -30,6 +30,7 @@ from tula_ray import memory as memory_model
 from tula_ray.profile_table import usable
 from tula_ray.search_strategies import make_strategy
 from tula_ray.training_strategies import TRAINING_STRATEGY_DEFAULT
+from tula_ray.workload_check import checked
 from tula_ray.workloads import Workload
 
 pytestmark = pytest.mark.ray
@@ -192,7 +193,7 @@ def test_plan_round_trips_and_plots(partial_plan, tmp_path):
 
 
 def _peaks(*local_batches):
-    workload = USER_WORKLOAD.with_shapes()
+    workload = checked(USER_WORKLOAD)
     return [measure.peak_memory_bytes(workload, b, device="cpu") for b in local_batches]
 
 
@@ -214,19 +215,19 @@ def test_the_bound_check_catches_an_optimistic_memory_model(ray_session):
 
     low, high = _peaks(64, 128)
     device = (low + high) / 2
-    workload = USER_WORKLOAD.with_shapes()
-    probe = _optimistic(probe_memory)(workload, {}, min_local_batch=16, use_gpu=False)
+    probe = _optimistic(probe_memory)(USER_WORKLOAD, {}, min_local_batch=16,
+                                      resources={"CPU": 1.0}, use_gpu=False)
     assert memory_model.max_local_batch(probe["params"], device, 0.0) >= 128  # overshoots
-    checked = check_max_local_batch(workload, {}, probe, device, headroom=0.0, cap=128,
-                                    use_gpu=False)
-    first = checked["bound_checks"][0]
+    bounded = check_max_local_batch(probe, device, headroom=0.0, cap=128,
+                                    resources={"CPU": 1.0}, use_gpu=False)
+    first = bounded["bound_checks"][0]
     assert first["local_batch"] == 128 and first["peak_mem_bytes"] > device  # the cap, measured
-    bound = checked["max_local_batch"]
+    bound = bounded["max_local_batch"]
     assert 64 < bound < 128 and _peaks(bound)[0] <= device
-    assert [row["bound_check"] for row in checked["rows"]] == (
-        [False] * 3 + [True] * len([c for c in checked["bound_checks"] if c["peak_mem_bytes"]]))
+    assert [row["bound_check"] for row in bounded["rows"]] == (
+        [False] * 3 + [True] * len([c for c in bounded["bound_checks"] if c["peak_mem_bytes"]]))
     # The refit on every measured peak predicts the checked batches' peaks closely.
-    for row in checked["rows"]:
+    for row in bounded["rows"]:
         assert row["predicted_peak_mem_bytes"] == pytest.approx(row["peak_mem_bytes"], rel=0.05)
 
 
@@ -240,7 +241,7 @@ def test_out_of_memory_candidate_is_infeasible_and_the_search_goes_on(
     low, high = _peaks(64, 128)
     monkeypatch.setattr(search_module, "probe_memory", _optimistic(search_module.probe_memory))
 
-    def unchecked(workload, options, probe, device_bytes, *, headroom, **_):
+    def unchecked(probe, device_bytes, *, headroom, **_):
         probe["max_local_batch"] = memory_model.max_local_batch(probe["params"], device_bytes,
                                                                 headroom)
         return probe
@@ -252,6 +253,7 @@ def test_out_of_memory_candidate_is_infeasible_and_the_search_goes_on(
                            headroom=0.0, storage_path=str(tmp_path))
     table = plan.table.set_index("global_batch")
     assert table.loc[128, "status"] == "oom"
+    assert plan.profiles.set_index("global_batch").loc[128, "failure"] == "oom"  # the taxonomy
     assert table.loc[128, "infeasible_reason"] == "out of memory when profiled"
     assert table.loc[64, "feasible"] and table.loc[64, "source"] == "measured"
     assert plan.choice.global_batch <= 64
@@ -303,6 +305,12 @@ def test_a_profiling_worker_killed_mid_trial_is_an_error_row_and_the_search_fini
     assert (rows.loc[1, "status"] == "ok").all()  # the group before the kill
     errors = rows[rows["status"] == "error"]
     assert len(errors) >= 1 and set(errors.index.get_level_values(0)) == {2}
+    assert (errors["failure"] == "infrastructure").all()  # a lost worker: the search goes on
+    # Each distinct error once, with the candidates it hit (not once per candidate).
+    named = [entry["error"] for entry in plan.meta["errors"]]
+    assert len(named) == len(set(named)) == errors["error"].nunique()
+    assert sum(len(entry["candidates"]) for entry in plan.meta["errors"]) == len(errors)
+    assert "errors while profiling, each once" in plan.summary()
     table = plan.table.set_index(["num_workers", "global_batch"])
     assert (table.loc[errors.index, "infeasible_reason"] == "profiling crashed").all()
     assert rows.loc[(plan.choice.num_workers, plan.choice.global_batch), "status"] == "ok"

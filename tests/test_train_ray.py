@@ -108,13 +108,28 @@ def test_a_worker_failure_resumes_from_the_last_checkpoint(recovered, trained):
     (dict(workload="synthetic", meta={}), {}, "the plan does not record a workload"),
     (dict(cluster_sizes=(4,)), {}, "cluster size 4 is larger than the cluster's 2 CPUs"),
     ({}, dict(epochs=0), "epochs=0; it must be an integer >= 1"),
-    (dict(cluster_sizes=(1,), batch_sizes=(16, 32)), dict(strategy="ags"),
-     "ags takes its small-batch gradient from 32 samples .* needs fewer than 32"),
-    (dict(cluster_sizes=(1,), batch_sizes=(16, 32)), {},  # the default strategy, ags-ns
-     "ags-ns takes its small-batch gradient from 32 samples .* needs fewer than 32"),
+    (dict(batch_sizes=(32, 128)), dict(strategy="ags", strategy_options={"small_batch": 64}),
+     "ags takes its small-batch gradient from 64 samples .* needs fewer than 64"),
+    (dict(batch_sizes=(32, 128)),  # the default strategy, ags-ns
+     dict(strategy_options={"source": "sub-batch", "small_batch": 64}),
+     "ags-ns takes its small-batch gradient from 64 samples .* needs fewer than 64"),
 ])
 def test_bad_input_fails_before_any_worker(ray_session, tmp_path, plan_kwargs, train_kwargs,
                                            message):
     with pytest.raises(ValueError, match=message):
         tula_ray.train(_plan(**plan_kwargs), storage_path=str(tmp_path), **train_kwargs)
     assert not list(tmp_path.iterdir())  # no Train run was started
+
+
+def test_train_takes_a_plans_choice_at_agss_reference_batch(ray_session, tmp_path):
+    """Issue 22, item 6: a plan that chose B = 32 on N = 2 (the demo's smallest candidate),
+    trained with the default strategy, AGS-NS, whose reference batch is 32: it used to be
+    refused ("ags-ns's reference small batch 32 needs a larger global batch"); the gain is
+    1 there, and it trains with plain SGD steps, saying so."""
+    plan = _plan(batch_sizes=(16, 32))
+    assert (plan.choice.num_workers, plan.choice.global_batch) == (2, 32)
+    result = tula_ray.train(plan, epochs=1, storage_path=str(tmp_path))
+    assert result.strategy == "ags-ns" and list(result.metrics["epoch"]) == [0]
+    assert any("plain SGD steps" in note for note in result.notes)
+    assert math.isfinite(float(result.metrics["test_accuracy"].iloc[0]))
+

@@ -163,7 +163,8 @@ def test_ags_checks_its_sub_batch_against_the_local_batch(n, b, options, expecte
 
 
 @pytest.mark.parametrize("n, b, options, message", [
-    (1, 32, {}, "from 32 samples of each worker's local batch of 32 .* small_batch < 32$"),
+    (2, 128, {"small_batch": 64},
+     "from 64 samples of each worker's local batch of 64 .* small_batch < 64 or source"),
     (2, 64, {"small_batch": 32}, r"small_batch < 32 or source='local' \(b = 32\)"),
     (1, 64, {"source": "local"}, "needs >= 2 workers"),
     (2, 64, {"warmup_epochs": 1}, "option 'warmup_epochs' is unknown for strategy 'ags'"),

@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import functools
-import gzip
-import struct
-from pathlib import Path
 
 import pytest
 import torch
 
 from tula_ray import datasets, measure
+from tula_ray.failures import UserCodeError
+from tula_ray.workload_check import checked, inspect_workload
+from tula_ray.workload_check import complete as complete_workload
 from tula_ray.workloads import WORKLOADS, FashionCNN, Workload, get_workload, resolve_workload
 
 
@@ -85,7 +85,9 @@ def test_custom_workload_size_is_lazy_and_resolve():
     custom = Workload("custom", FashionCNN, lambda: calls.append(1) or dataset,
                       lambda: dataset)
     assert custom.dataset_size == 6 and custom.dataset_size == 6 and len(calls) == 1
-    assert custom.input_bytes_per_sample == 28 * 28 * 4
+    with pytest.raises(ValueError, match="sample_shape is not known yet"):
+        custom.input_bytes_per_sample
+    assert checked(custom).input_bytes_per_sample == 28 * 28 * 4
     assert resolve_workload(custom) is custom
     assert resolve_workload("fashion-mnist-cnn", {"data": "fake"}).name == "fashion-mnist-cnn-fake"
     with pytest.raises(ValueError, match="workload_options"):
@@ -105,104 +107,92 @@ def test_a_users_workload_takes_its_shapes_from_its_data_and_model():
     """A 3-channel model on 12 x 12 images with 6 outputs, no shapes given: the probe's
     batches must have the data's shape (not Fashion-MNIST's) and the model's class count."""
     custom = Workload("rgb", _rgb_model, _rgb_data)  # no test data: a search needs none
-    complete = custom.with_shapes()
+    complete = checked(custom)
     assert (complete.sample_shape, complete.num_classes) == ((3, 12, 12), 6)
+    assert complete.input_dtype == torch.float32
     assert complete.input_bytes_per_sample == 3 * 12 * 12 * 4
-    assert complete.dataset_size == 5 and complete.with_shapes() is complete
+    assert complete.dataset_size == 5
     assert measure.peak_memory_bytes(complete, 4, device="cpu") > 0
     assert repr(complete) == "Workload('rgb')"  # one short line in Tune's output and logs
 
 
 @pytest.mark.parametrize("fields, match", [
-    ({"sample_shape": (1, 28, 28)}, r"sample_shape=\(1, 28, 28\)"),
+    ({"sample_shape": (1, 28, 28)}, r"sample_shape=\(1, 28, 28\), but its first training "
+                                    r"sample's input has shape \(3, 12, 12\)"),
     ({"num_classes": 7}, "num_classes=7, but the model outputs 6"),
-    ({"model_fn": lambda: torch.nn.Conv2d(3, 2, 3)}, r"output has shape \(2, 2, 10, 10\)"),
 ])
 def test_wrong_shapes_are_named_before_any_worker_sees_them(fields, match):
     with pytest.raises(ValueError, match=match):
-        Workload("rgb", **{"model_fn": _rgb_model, "train_dataset_fn": _rgb_data,
-                           **fields}).with_shapes()
+        checked(Workload("rgb", **{"model_fn": _rgb_model, "train_dataset_fn": _rgb_data,
+                                   **fields}))
 
 
-# ----------------------------------------------------------------- data directory
+class _TokenClassifier(torch.nn.Module):
+    """Integer token ids in, class scores out: random float inputs would crash it."""
 
-def _write_idx(directory: Path, n: int = 5, gz: bool = True) -> None:
-    """Tiny valid idx files: image i is filled with value i, label i % 10."""
-    directory.mkdir(parents=True, exist_ok=True)
-    for prefix, count in (("train", n), ("t10k", 2)):
-        images = struct.pack(">IIII", 2051, count, 28, 28) + b"".join(
-            bytes([i]) * 784 for i in range(count))
-        labels = struct.pack(">II", 2049, count) + bytes(i % 10 for i in range(count))
-        for kind, payload in (("images-idx3", images), ("labels-idx1", labels)):
-            name = f"{prefix}-{kind}-ubyte"
-            if gz:
-                (directory / f"{name}.gz").write_bytes(gzip.compress(payload))
-            else:
-                (directory / name).write_bytes(payload)
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed, self.head = torch.nn.Embedding(50, 8), torch.nn.Linear(8, 3)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.head(self.embed(tokens).mean(dim=1))
 
 
-@pytest.fixture
-def places(tmp_path, monkeypatch):
-    """Every place the resolver looks at, empty, and the download switched off."""
-    dirs = {k: tmp_path / k for k in ("root", "env", "debian", "cache")}
-    monkeypatch.setattr(datasets, "DEBIAN_DATA_DIR", dirs["debian"])
-    monkeypatch.setenv(datasets.CACHE_DIR_ENV, str(dirs["cache"]))
-    monkeypatch.setenv(datasets.DATA_DIR_ENV, str(dirs["env"]))
-
-    def no_network(root):
-        raise RuntimeError("network is unreachable")
-
-    monkeypatch.setattr(datasets, "_download", no_network)
-    return dirs
+def _tokens():
+    generator = torch.Generator().manual_seed(0)
+    return torch.utils.data.TensorDataset(torch.randint(0, 50, (20, 7), generator=generator),
+                                          torch.randint(0, 3, (20,), generator=generator))
 
 
-def test_nothing_found_is_a_clear_error(places):
-    with pytest.raises(FileNotFoundError) as info:
-        datasets.fashion_mnist_root(places["root"])
-    message = str(info.value)
-    for place in ("root", "env", "debian"):
-        assert str(places[place]) in message
-    assert "apt-get install dataset-fashion-mnist" in message and "TULA_DATA_DIR" in message
-    assert "network is unreachable" in message
+def test_integer_token_inputs_are_checked_and_probed_with_their_own_dtype():
+    """Issue 22, item 2: the check takes the first sample's shape and dtype; the memory
+    probe tiles it, so an embedding model is measured on token ids, not random floats."""
+    workload = Workload("tokens", _TokenClassifier, _tokens)
+    facts = inspect_workload(workload)
+    assert facts.sample_shape == (7,) and facts.input_dtype == torch.int64
+    assert facts.num_outputs == 3 and facts.train_size == 20
+    complete = complete_workload(workload, facts)
+    assert complete.input_bytes_per_sample == 7 * 8
+    small, large = (measure.peak_memory_bytes(complete, b, device="cpu", example=facts.example)
+                    for b in (4, 64))
+    assert 0 < small < large
+    inputs, targets = measure.tiled_batch(facts.example, 5)
+    assert inputs.shape == (5, 7) and inputs.dtype == torch.int64 and targets.shape == (5,)
+    with pytest.raises(RuntimeError, match="indices"):  # what random float batches do to it
+        measure.peak_memory_bytes(complete, 4, device="cpu",
+                                  example=measure.synthetic_batch((7,), 3, 2))
 
 
-def test_user_root_comes_first(places):
-    _write_idx(places["root"] / "FashionMNIST" / "raw", gz=False)
-    _write_idx(places["env"])
-    assert datasets.fashion_mnist_root(places["root"]) == places["root"]
+def _raises(error: Exception):
+    def function(*args, **kwargs):
+        raise error
+    return function
 
 
-def test_env_dir_then_debian_flat_gz_are_unpacked_into_cache(places, monkeypatch):
-    _write_idx(places["debian"], n=7)
-    _write_idx(places["env"], n=5)
-    cache_root = places["cache"] / "tula-ray" / "fashion-mnist"
-    assert datasets.fashion_mnist_root() == cache_root  # env's .gz unpacked into the cache
-    assert len(datasets.fashion_mnist(True)) == 5
-    assert not any(p.name.endswith("ubyte") for p in places["env"].iterdir())  # source untouched
-
-    monkeypatch.delenv(datasets.DATA_DIR_ENV)
-    monkeypatch.setenv(datasets.CACHE_DIR_ENV, str(places["cache"] / "second"))
-    assert len(datasets.fashion_mnist(True)) == 7  # the Debian directory
-    assert len(datasets.fashion_mnist(False)) == 2
-
-
-def test_train_subset_first_or_seeded(places):
-    _write_idx(places["env"], n=20)
-    first = datasets.fashion_mnist(True, train_subset=4)
-    assert first.tensors[1].tolist() == [0, 1, 2, 3]
-    seeded = datasets.fashion_mnist(True, train_subset=4, subset_seed=1)
-    assert seeded.tensors[1].tolist() == datasets.fashion_mnist(
-        True, train_subset=4, subset_seed=1).tensors[1].tolist()
-    assert seeded.tensors[1].tolist() != [0, 1, 2, 3]
-    assert get_workload("fashion-mnist-cnn", train_subset=4).dataset_size == 4
+@pytest.mark.parametrize("fields, stage, raised", [
+    ({"train_dataset_fn": _raises(FileNotFoundError("no images under /data/my-images"))},
+     r"train_dataset_fn\(\)", "FileNotFoundError: no images under /data/my-images"),
+    ({"model_fn": _raises(ImportError("No module named 'my_models'"))}, r"model_fn\(\)",
+     "ImportError: No module named 'my_models'"),
+    ({"model_fn": lambda: torch.nn.Sequential(_Raising(), _rgb_model())},
+     "the model's forward", "ValueError: a broken forward"),
+    ({"loss_fn": lambda: _raises(RuntimeError("loss exploded"))}, r"loss_fn\(\)",
+     "RuntimeError: loss exploded"),
+])
+def test_the_workloads_own_code_failing_is_a_user_code_error_with_its_traceback(
+        fields, stage, raised):
+    workload = Workload("rgb", **{"model_fn": _rgb_model, "train_dataset_fn": _rgb_data,
+                                  **fields})
+    with pytest.raises(UserCodeError, match=f"workload 'rgb': {stage}.* raised {raised}") as info:
+        inspect_workload(workload)
+    assert "Traceback (most recent call last)" in info.value.traceback_text
+    assert str(info.value).startswith(info.value.message) and raised in str(info.value)
+    assert "Traceback where it ran" in str(info.value)
 
 
-@pytest.mark.skipif(not datasets.DEBIAN_DATA_DIR.is_dir(), reason="dataset-fashion-mnist absent")
-def test_real_fashion_mnist_is_normalised():
-    dataset = get_workload("fashion-mnist-cnn").train_dataset_fn()
-    images = dataset.tensors[0]
-    assert images.shape == (60_000, 1, 28, 28) and images.dtype == torch.float32
-    assert abs(float(images.mean())) < 0.05 and abs(float(images.std()) - 1) < 0.05
+class _Raising(torch.nn.Module):
+    def forward(self, inputs: torch.Tensor) -> torch.Tensor:
+        raise ValueError("a broken forward")
 
 
 # ----------------------------------------------------------------- measure
@@ -234,27 +224,3 @@ def test_step_timer_times_a_train_step():
     with measure.StepTimer("cpu") as timer:
         loss = measure.train_step(model, optimizer, torch.nn.CrossEntropyLoss(), inputs, targets)
     assert timer.seconds > 0 and loss.requires_grad is False
-
-
-def test_decoded_images_are_kept_so_later_processes_skip_torchvision(places):
-    """The first load decodes with torchvision and keeps uint8 tensors in the cache; a
-    later process (a Ray worker of the next launch) loads them without torchvision;
-    replaced idx files are decoded again."""
-    import subprocess
-    import sys
-
-    raw, root = places["root"] / "FashionMNIST" / "raw", str(places["root"])
-    _write_idx(raw, n=6, gz=False)
-    first = datasets.fashion_mnist(True, root=root)
-    kept = list((places["cache"] / "tula-ray" / "fashion-mnist" / "decoded").glob("train-*.pt"))
-    assert len(kept) == 1
-    script = ("import sys, tula_ray.datasets as d; data = d.fashion_mnist(True, root=sys.argv[1]); "
-              "print(len(data), 'torchvision' in sys.modules, float(data.tensors[0].sum()))")
-    out = subprocess.run([sys.executable, "-c", script, root], capture_output=True, text=True,
-                         check=True).stdout.split()
-    assert out[:2] == ["6", "False"]
-    assert float(out[2]) == pytest.approx(float(first.tensors[0].sum()), rel=1e-6)
-
-    _write_idx(raw, n=9, gz=False)  # replaced files: another key, decoded again
-    datasets._fashion_mnist_tensors.cache_clear()
-    assert len(datasets.fashion_mnist(True, root=root)) == 9

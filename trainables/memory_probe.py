@@ -1,53 +1,107 @@
-"""Memory probe (DESIGN step 1) as Ray tasks: peaks at a few local batches on one worker.
+"""The workload check and the memory probe (DESIGN step 1) as Ray tasks on one worker.
 
-Runs on a worker (a whole GPU when the cluster has them), so the peaks and the
-device size are the workers', not the driver's. The measuring is
-`tula_ray.measure.probe_peaks` / `peak_or_none`, the fitting `tula_ray.memory`
-(eq. 3): this module only ships them to a worker.
+Each task takes one worker's resources (a whole GPU when the workers have GPUs), so the
+check runs where the workers will (the driver may be a CPU head without the data, the
+GPU or the packages), and the peaks and the device size are the workers', not the
+driver's. The checking is `tula_ray.workload_check`, the measuring
+`tula_ray.measure.probe_peaks` / `peak_or_none`, the fitting `tula_ray.memory` (eq. 3):
+this module only ships them to a worker. An error raised there (the workload's own code
+as a `UserCodeError` with the worker's traceback, or a ValueError naming a bad field)
+is raised again in the driver as it is, before any worker group starts.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 import ray
+from ray.exceptions import RaySystemError, RayTaskError
 
 from tula_ray import measure
 from tula_ray import memory as memory_model
+from tula_ray.cluster import task_options
+from tula_ray.failures import UserCodeError
+from tula_ray.measure import Example
+from tula_ray.workload_check import WorkloadFacts, complete, inspect_workload
 from tula_ray.workloads import Workload, resolve_workload
 
 
-def _measure_on_worker(workload: str | Workload, options: dict[str, Any],
+def _device(use_gpu: bool) -> str:
+    return "cuda" if use_gpu else "cpu"
+
+
+def _check_and_measure(workload: str | Workload, options: dict[str, Any],
                        local_batches: list[int], use_gpu: bool) -> dict[str, Any]:
-    return measure.probe_peaks(resolve_workload(workload, options), local_batches,
-                               device="cuda" if use_gpu else "cpu")
+    resolved = resolve_workload(workload, options)
+    facts = inspect_workload(resolved, _device(use_gpu))
+    completed = complete(resolved, facts)  # a contradicted declaration fails here
+    measured = measure.probe_peaks(completed, local_batches, _device(use_gpu),
+                                   example=facts.example) if local_batches else {}
+    return {"facts": facts, "workload": completed, **measured}
 
 
-def _peak_on_worker(workload: str | Workload, options: dict[str, Any], local_batch: int,
-                    use_gpu: bool) -> float | None:
-    return measure.peak_or_none(resolve_workload(workload, options), local_batch,
-                                device="cuda" if use_gpu else "cpu")
+def _peak_on_worker(workload: Workload, local_batch: int, use_gpu: bool,
+                    example: Example) -> float | None:
+    return measure.peak_or_none(workload, local_batch, _device(use_gpu), example)
 
 
-def _on_one_worker(function, use_gpu: bool):
-    """`function` as a Ray task on one worker: a whole GPU when the cluster has them (the
-    peaks and the device size are the GPU's), else one CPU."""
-    return ray.remote(num_gpus=1 if use_gpu else 0, num_cpus=0 if use_gpu else 1)(function)
+def _on_one_worker(function: Callable, resources: dict[str, float]):
+    """`function` as a Ray task holding one worker's `resources`."""
+    return ray.remote(**task_options(resources))(function)
+
+
+# How a worker that cannot unpickle the workload (a module only the driver has) reads.
+UNIMPORTABLE_TEXTS = ("ModuleNotFoundError", "ImportError", "Can't get attribute")
+
+
+def _get(reference: ray.ObjectRef, workload: str | Workload) -> Any:
+    """ray.get, raising the task's own error in the driver when it is the workload's
+    (UserCodeError: its text holds the worker's traceback) or a bad field (ValueError,
+    TypeError); a workload the worker cannot even unpickle (its functions come from a
+    module the driver has and the workers lack) as a UserCodeError that says so; anything
+    else (a lost worker or node) as Ray raised it."""
+    try:
+        return ray.get(reference)
+    except RayTaskError as error:
+        if isinstance(error.cause, (UserCodeError, ValueError, TypeError)):
+            raise error.cause from None
+        text = str(error)
+        if isinstance(error.cause, RaySystemError) and any(t in text for t in UNIMPORTABLE_TEXTS):
+            name = workload if isinstance(workload, str) else workload.name
+            raise UserCodeError(
+                f"workload {name!r} cannot be rebuilt in a Ray worker: a module its functions "
+                "come from is missing there (the driver has it, the workers do not). Ship it "
+                "with runtime_env={'py_modules': [...]} or {'working_dir': ...} (on the "
+                "command line, --runtime-env-json), or install it on every node",
+                text) from None
+        raise
+
+
+def check_workload(workload: str | Workload, options: dict[str, Any], *,
+                   resources: dict[str, float], use_gpu: bool
+                   ) -> tuple[Workload, WorkloadFacts]:
+    """The workload checked on one worker (`tula_ray.workload_check`): the completed
+    workload (shapes, dtype, size) and what the check learned."""
+    checked = _get(_on_one_worker(_check_and_measure, resources).remote(
+        workload, options, [], use_gpu), workload)
+    return checked["workload"], checked["facts"]
 
 
 def probe_memory(workload: str | Workload, options: dict[str, Any], *, min_local_batch: int,
-                 use_gpu: bool) -> dict[str, Any]:
-    """Measure peaks on one worker and fit the memory model.
+                 resources: dict[str, float], use_gpu: bool) -> dict[str, Any]:
+    """Check the workload and measure peaks on one worker, then fit the memory model.
 
-    Returns {"params": MemoryParams, "rows": [{"local_batch", "peak_mem_bytes",
-    "predicted_peak_mem_bytes"}], "device_memory_bytes": the GPU's size or None on CPU,
-    "device_in_use_bytes": what the device holds besides the model (CUDA context, ...),
-    "static", "input_bytes_per_sample": what a refit needs}.
+    Returns {"workload": the completed Workload, "facts": WorkloadFacts, "params":
+    MemoryParams, "rows": [{"local_batch", "peak_mem_bytes", "predicted_peak_mem_bytes"}],
+    "device_memory_bytes": the GPU's size or None on CPU, "device_in_use_bytes": what
+    the device holds besides the model (CUDA context, ...), "static",
+    "input_bytes_per_sample": what a refit needs}.
     """
-    measured = ray.get(_on_one_worker(_measure_on_worker, use_gpu).remote(
-        workload, options, memory_model.probe_batches(min_local_batch), use_gpu))
-    probe = {key: measured[key] for key in ("device_memory_bytes", "device_in_use_bytes",
-                                            "static", "input_bytes_per_sample")}
+    measured = _get(_on_one_worker(_check_and_measure, resources).remote(
+        workload, options, memory_model.probe_batches(min_local_batch), use_gpu), workload)
+    probe = {key: measured[key] for key in ("workload", "facts", "device_memory_bytes",
+                                            "device_in_use_bytes", "static",
+                                            "input_bytes_per_sample")}
     points = list(zip(measured["local_batches"], measured["peaks"]))
     probe["params"] = memory_model.fit_probe(points, probe["static"],
                                              probe["input_bytes_per_sample"])
@@ -55,16 +109,18 @@ def probe_memory(workload: str | Workload, options: dict[str, Any], *, min_local
     return probe
 
 
-def check_max_local_batch(workload: str | Workload, options: dict[str, Any], probe: dict,
-                          device_bytes: float, *, headroom: float, cap: int | None,
+def check_max_local_batch(probe: dict, device_bytes: float, *, headroom: float,
+                          cap: int | None, resources: dict[str, float],
                           use_gpu: bool) -> dict[str, Any]:
     """Check the probe's bound by measuring near it (`memory.verified_max_local_batch`),
     each check one Ray task on a worker, then refit eq. 3 on every measured peak so the
     plan's memory predictions cover large batches too. Updates and returns `probe`."""
-    task = _on_one_worker(_peak_on_worker, use_gpu)
+    task = _on_one_worker(_peak_on_worker, resources)
+    workload, example = ray.put(probe["workload"]), ray.put(probe["facts"].example)
+    name = probe["workload"].name
     measured = [(row["local_batch"], row["peak_mem_bytes"]) for row in probe["rows"]]
     bound, checks = memory_model.verified_max_local_batch(
-        probe["params"], lambda b: ray.get(task.remote(workload, options, b, use_gpu)),
+        probe["params"], lambda b: _get(task.remote(workload, b, use_gpu, example), name),
         device_bytes, headroom=headroom, measured=measured, cap=cap)
     points = measured + [(b, peak) for b, peak in checks if peak is not None]
     if checks:

@@ -43,7 +43,8 @@ from torch.utils.data import DataLoader
 from trainables.step_timing import cycle, max_over_workers, measured_step_count, timed_steps
 from trainables.step_timing import spread as step_spread
 from trainables.strategy_cost import strategy_batch, strategy_extra_s
-from tula_ray.measure import is_out_of_memory, memtracker_peak_bytes, train_step
+from tula_ray.failures import is_out_of_memory, workload_code
+from tula_ray.measure import memtracker_peak_bytes, train_step
 from tula_ray.profile_table import MAX_ERROR_CHARS, STATUS_OK, STATUS_OOM, profile_row
 from tula_ray.workloads import resolve_workload
 
@@ -75,7 +76,10 @@ def profile_loop_per_worker(config: dict[str, Any]) -> None:
         started = time.perf_counter()
         row = profile_row(world_size, global_batch, status=STATUS_OK)
         try:
-            row.update(sweep.profile(global_batch))
+            # The workload's own code fails as a UserCodeError (the search's taxonomy).
+            with workload_code(sweep.workload.name, f"training at B={global_batch} on "
+                                                    f"N={world_size} workers"):
+                row.update(sweep.profile(global_batch))
         except RuntimeError as exc:  # torch's OOM, NCCL's (DistBackendError), or a peer's
             if not is_out_of_memory(exc):
                 raise
@@ -134,11 +138,17 @@ class _Sweep:
         self.workload = resolve_workload(config["workload"], config.get("workload_options"))
         self.device = ray.train.torch.get_device()
         torch.manual_seed(int(config.get("seed", SEED_DEFAULT)))
-        self.dataset = self.workload.train_dataset_fn()
-        self.model = ray.train.torch.prepare_model(self.workload.model_fn())
+        name = self.workload.name
+        with workload_code(name, "train_dataset_fn()"):
+            self.dataset = self.workload.train_dataset_fn()
+        with workload_code(name, "model_fn()"):
+            model = self.workload.model_fn()
+        self.model = ray.train.torch.prepare_model(model)
         self.model.train()
-        self.optimizer = self.workload.optimizer_fn(self.model.parameters())
-        self.loss_fn = self.workload.loss_fn()
+        with workload_code(name, "optimizer_fn(model.parameters())"):
+            self.optimizer = self.workload.optimizer_fn(self.model.parameters())
+        with workload_code(name, "loss_fn()"):
+            self.loss_fn = self.workload.loss_fn()
         self.first_batch = min(int(b) for b in config.get(
             "global_batches", [config.get("global_batch")]))
         self.strategy_batch, self.strategy_options = strategy_batch(

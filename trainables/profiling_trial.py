@@ -13,13 +13,15 @@ TorchTrainer and forwards the workers' reports to Tune with
 The trial reports one Tune result per batch, each a row with every
 `tula_ray.profile_table.PROFILE_COLUMNS` field (so each shows in Tune's output and the
 dashboard as it is measured); failures are rows with status "oom" or "error", never a
-crashed search. Launches per search = trials = distinct N per round.
+crashed search, each with its class in the search's one taxonomy (`tula_ray.failures`)
+and the worker's traceback. Launches per search = trials = distinct N per round.
 """
 
 from __future__ import annotations
 
 import logging
 import time
+import traceback
 from typing import Any, Callable
 
 from ray import tune
@@ -30,8 +32,9 @@ from ray.tune.integration.ray_train import TuneReportCallback
 from trainables.profiling_loop import profile_loop_per_worker
 from tula_ray.cluster import (WORKER_GROUP_START_RETRIES, alive_node_resources, trial_resources,
                               use_gpu_default, worker_resources, workers_that_fit)
-from tula_ray.measure import is_out_of_memory
-from tula_ray.profile_table import STATUS_ERROR, STATUS_OOM, profile_row
+from tula_ray.failures import (FAILURE_INFRASTRUCTURE, FAILURE_OOM, FAILURE_USER_CODE,
+                               UserCodeError, is_out_of_memory)
+from tula_ray.profile_table import STATUS_ERROR, STATUS_OOM, TRACEBACK_KEY, profile_row
 from tula_ray.workloads import resolve_workload
 
 logger = logging.getLogger(__name__)
@@ -110,7 +113,8 @@ def profile_cluster_size(config: dict[str, Any]) -> None:
     for global_batch in batches_of(config):
         problem = _infeasible(num_workers, global_batch, config)
         if problem:  # no need to start N workers to learn this
-            tune.report(profile_row(num_workers, global_batch, error=problem))
+            tune.report(profile_row(num_workers, global_batch, error=problem,
+                                    failure=FAILURE_INFRASTRUCTURE))
         else:
             runnable.append(global_batch)
     if not runnable:
@@ -119,20 +123,46 @@ def profile_cluster_size(config: dict[str, Any]) -> None:
     if missing:  # a node lost since the search started: record it, go on with other N
         logger.warning("cluster size N=%d not profiled: %s", num_workers, missing)
         for global_batch in runnable:
-            tune.report(profile_row(num_workers, global_batch, error=missing))
+            tune.report(profile_row(num_workers, global_batch, error=missing,
+                                    failure=FAILURE_INFRASTRUCTURE))
         return
     # The Train run is stored inside its Tune trial unless the config names a place.
     config = {**config, "global_batches": runnable, "trial_started_at": started_at,
               "storage_path": config.get("storage_path") or tune.get_context().get_trial_dir()}
     try:
         build_trainer(config, callbacks=[TuneReportCallback()]).fit()
-    except Exception as exc:  # noqa: BLE001 - any failure is an "error" row, never a crash
-        message = f"{type(exc).__name__}: {exc}"
-        status = STATUS_OOM if is_out_of_memory(message) else STATUS_ERROR
-        logger.warning("cluster size N=%d failed at batches %s: %s", num_workers, runnable,
-                       message)
-        for global_batch in runnable:
-            tune.report(profile_row(num_workers, global_batch, status=status, error=message))
+    except Exception as exc:  # noqa: BLE001 - any failure is a row, never a crash
+        failure, message, trace = describe_failure(exc)
+        status = STATUS_OOM if failure == FAILURE_OOM else STATUS_ERROR
+        logger.warning("cluster size N=%d failed at batches %s (%s): %s", num_workers,
+                       runnable, failure, message)
+        for global_batch in runnable:  # the searcher keeps a batch's first row
+            tune.report({**profile_row(num_workers, global_batch, status=status,
+                                       error=message, failure=failure),
+                         TRACEBACK_KEY: trace})
+
+
+def describe_failure(error: BaseException) -> tuple[str, str, str]:
+    """(class, "Type: message", traceback) of a failed worker group, in the search's one
+    taxonomy (`tula_ray.failures`): the worker whose error says most (the workload's own
+    code, then out of memory, then the rest: a peer's collective error is a consequence).
+
+    Ray Train V2 raises a WorkerGroupError whose `worker_failures` hold each rank's
+    exception, wrapped with the worker's traceback (its `_base_exc` is the exception)."""
+    failures = list(getattr(error, "worker_failures", {}).values()) or [error]
+    described = []
+    for failure in failures:
+        original = getattr(failure, "_base_exc", failure)
+        if isinstance(original, UserCodeError):
+            kind, message = FAILURE_USER_CODE, original.message
+        else:
+            message = f"{type(original).__name__}: {original}"
+            kind = FAILURE_OOM if is_out_of_memory(message) else FAILURE_INFRASTRUCTURE
+        trace = str(failure) if failure is not original else "".join(
+            traceback.format_exception(failure))
+        described.append((kind, message, trace))
+    order = (FAILURE_USER_CODE, FAILURE_OOM, FAILURE_INFRASTRUCTURE)
+    return min(described, key=lambda d: order.index(d[0]))
 
 
 def _cannot_place(num_workers: int, config: dict[str, Any]) -> str:

@@ -25,26 +25,29 @@ from tula_ray.training_strategies import build_strategy, get_strategy
 def strategy_batch(config: dict[str, Any], world_size: int, first_batch: int,
                     dataset_size: int) -> tuple[int | None, dict[str, Any]]:
     """(global batch, options) at which the sweep measures the training strategy: the
-    smallest from `first_batch` up (doubling) that the strategy takes with its options
-    unchanged (AGS switches its source where its small batch does not fit: a different
-    cost), else the smallest it takes at all; (None, {}) without a strategy or a batch."""
+    smallest from `first_batch` up (doubling) that the strategy takes as configured, its
+    options unchanged and without notes; else the smallest where it changed its options
+    (AGS switches its source where its small batch does not fit: still AGS, at another
+    cost); else the smallest it takes at all (notes alone say it runs reduced there: AGS's
+    plain steps at a B no larger than its reference batch, PoLo on one worker); (None, {})
+    without a strategy or a batch."""
     if not config.get("training_strategy"):
         return None, {}
     strategy = get_strategy(config["training_strategy"])
     given = dict(config.get("training_options") or {})
-    accepted = []
+    changed, reduced = [], []
     global_batch = first_batch
     while global_batch <= dataset_size:
         try:
-            options, _ = strategy.check(world_size, global_batch, dict(given))
+            options, notes = strategy.check(world_size, global_batch, dict(given))
         except ValueError:
-            options = None
-        if options == given:
+            options, notes = None, []
+        if options == given and not notes:
             return global_batch, options
         if options is not None:
-            accepted.append((global_batch, options))
+            (changed if options != given else reduced).append((global_batch, options))
         global_batch *= 2
-    return accepted[0] if accepted else (None, {})
+    return (changed + reduced)[0] if changed or reduced else (None, {})
 
 
 def strategy_extra_s(sweep: Any) -> float:

@@ -14,6 +14,7 @@ import types
 from importlib import import_module
 from typing import Any
 
+from tula_ray.failures import UserCodeError
 from tula_ray.plan import Plan, build_plan
 from tula_ray.policy import Choice
 from tula_ray.pricing import FixedRate, MemoryRate, Pricing
@@ -31,7 +32,7 @@ _LAZY = {  # public name -> module that defines it (ray, or torch: heavy to impo
 }
 
 __all__ = ["Candidate", "Choice", "FixedRate", "MemoryRate", "Plan", "Pricing",
-           "SearchSpace", "build_plan", *_LAZY]
+           "SearchSpace", "UserCodeError", "build_plan", *_LAZY]
 
 
 def __getattr__(name: str) -> Any:

@@ -9,6 +9,9 @@ its N/B rules and its step hooks (the refresh's extra backward, the DDP comm hoo
             no extra backward; a 32-sample sub-batch on one worker), carried to the
             reference batch 32 by the gradient-noise-scale relation (`gain_ratio`),
             s = r (AdaScale's gain exponent 1) capped at B/32, no variability gate.
+Both train a global batch no larger than their reference small batch (B <= 32 by default)
+with plain SGD steps: the large batch is then a small one and the gain is 1, so every
+(N, B) a search may plan is one they train.
 
 No Ray here (core module); registered in `tula_ray.training_strategies.STRATEGIES`.
 """
@@ -88,6 +91,8 @@ class AdaptiveGradientScaling(BaseStrategy):
         worker's own gradient is a small-batch gradient of B / N <= the default.
         """
         options = check_option_names(self, options)
+        if self._plain(global_batch, options):
+            return options, [self._plain_note(global_batch, options)]
         local = global_batch // num_workers
         if options.get("source") == "local":
             if num_workers < 2:
@@ -109,10 +114,30 @@ class AdaptiveGradientScaling(BaseStrategy):
                          f"which needs fewer than {local}: pass strategy_options with "
                          f"small_batch < {local}{hint}")
 
+    @staticmethod
+    def _plain(global_batch: int, options: dict[str, Any]) -> bool:
+        """Whether B is no larger than the reference small batch: then the large batch is a
+        small one, the scale (AdaScale's gain ratio) is 1, and the steps are plain SGD.
+        Source "local" without a small_batch has no fixed reference (it is B / N)."""
+        if options.get("source") == "local" and "small_batch" not in options:
+            return False
+        return global_batch <= options.get("small_batch", SMALL_BATCH_DEFAULT)
+
+    def _plain_note(self, global_batch: int, options: dict[str, Any]) -> str:
+        return (f"{self.name}: B={global_batch} is not larger than its reference small batch "
+                f"{options.get('small_batch', SMALL_BATCH_DEFAULT)}: there is nothing to scale "
+                "(the gain is 1), so it trains with plain SGD steps")
+
     def build(self, model, *, global_batch, steps_per_epoch, epochs, lr, momentum, weight_decay,
-              options) -> AGSSetup:
-        """The SGD wrapped in TulaOptimizer; source "local" defaults small_batch to B / world."""
+              options) -> StrategySetup:
+        """The SGD wrapped in TulaOptimizer; source "local" defaults small_batch to B / world.
+        At a B no larger than the reference small batch, the plain SGD (`_plain`)."""
         options = dict(options)
+        if self._plain(global_batch, options):
+            note = self._plain_note(global_batch, options)
+            logger.info("%s", note)
+            return StrategySetup(self.name, sgd(model.parameters(), lr, momentum, weight_decay),
+                                 notes=[note])
         if options.get("source") == "local":
             world = world_size()
             if world < 2:
@@ -139,19 +164,16 @@ class NoiseScaleAGS(AdaptiveGradientScaling):
     def check(self, num_workers: int, global_batch: int,
               options: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
         options = check_option_names(self, options)
+        if self._plain(global_batch, options):
+            # Its local gradients stand for the reference batch small_batch (build): at a
+            # B no larger, there is no noise to measure; plain steps.
+            return options, [self._plain_note(global_batch, options)]
         if "source" not in options:
             options["source"] = "local" if num_workers >= 2 else "sub-batch"
-        small = options.get("small_batch", SMALL_BATCH_DEFAULT)
-        if options["source"] == "local" and not small < global_batch:
-            # The local gradients stand for a reference batch of small_batch (build): it
-            # must be smaller than the large batch whose noise it measures.
-            raise ValueError(f"ags-ns's reference small batch {small} needs a larger global "
-                             f"batch than B={global_batch}: pass strategy_options with "
-                             f"small_batch < {global_batch}")
         return super().check(num_workers, global_batch, options)
 
     def build(self, model, *, global_batch, steps_per_epoch, epochs, lr, momentum, weight_decay,
-              options) -> AGSSetup:
+              options) -> StrategySetup:
         options = {**NOISE_SCALE_DEFAULTS, **options}
         if "source" not in options:
             options["source"] = "local" if world_size() >= 2 else "sub-batch"

@@ -21,7 +21,8 @@ from typing import Any, Iterator
 
 import pandas as pd
 
-from tula_ray.plan import Plan, build_plan
+from tula_ray.failures import UserCodeError
+from tula_ray.plan import UNTRAINABLE, Plan, build_plan
 from tula_ray.policy import OBJECTIVES
 from tula_ray.search_strategies import STRATEGIES as SEARCH_STRATEGIES
 from tula_ray.space import SearchSpace
@@ -61,12 +62,32 @@ def storage_location(value: str) -> str:
     return value if "://" in value else str(Path(value).resolve())
 
 
+def runtime_env_json(value: str) -> dict[str, Any]:
+    """`--runtime-env-json`: a JSON object, as Ray's own CLI takes it."""
+    import json
+
+    try:
+        runtime_env = json.loads(value)
+    except json.JSONDecodeError as exc:
+        raise argparse.ArgumentTypeError(f"not JSON ({exc}): {value!r}") from exc
+    if not isinstance(runtime_env, dict):
+        raise argparse.ArgumentTypeError(f"a JSON object is needed, e.g. "
+                                         f'\'{{"env_vars": {{"NCCL_DEBUG": "INFO"}}}}\', not {value!r}')
+    return runtime_env
+
+
 def add_address_option(parser: argparse.ArgumentParser) -> None:
-    """`--address`: the Ray cluster to run on (tula_ray.cluster.ensure_ray)."""
+    """`--address`: the Ray cluster to run on (tula_ray.cluster.ensure_ray), and
+    `--runtime-env-json`: the Ray runtime environment of the job."""
     parser.add_argument("--address", default=None,
                         help="Ray cluster to join: host:port, or 'auto' for the cluster this "
                              "machine belongs to (e.g. on the head of `ray up`); default "
                              "$RAY_ADDRESS, else a new local Ray on loopback")
+    parser.add_argument("--runtime-env-json", dest="runtime_env", type=runtime_env_json,
+                        default=None,
+                        help="the Ray runtime environment every trial and worker inherits, as "
+                             "JSON (as Ray's CLI takes it), e.g. '{\"py_modules\": "
+                             "[\"my_models\"], \"env_vars\": {\"NCCL_DEBUG\": \"INFO\"}}'")
 
 
 def add_train_options(parser: argparse.ArgumentParser) -> None:
@@ -130,7 +151,8 @@ def run_tune(args: argparse.Namespace) -> None:
 
     trials = {} if args.trials is None else {"trials": args.trials}
     best = tune_training(args.plan, args.strategy, epochs=args.epochs, workload=args.workload,
-                         storage_path=args.storage_path, address=args.address, **trials)
+                         storage_path=args.storage_path, address=args.address,
+                         runtime_env=args.runtime_env, **trials)
     print(f"best of {len(best.trials)} trials: validation accuracy {best.val_accuracy:.4f} "
           f"with {best.config}")
     args.out.mkdir(parents=True, exist_ok=True)
@@ -155,7 +177,7 @@ def train_and_write(plan: Any, args: argparse.Namespace, workload: str | None = 
     retries = {} if args.max_failures is None else {"max_failures": args.max_failures}
     tuned = _tuned_config(getattr(args, "config", None)) or {"strategy": args.strategy}
     result = train(plan, workload=workload, epochs=args.epochs, storage_path=storage,
-                   address=args.address, **tuned, **retries)
+                   address=args.address, runtime_env=args.runtime_env, **tuned, **retries)
     shown = [c for c in SHOWN_COLUMNS if c in result.metrics.columns]
     print(f"trained N={result.num_workers}, B={result.global_batch} with {result.strategy}:")
     print(result.metrics[shown].to_string(index=False, float_format=lambda v: f"{v:.4g}"))
@@ -181,19 +203,21 @@ def _tuned_config(path: Path | None) -> dict[str, Any] | None:
 
 
 @contextlib.contextmanager
-def _ray_for(enabled: bool, address: str | None) -> Iterator[None]:
+def _ray_for(enabled: bool, address: str | None,
+             runtime_env: dict[str, Any] | None) -> Iterator[None]:
     """One Ray for several steps (demo: search then train) instead of one each."""
     if not enabled:
         yield
         return
     from tula_ray.cluster import ray_session  # imports ray
 
-    with ray_session(address):
+    with ray_session(address, runtime_env):
         yield
 
 
 def _replay(args: argparse.Namespace) -> None:
     meta: dict = {"source": "replay"}
+    untrainable: dict = {}
     if args.synthetic:
         from tula_ray.synthetic import example_params, synthetic_profiles
 
@@ -207,9 +231,15 @@ def _replay(args: argparse.Namespace) -> None:
         old = Plan.from_json(args.profiles)
         profiles, workload = old.profiles, old.workload
         epochs, dataset_size = old.epochs, old.dataset_size
-        meta["training_strategy"] = old.meta.get("training_strategy")
+        for key in ("training_strategy", "training_options"):
+            meta[key] = old.meta.get(key)
         space = SearchSpace(tuple(old.table["num_workers"].unique().tolist()),
                             tuple(old.table["global_batch"].unique().tolist()))
+        if "trainable" in old.table:  # what the plan's training strategy cannot train
+            refused = old.table[~old.table["trainable"].astype(bool)]
+            untrainable = {(int(n), int(b)): reason.removeprefix(UNTRAINABLE) for n, b, reason
+                           in zip(refused["num_workers"], refused["global_batch"],
+                                  refused["infeasible_reason"])}
     else:
         profiles = pd.read_csv(args.profiles, keep_default_na=False, na_values=[""])
         workload, epochs, dataset_size = args.profiles.stem, args.epochs, args.dataset_size
@@ -218,20 +248,25 @@ def _replay(args: argparse.Namespace) -> None:
     plan = build_plan(space, profiles, epochs=epochs, dataset_size=dataset_size,
                       strategy=args.search_strategy, objective=args.objective,
                       pricing=args.pricing,
-                      workload=workload, meta=meta)
+                      workload=workload, meta=meta, untrainable=untrainable)
     _write(plan, args.out)
 
 
 def _demo(args: argparse.Namespace) -> None:
+    from tula_ray.fashion_mnist_files import locate
+
+    # Before Ray and torch: a machine with no means to get the data stops in seconds.
+    print(f"Fashion-MNIST: {locate().source}", flush=True)
     from tula_ray.search import search  # imports ray: only for the commands that run it
 
     # With --train, one Ray for the search and the training.
-    with _ray_for(args.train, args.address):
+    with _ray_for(args.train, args.address, args.runtime_env):
         plan = search("fashion-mnist-cnn", cluster_sizes=tuple(args.cluster_sizes),
                       min_batch=args.min_batch, max_batch=args.max_batch,
                       strategy=args.search_strategy, objective=args.objective,
                       pricing=args.pricing, address=args.address,
-                      storage_path=args.storage_path, training_strategy=args.strategy)
+                      storage_path=args.storage_path, training_strategy=args.strategy,
+                      runtime_env=args.runtime_env)
         _write(plan, args.out)
         meta = plan.meta
         print(f"memory probe {meta['probe_wall_s']:.0f} s, profiling "
@@ -256,8 +291,9 @@ def _search_file(args: argparse.Namespace) -> None:
     unknown = sorted(set(config) - allowed)
     if unknown:
         raise ValueError(f"{args.config}: unknown key {unknown[0]!r}; allowed: {sorted(allowed)}")
-    if args.address is not None:  # the command line wins over the file
-        config["address"] = args.address
+    for key in ("address", "runtime_env"):  # the command line wins over the file
+        if getattr(args, key) is not None:
+            config[key] = getattr(args, key)
     if args.resume:
         config["resume"] = True
     _write(search(**config), args.out)
@@ -316,6 +352,9 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, TypeError, FileNotFoundError) as error:  # bad input: no traceback
         print(f"tula-ray: error: {error}", file=sys.stderr)
         return 2
+    except UserCodeError as error:  # the workload's own code: its traceback is the story
+        print(f"tula-ray: the workload failed: {error}", file=sys.stderr)
+        return 1
     return 0
 
 

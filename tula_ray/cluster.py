@@ -13,6 +13,7 @@ the network.
 from __future__ import annotations
 
 import contextlib
+import copy
 import logging
 import math
 import os
@@ -59,7 +60,39 @@ def check_address(address: str | None) -> None:
             f"'{LOCAL_ADDRESS}' (a new local Ray) or None (${ADDRESS_ENV}, else a local Ray)")
 
 
-def ensure_ray(address: str | None = None) -> bool:
+def check_runtime_env(runtime_env: Any) -> dict[str, Any] | None:
+    """Refuse a `runtime_env` Ray would refuse (before Ray starts); returns it as a dict.
+
+    A Ray runtime environment (https://docs.ray.io/en/latest/ray-core/handling-dependencies.html)
+    as a dict: e.g. {"py_modules": ["my_models"], "env_vars": {"NCCL_DEBUG": "INFO"},
+    "pip": ["timm"], "working_dir": "."}; Ray's own RuntimeEnv checks each field."""
+    if runtime_env is None:
+        return None
+    if not isinstance(runtime_env, dict):
+        raise TypeError(f"runtime_env={runtime_env!r}; it must be a dict of Ray runtime "
+                        "environment fields (e.g. {'py_modules': [...], 'env_vars': {...}, "
+                        "'pip': [...]}) or None")
+    from ray.runtime_env import RuntimeEnv
+
+    # Ray passes fields it does not know to plugins; a misspelt one would do nothing.
+    unknown = sorted(str(key) for key in runtime_env if key not in RuntimeEnv.known_fields)
+    if unknown:
+        raise ValueError(f"runtime_env has the field {unknown[0]!r}, which Ray does not know; "
+                         "allowed: " + ", ".join(sorted(k for k in RuntimeEnv.known_fields
+                                                         if not k.startswith("_"))))
+    try:
+        RuntimeEnv(**runtime_env)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"runtime_env={runtime_env!r} is not a Ray runtime environment: "
+                         f"{exc}") from exc
+    return copy.deepcopy(runtime_env)
+
+
+# The runtime_env of the Ray this module started or joined (None: Ray's default).
+_session_runtime_env: dict[str, Any] | None = None
+
+
+def ensure_ray(address: str | None = None, runtime_env: dict[str, Any] | None = None) -> bool:
     """Join the Ray cluster the user names, else start a local Ray on loopback.
 
     In order: a Ray this process already initialised (the user's own `ray.init(...)`) is
@@ -69,30 +102,47 @@ def ensure_ray(address: str | None = None) -> bool:
     a new local Ray (`start_local_ray`). Returns True when this call connected or
     started Ray, so the caller should `ray.shutdown()` it (which leaves a joined
     cluster running).
+
+    runtime_env: the job's Ray runtime environment, which every task, Tune trial and
+    Train worker of this driver inherits (the user's own modules, environment variables,
+    pip packages). A Ray already initialised keeps its own: a different one is refused.
+    Worker output reaches this process's terminal (`log_to_driver`).
     """
+    global _session_runtime_env
     check_address(address)
+    runtime_env = check_runtime_env(runtime_env)
     if ray.is_initialized():
+        if runtime_env is not None and runtime_env != _session_runtime_env:
+            raise ValueError(
+                f"runtime_env={runtime_env!r}, but Ray is already initialised in this process "
+                f"with {_session_runtime_env or 'no runtime_env'}: a job's runtime "
+                "environment is set when it connects; pass it to ray.init(runtime_env=...) or "
+                "tula_ray.cluster.ray_session(runtime_env=...) instead")
         if address not in (None, LOCAL_ADDRESS):
             logger.info("Ray is already initialised in this process; using it, not %r", address)
         return False
     target = address or os.environ.get(ADDRESS_ENV) or LOCAL_ADDRESS
+    # ray.init rewrites the dict it is given (local paths become package URIs): give it a copy.
     if target == LOCAL_ADDRESS:
-        start_local_ray()
+        start_local_ray(runtime_env=copy.deepcopy(runtime_env))
     else:
         # An explicit address wins over RAY_ADDRESS; "auto" defers to it (ray.init's rules).
         with _local_only() if _is_loopback_only(target) else contextlib.nullcontext():
-            ray.init(address=target, log_to_driver=False)
+            ray.init(address=target, runtime_env=copy.deepcopy(runtime_env))
         logger.info("joined the Ray cluster at %s (%d nodes)", target,
                     sum(1 for node in ray.nodes() if node["Alive"]))
+    _session_runtime_env = runtime_env
     return True
 
 
-def start_local_ray(num_cpus: int | None = None) -> None:
+def start_local_ray(num_cpus: int | None = None,
+                    runtime_env: dict[str, Any] | None = None) -> None:
     """A new single-node Ray on this machine whose servers listen on loopback only.
 
     Ray's core servers bind every interface unless the node address is 127.0.0.1, and
     Ray rewrites 127.0.0.1 to the external address unless its local-only switch is
-    off (`_local_only`). Token authentication is left as Ray sets it.
+    off (`_local_only`). Token authentication is left as Ray sets it. Workers' output
+    is printed by this driver (Ray's `log_to_driver`), their tracebacks included.
     """
     with _local_only():
         ray.init(
@@ -105,7 +155,7 @@ def start_local_ray(num_cpus: int | None = None) -> None:
             resources={DRIVER_RESOURCE: DRIVER_SLOTS_DEFAULT},
             include_dashboard=True,
             dashboard_host=LOCAL_NODE_IP,
-            log_to_driver=False,
+            runtime_env=runtime_env,
         )
 
 
@@ -141,15 +191,24 @@ def _is_loopback_only(address: str) -> bool:
 
 
 @contextlib.contextmanager
-def ray_session(address: str | None = None) -> Iterator[None]:
-    """`ensure_ray(address)` for a block (one Ray for several searches or trainings);
-    disconnected on exit only if this block connected it."""
-    started = ensure_ray(address)
+def ray_session(address: str | None = None,
+                runtime_env: dict[str, Any] | None = None) -> Iterator[None]:
+    """`ensure_ray(address, runtime_env)` for a block (one Ray for several searches or
+    trainings); disconnected on exit only if this block connected it."""
+    started = ensure_ray(address, runtime_env)
     try:
         yield
     finally:
         if started:
             ray.shutdown()
+
+
+def task_options(resources: dict[str, float]) -> dict[str, Any]:
+    """`ray.remote` options for a task that holds one worker's `resources` (as Ray's
+    ScalingConfig writes them: "CPU", "GPU", custom names)."""
+    custom = {k: v for k, v in resources.items() if k not in ("CPU", "GPU")}
+    return {"num_cpus": resources.get("CPU", 0.0), "num_gpus": resources.get("GPU", 0.0),
+            **({"resources": custom} if custom else {})}
 
 
 def use_gpu_default() -> bool:

@@ -1,25 +1,24 @@
 """Offline datasets for the built-in workloads: Fashion-MNIST and torchvision FakeData.
 
 Images are decoded once into normalised float TensorDatasets, so that a
-training step costs the model, not per-item PIL transforms. Fashion-MNIST is
-looked for in the user's directory, $TULA_DATA_DIR, the Debian package's
-directory (/usr/share/datasets/fashion-mnist, flat .gz files) and a per-user
-cache, then downloaded by torchvision where the network allows.
+training step costs the model, not per-item PIL transforms. Where Fashion-MNIST's
+files come from (a directory, Debian's package, the cache, a download) is
+`tula_ray.fashion_mnist_files`.
 """
 
 from __future__ import annotations
 
 import functools
-import gzip
 import hashlib
 import logging
 import os
-import shutil
 import tempfile
 from pathlib import Path
 
 import torch
 from torch.utils.data import TensorDataset
+
+from tula_ray.fashion_mnist_files import cache_dir, locate
 
 logger = logging.getLogger(__name__)
 
@@ -33,89 +32,6 @@ FASHION_MNIST_TRAIN_SIZE = 60_000
 FASHION_MNIST_MEAN, FASHION_MNIST_STD = 0.2860, 0.3530  # of the training images
 FAKE_SIZE_DEFAULT = 1024  # FakeData samples: enough for a few steps at B = 256
 FAKE_TEST_OFFSET = 10**6  # FakeData seeds sample i with i + offset: keep test seeds apart
-DATA_DIR_ENV = "TULA_DATA_DIR"
-CACHE_DIR_ENV = "TULA_CACHE_DIR"
-DEBIAN_DATA_DIR = Path("/usr/share/datasets/fashion-mnist")  # package dataset-fashion-mnist
-_IDX_FILES = ("train-images-idx3-ubyte", "train-labels-idx1-ubyte",
-              "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")
-
-
-def _cache_dir() -> Path:
-    base = os.environ.get(CACHE_DIR_ENV) or os.environ.get("XDG_CACHE_HOME")
-    return Path(base or Path.home() / ".cache") / "tula-ray" / "fashion-mnist"
-
-
-def _has_files(directory: Path, suffix: str = "") -> bool:
-    return all((directory / f"{name}{suffix}").is_file() for name in _IDX_FILES)
-
-
-def _into_cache(source: Path, gz: bool) -> Path:
-    """The four idx files of `source` in torchvision's layout under the cache; returns its root.
-
-    .gz files are unpacked (Debian's are recompressed: their md5 differ from
-    torchvision's list, so torchvision's own extract step would go to the network);
-    plain files are linked. The cache holds one copy: files already there are kept.
-    """
-    root = _cache_dir()
-    raw = root / "FashionMNIST" / "raw"
-    raw.mkdir(parents=True, exist_ok=True)
-    for name in _IDX_FILES:
-        target = raw / name
-        if target.is_file():
-            continue
-        if not gz:
-            target.symlink_to((source / name).resolve())
-            continue
-        # Two Ray workers may unpack at once: write privately, rename atomically.
-        fd, tmp = tempfile.mkstemp(dir=raw, prefix=f".{name}.")
-        with os.fdopen(fd, "wb") as out, gzip.open(source / f"{name}.gz", "rb") as src:
-            shutil.copyfileobj(src, out)
-        os.chmod(tmp, 0o644)  # mkstemp makes it private; it is public data
-        os.replace(tmp, target)
-    logger.info("Fashion-MNIST from %s is in %s", source, raw)
-    return root
-
-
-def _download(root: Path) -> None:
-    """torchvision's download (needs network access to its mirror)."""
-    import torchvision
-
-    torchvision.datasets.FashionMNIST(str(root), train=True, download=True)
-    torchvision.datasets.FashionMNIST(str(root), train=False, download=True)
-
-
-def fashion_mnist_root(root: str | os.PathLike | None = None, download: bool = True) -> Path:
-    """A directory torchvision.datasets.FashionMNIST accepts as `root`.
-
-    Looks in order at: `root`, $TULA_DATA_DIR, /usr/share/datasets/fashion-mnist
-    (Debian, flat .gz files), the per-user cache ($TULA_CACHE_DIR or ~/.cache/tula-ray),
-    then downloads into the cache. Each place may hold the torchvision layout
-    (FashionMNIST/raw/...) or the four idx files, plain or .gz, directly.
-    """
-    places = [Path(p).expanduser() for p in (root, os.environ.get(DATA_DIR_ENV)) if p]
-    places += [DEBIAN_DATA_DIR, _cache_dir()]
-    for place in places:
-        raw = place / "FashionMNIST" / "raw"
-        if _has_files(raw):
-            return place
-        if _has_files(place):  # plain idx files directly in the directory
-            return _into_cache(place, gz=False)
-        for gz_dir in (raw, place):
-            if _has_files(gz_dir, ".gz"):
-                return _into_cache(gz_dir, gz=True)
-    tried = ", ".join(str(p) for p in places)
-    if download:
-        try:
-            _download(_cache_dir())
-            return _cache_dir()
-        except Exception as exc:  # noqa: BLE001 - any network failure means the same to the user
-            tried += f", download into {_cache_dir()} ({type(exc).__name__}: {exc})"
-    raise FileNotFoundError(
-        f"Fashion-MNIST not found; tried {tried}. Install it with "
-        f"`apt-get install dataset-fashion-mnist`, or set {DATA_DIR_ENV} to a directory holding "
-        f"{', '.join(n + '.gz' for n in _IDX_FILES)}")
-
-
 @functools.lru_cache(maxsize=4)
 def _fashion_mnist_tensors(root: str, train: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """Normalised float images (n, 1, 28, 28) and labels, loaded once per process.
@@ -146,7 +62,7 @@ def _decoded_path(root: str, train: bool) -> Path:
         stat = (raw / name).stat()
         stamp += [name, str(stat.st_size), str(stat.st_mtime_ns)]
     key = hashlib.sha256("\0".join(stamp).encode()).hexdigest()[:16]
-    return _cache_dir() / "decoded" / f"{prefix}-{key}.pt"
+    return cache_dir() / "decoded" / f"{prefix}-{key}.pt"
 
 
 def _save_atomically(tensors: tuple[torch.Tensor, ...], path: Path) -> None:
@@ -166,7 +82,7 @@ def fashion_mnist(train: bool = True, root: str | None = None, train_subset: int
                   subset_seed: int | None = None) -> TensorDataset:
     """Fashion-MNIST as a TensorDataset; `train_subset` keeps k training images
     (the first k, or k drawn with `subset_seed`)."""
-    images, labels = _fashion_mnist_tensors(str(fashion_mnist_root(root)), train)
+    images, labels = _fashion_mnist_tensors(str(locate(root).root), train)
     if train and train_subset is not None:
         keep = _subset_indices(len(images), train_subset, subset_seed)
         images, labels = images[keep], labels[keep]

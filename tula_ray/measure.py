@@ -18,6 +18,7 @@ from typing import Callable
 import torch
 from torch import nn
 
+from tula_ray.failures import is_out_of_memory
 from tula_ray.workloads import Workload
 
 MEMORY_STEPS_DEFAULT = 2  # step 1 creates the optimizer state; step 2 runs at steady state
@@ -72,20 +73,34 @@ def synthetic_batch(sample_shape: tuple[int, ...], num_classes: int, batch: int,
     return inputs.to(device), targets.to(device)
 
 
+Example = tuple[torch.Tensor, torch.Tensor]  # a few real samples (inputs, targets), batched
+
+
+def tiled_batch(example: Example, batch: int,
+                device: torch.device | str = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
+    """A batch of `batch` copies of `example`'s first sample: the shapes and dtypes of a
+    real batch (memory depends on them, not on the values), on `device`."""
+    return tuple(part[:1].expand(batch, *part.shape[1:]).to(device).contiguous()
+                 for part in example)  # type: ignore[return-value]
+
+
 def peak_memory_bytes(
     target: Workload | tuple[nn.Module, torch.optim.Optimizer, Callable],
     local_batch: int,
     *,
     steps: int = MEMORY_STEPS_DEFAULT,
     device: torch.device | str | None = None,
+    example: Example | None = None,
     sample_shape: tuple[int, ...] | None = None,
     num_classes: int | None = None,
 ) -> int:
     """Peak bytes one worker holds while training `steps` steps at batch `local_batch`.
 
     target: a Workload (a fresh model and optimizer are built), or (model,
-    optimizer, loss_fn) already on `device` (they are trained for `steps` steps;
-    give sample_shape and num_classes). device: default CUDA when available.
+    optimizer, loss_fn) already on `device` (they are trained for `steps` steps).
+    example: the workload's first training samples (`workload_check.WorkloadFacts`),
+    tiled into the batches; without it, random float inputs of sample_shape and labels
+    below num_classes (the workload's, or given). device: default CUDA when available.
     Raises torch.OutOfMemoryError when a CUDA device runs out.
     """
     if isinstance(local_batch, bool) or not isinstance(local_batch, int) or local_batch <= 0:
@@ -96,37 +111,29 @@ def peak_memory_bytes(
     if isinstance(target, Workload):
         model = target.model_fn().to(device)
         optimizer, loss_fn = target.optimizer_fn(model.parameters()), target.loss_fn()
-        sample_shape, num_classes = target.sample_shape, target.num_classes
+        sample_shape = sample_shape or target.sample_shape
+        num_classes = num_classes or target.num_classes
     else:
         model, optimizer, loss_fn = target
+    if example is None:
         if sample_shape is None or num_classes is None:
-            raise ValueError("give sample_shape and num_classes with a (model, optimizer, loss_fn)")
+            raise ValueError("give example, or sample_shape and num_classes (a Workload's "
+                             "own, or given)")
+        example = synthetic_batch(sample_shape, num_classes, 2)
     model.train()
+
+    def step() -> None:
+        # The batch is made inside the step (and the CPU tracker): a worker holds it too.
+        train_step(model, optimizer, loss_fn, *tiled_batch(example, local_batch, device))
+
     if device.type == "cuda":
-        return _cuda_peak(model, optimizer, loss_fn, sample_shape, num_classes, local_batch,
-                          steps, device)
-    return _cpu_peak(model, optimizer, loss_fn, sample_shape, num_classes, local_batch, steps,
-                     device)
-
-
-def _cuda_peak(model, optimizer, loss_fn, sample_shape, num_classes, local_batch, steps,
-               device) -> int:
-    torch.cuda.synchronize(device)
-    torch.cuda.reset_peak_memory_stats(device)
-    for step in range(steps):
-        inputs, targets = synthetic_batch(sample_shape, num_classes, local_batch, device, step)
-        train_step(model, optimizer, loss_fn, inputs, targets)
-    torch.cuda.synchronize(device)
-    return int(torch.cuda.max_memory_allocated(device))
-
-
-def _cpu_peak(model, optimizer, loss_fn, sample_shape, num_classes, local_batch, steps,
-              device) -> int:
-    def step(seed: int) -> Callable[[], object]:
-        # The batch is made inside the tracker: a worker holds its inputs too.
-        return lambda: train_step(model, optimizer, loss_fn, *synthetic_batch(
-            sample_shape, num_classes, local_batch, device, seed))
-    return memtracker_peak_bytes([step(seed) for seed in range(steps)], model, optimizer)
+        torch.cuda.synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        for _ in range(steps):
+            step()
+        torch.cuda.synchronize(device)
+        return int(torch.cuda.max_memory_allocated(device))
+    return memtracker_peak_bytes([step] * steps, model, optimizer)
 
 
 def memtracker_peak_bytes(steps: list[Callable[[], object]], *external: nn.Module |
@@ -148,8 +155,9 @@ def memtracker_peak_bytes(steps: list[Callable[[], object]], *external: nn.Modul
 
 
 def probe_peaks(workload: Workload, local_batches: list[int],
-                device: torch.device | str = "cpu") -> dict:
-    """The memory probe's measurements (DESIGN step 1), on this process's `device`.
+                device: torch.device | str = "cpu", example: Example | None = None) -> dict:
+    """The memory probe's measurements (DESIGN step 1), on this process's `device`, with
+    batches of `example`'s samples (see `peak_memory_bytes`).
 
     Returns {"local_batches", "peaks": peak bytes at each, "static": eq. 3's static
     terms (`memory.static_memory`), "input_bytes_per_sample", "device_memory_bytes":
@@ -159,11 +167,13 @@ def probe_peaks(workload: Workload, local_batches: list[int],
 
     device = torch.device(device)
     static = memory.static_memory(workload.model_fn(), workload.optimizer_fn)
-    peaks = [peak_memory_bytes(workload, b, device=device) for b in local_batches]
+    peaks = [peak_memory_bytes(workload, b, device=device, example=example)
+             for b in local_batches]
     total = torch.cuda.get_device_properties(device).total_memory if device.type == "cuda" \
         else None
     return {"local_batches": list(local_batches), "peaks": peaks, "static": static,
-            "input_bytes_per_sample": workload.input_bytes_per_sample,
+            "input_bytes_per_sample": workload.input_bytes_per_sample if example is None
+            else example[0][0].nelement() * example[0].element_size(),
             "device_memory_bytes": total, "device_in_use_bytes": device_in_use_bytes(device)}
 
 
@@ -184,28 +194,11 @@ def device_in_use_bytes(device: torch.device | str) -> float:
     return float(total - free)
 
 
-# How an allocation failure reads when it does not arrive as torch.OutOfMemoryError: NCCL's
-# own (a DistBackendError: "Cuda failure 'out of memory'", "Failed to CUDA calloc"), or a
-# worker's error passed on as text by Ray.
-OUT_OF_MEMORY_TEXTS = ("outofmemoryerror", "out of memory", "failed to cuda calloc",
-                       "cudaerrormemoryallocation")
-
-
-def is_out_of_memory(error: BaseException | str) -> bool:
-    """True when `error` (an exception, or its text) is a device running out of memory."""
-    if isinstance(error, torch.OutOfMemoryError):
-        return True
-    if isinstance(error, BaseException) and not isinstance(error, RuntimeError):
-        return False  # e.g. a ValueError that quotes "out of memory" in a message
-    text = (error if isinstance(error, str) else f"{type(error).__name__}: {error}").lower()
-    return any(pattern in text for pattern in OUT_OF_MEMORY_TEXTS)
-
-
-def peak_or_none(workload: Workload, local_batch: int,
-                 device: torch.device | str = "cpu") -> float | None:
+def peak_or_none(workload: Workload, local_batch: int, device: torch.device | str = "cpu",
+                 example: Example | None = None) -> float | None:
     """One probe step's peak at `local_batch`; None if the device runs out of memory."""
     try:
-        return float(peak_memory_bytes(workload, local_batch, device=device))
+        return float(peak_memory_bytes(workload, local_batch, device=device, example=example))
     except RuntimeError as exc:  # torch.OutOfMemoryError, or NCCL's allocation failure
         if not is_out_of_memory(exc):
             raise

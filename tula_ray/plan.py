@@ -14,13 +14,14 @@ import json
 import warnings
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 import numpy as np
 import pandas as pd
 
 from tula_ray import memory as memory_model
 from tula_ray import perf
+from tula_ray.failures import describe_errors
 from tula_ray.estimates import (add_estimates, add_uncertainty, dense_curve,
                                 predict_candidates, strategy_extra_s, through_measurements)
 from tula_ray.policy import Choice, choose
@@ -30,6 +31,7 @@ from tula_ray.search_strategies import make_strategy
 from tula_ray.space import SearchSpace
 
 PLAN_FORMAT = 1
+UNTRAINABLE = "the training strategy cannot train it: "  # infeasible_reason's prefix
 
 
 @dataclass
@@ -145,8 +147,17 @@ class Plan:
         if c.ties:
             lines.append(c.describe_ties())
         lines.append(self.describe_strategy_cost())
+        if "trainable" in self.table and not self.table["trainable"].all():
+            refused = self.table[~self.table["trainable"]]
+            named = ", ".join(f"N={n} B={b}" for n, b in zip(refused["num_workers"],
+                                                              refused["global_batch"]))
+            lines.append(f"{self.meta.get('training_strategy') or 'the training strategy'} "
+                         f"cannot train {named} (see infeasible_reason); the choice skips them")
         if self.meta.get("stop_reason"):
             lines.append(f"search stopped: {self.meta['stop_reason']}")
+        if self.meta.get("errors"):
+            lines.append(f"errors while profiling, each once:\n"
+                         f"{describe_errors(self.meta['errors'])}")
         return "\n".join(lines)
 
 
@@ -175,7 +186,11 @@ def fit_memory_from_profiles(profiles: pd.DataFrame) -> memory_model.MemoryParam
 
 
 def _infeasible_reason(row: pd.Series, oom_local_batch: float, max_local_batch: int | None,
-                       max_workers: int | None, max_global_batch: int | None) -> str:
+                       max_workers: int | None, max_global_batch: int | None,
+                       untrainable: Mapping[tuple[int, int], str]) -> str:
+    refused = untrainable.get((int(row["num_workers"]), int(row["global_batch"])))
+    if refused:
+        return f"{UNTRAINABLE}{refused}"
     if row["status"] == "error":
         return "profiling crashed"
     if row["local_batch"] >= oom_local_batch:
@@ -208,12 +223,15 @@ def build_plan(
     workload: str = "custom",
     meta: dict[str, Any] | None = None,
     mode: str | None = None,
+    untrainable: Mapping[tuple[int, int], str] | None = None,
 ) -> Plan:
     """Fit, predict every candidate of `space`, apply constraints, choose (DESIGN step 4).
 
     strategy: the search strategy whose rows the model is fitted from (`fit_rows`: full,
       every usable row; partial, the corners), see tula_ray.search_strategies.
     mode: the former name of `strategy` (deprecated).
+    untrainable: (N, B) -> why the training strategy the plan is for cannot train it
+      (`tula_ray.training_strategies.refusals`): marked `trainable` False, never chosen.
     """
     strategy = deprecated_mode(strategy, mode)
     for name, value in (("epochs", epochs), ("dataset_size", dataset_size)):
@@ -250,10 +268,14 @@ def build_plan(
     predicted_u = add_uncertainty(table, profiles, params)
 
     oom_bound = oom_local_batch(profiles)
-    reasons = [_infeasible_reason(row, oom_bound, max_local_batch, max_workers, max_global_batch)
+    untrainable = dict(untrainable or {})
+    reasons = [_infeasible_reason(row, oom_bound, max_local_batch, max_workers, max_global_batch,
+                                  untrainable)
                for _, row in table.iterrows()]
     table["infeasible_reason"] = reasons
     table["feasible"] = table["infeasible_reason"] == ""
+    table["trainable"] = [(int(n), int(b)) not in untrainable
+                          for n, b in zip(table["num_workers"], table["global_batch"])]
 
     estimates = add_estimates(table, pricing)
     dense = dense_curve(space, params, memory, pricing, epochs, dataset_size,

@@ -16,6 +16,11 @@ STATUS_OK = "ok"
 STATUS_OOM = "oom"  # ran out of (declared) device memory: infeasible, not a crash
 STATUS_ERROR = "error"  # crashed for another reason; reported, never fatal to a search
 STATUSES = (STATUS_OK, STATUS_OOM, STATUS_ERROR)
+# A failed row's class in the search's one taxonomy (tula_ray.failures says what each means)
+FAILURE_OOM = "oom"
+FAILURE_USER_CODE = "user_code"
+FAILURE_INFRASTRUCTURE = "infrastructure"
+FAILURES = (FAILURE_OOM, FAILURE_USER_CODE, FAILURE_INFRASTRUCTURE)
 
 PROFILE_COLUMNS = (
     "num_workers",  # N
@@ -37,11 +42,16 @@ PROFILE_COLUMNS = (
     "warmup_wall_s",  # of which the untimed warm-up steps
     "timed_wall_s",  # of which the timed steps (compute and synced phases)
     "status",
-    "error",
+    "failure",  # a failed row's class: one of FAILURES; "" for an ok row
+    "error",  # "Type: message" of a failed row
 )
 ID_COLUMNS = PROFILE_COLUMNS[:3]
-NUMERIC_COLUMNS = PROFILE_COLUMNS[:-2]
+NUMERIC_COLUMNS = PROFILE_COLUMNS[:-3]
+TEXT_COLUMNS = PROFILE_COLUMNS[-2:]
 MAX_ERROR_CHARS = 2000  # keep a traceback-sized message out of every results table
+# A failed row's report also carries the worker's traceback under this key: the searcher
+# keeps it once per distinct error (tula_ray.failures.record_error), not in every row.
+TRACEBACK_KEY = "traceback"
 
 
 def profile_frame(rows: Iterable[Mapping] = ()) -> pd.DataFrame:
@@ -50,7 +60,8 @@ def profile_frame(rows: Iterable[Mapping] = ()) -> pd.DataFrame:
     for column in NUMERIC_COLUMNS:
         frame[column] = pd.to_numeric(frame[column], errors="coerce")
     frame["status"] = frame["status"].fillna(STATUS_OK).astype(str)
-    frame["error"] = frame["error"].astype(object).where(frame["error"].notna(), "").astype(str)
+    for column in TEXT_COLUMNS:
+        frame[column] = frame[column].astype(object).where(frame[column].notna(), "").astype(str)
     unknown = sorted(set(frame["status"]) - set(STATUSES))
     if unknown:
         raise ValueError(f"profile status {unknown[0]!r} is not one of {STATUSES}")
@@ -58,18 +69,20 @@ def profile_frame(rows: Iterable[Mapping] = ()) -> pd.DataFrame:
 
 
 def profile_row(num_workers: int, global_batch: int, metrics: Mapping | None = None, *,
-                status: str | None = None, error: str | None = None) -> dict[str, Any]:
+                status: str | None = None, error: str | None = None,
+                failure: str | None = None) -> dict[str, Any]:
     """The one builder of a profile row: every PROFILE_COLUMNS field, NaN where nothing
     was measured (Tune rejects results that lack the search metric).
 
     (N, B) come from the arguments, never from `metrics` (what a trial reported).
     status: given, it wins; otherwise a row with an `error`, or whose metrics report no
-    status, is an error row: reported, never fatal.
+    status, is an error row: reported, never fatal. failure: the failed row's class
+    (tula_ray.failures); an error row without one is infrastructure's.
     """
     row: dict[str, Any] = {column: math.nan for column in PROFILE_COLUMNS}
     row.update(num_workers=int(num_workers), global_batch=int(global_batch),
                local_batch=int(global_batch) // int(num_workers) if num_workers else 0,
-               status=STATUS_OK, error="")
+               status=STATUS_OK, failure="", error="")
     if error is None and metrics and "status" in metrics:
         row.update({k: metrics[k] for k in PROFILE_COLUMNS if k in metrics
                     and k not in ID_COLUMNS})
@@ -79,6 +92,10 @@ def profile_row(num_workers: int, global_batch: int, metrics: Mapping | None = N
         row["status"] = status
     if error is not None:
         row["error"] = error
+    if failure is not None:
+        row["failure"] = failure
+    elif row["status"] != STATUS_OK and not row["failure"]:
+        row["failure"] = FAILURE_OOM if row["status"] == STATUS_OOM else FAILURE_INFRASTRUCTURE
     row["error"] = str(row["error"])[-MAX_ERROR_CHARS:]
     return row
 

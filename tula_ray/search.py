@@ -8,28 +8,30 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Sequence
 
 import ray
 
 from searchers import TulaSearcher
-from trainables.memory_probe import check_max_local_batch, probe_memory
+from trainables.memory_probe import check_max_local_batch, check_workload, probe_memory
 from trainables.profiling_loop import (MEASURE_SECONDS_DEFAULT, MEASURE_STEPS_DEFAULT,
                                       WARMUP_STEPS_DEFAULT)
 from tula_ray import memory as memory_model
 from tula_ray.cluster import (CPU_MEMORY_SHARE_DEFAULT, PROVISION_TIMEOUT_S_DEFAULT,
-                              check_storage_path, check_worker_request, ensure_ray,
-                              node_memory_bytes, provision_workers, release_workers)
+                              check_runtime_env, check_storage_path, check_worker_request,
+                              ensure_ray, node_memory_bytes, provision_workers,
+                              release_workers)
+from tula_ray.failures import UserCodeError
 from tula_ray.perf import COLLECTIVES
 from tula_ray.plan import Plan, build_plan, deprecated_mode
 from tula_ray.policy import OBJECTIVES
 from tula_ray.pricing import Pricing, parse_pricing, pricing_to_dict
-from tula_ray.profile_table import profile_frame
+from tula_ray.profile_table import STATUS_OK, profile_frame
 from tula_ray.search_strategies import STRATEGIES, make_strategy, with_plan_context
 from tula_ray.space import MIN_BATCH_DEFAULT, SearchSpace, check_positive_ints
 from tula_ray.strategy_base import TrainingStrategy, check_option_names
-from tula_ray.training_strategies import TRAINING_STRATEGY_DEFAULT, get_strategy
+from tula_ray.training_strategies import TRAINING_STRATEGY_DEFAULT, get_strategy, refusals
 from tula_ray.workloads import Workload, resolve_workload
 from tula_ray.arguments import (check_bool, check_choice, check_int, check_mapping, check_number,
                                 check_text, named_arguments)
@@ -70,6 +72,7 @@ def _check_arguments(a: dict[str, Any]) -> None:
         raise ValueError("resume=True needs name=: the name of the search to continue (with "
                          "the same storage_path); a search without a name gets a new one")
     check_worker_request(a["resources_per_worker"], a["provision_timeout_s"])
+    check_runtime_env(a["runtime_env"])
 
 
 def _validate(r: "_Request") -> None:
@@ -82,9 +85,13 @@ def _validate(r: "_Request") -> None:
     if r.max_batch is not None and r.max_batch < r.min_batch:
         raise ValueError(f"max_batch={r.max_batch} is below min_batch={r.min_batch}; "
                          "max_batch must be >= min_batch")
+
+
+def _check_dataset_size(r: "_Request") -> None:
+    """What depends on the training set's size, once the check on a worker knows it."""
     if r.min_batch > r.workload.dataset_size:
-        raise ValueError(f"min_batch={r.min_batch} is larger than the dataset "
-                         f"({r.workload.dataset_size} samples)")
+        raise ValueError(f"min_batch={r.min_batch} is larger than the dataset of "
+                         f"{r.workload.name} ({r.workload.dataset_size} samples)")
 
 
 @dataclass(frozen=True)
@@ -93,7 +100,7 @@ class _Request:
 
     spec: str | Workload  # what workers rebuild the workload from (a name, or the object)
     options: dict[str, Any]
-    workload: Workload
+    workload: Workload  # completed by the check on a worker (`_checked`)
     cluster_sizes: tuple[int, ...]
     min_batch: int
     max_batch: int | None
@@ -149,6 +156,7 @@ def search(
     resume: bool = False,
     training_strategy: str | TrainingStrategy | None = TRAINING_STRATEGY_DEFAULT,
     training_options: dict[str, Any] | None = None,
+    runtime_env: dict[str, Any] | None = None,
 ) -> Plan:
     """Profile candidates on Ray, fit the models, and return the Plan with the choice.
 
@@ -184,16 +192,28 @@ def search(
       `tula_ray.train`'s strategy and strategy_options; default train's). Each worker
       group also times the strategy's steps at one batch, and the plan's training times
       include what it adds per step (AGS's scales, syncs, all-reduces). None: plain SGD.
+    runtime_env: the Ray runtime environment of the job, which every task, trial and
+      worker inherits: your own modules (py_modules, working_dir), environment variables
+      (env_vars, e.g. NCCL_DEBUG), pip packages; see tula_ray.cluster.ensure_ray.
     On a multi-node cluster storage_path must be reachable from every node (a shared
     file system or a cloud URI); the search refuses otherwise, before any trial.
+
+    Before any worker group starts, one Ray task with a worker's resources checks the
+    workload where the workers run (`tula_ray.workload_check`: its data, model, loss and
+    optimizer on its first samples): its own code failing there raises a
+    `tula_ray.failures.UserCodeError` with the worker's traceback. Failures while
+    profiling follow one taxonomy (`tula_ray.failures`): out of memory makes a candidate
+    infeasible, the infrastructure's an error row, and the workload's own code (or the
+    same error ending two launches) ends the search with a UserCodeError, the rows so
+    far kept in its experiment. `plan.meta["errors"]` lists each distinct error once.
     """
     _check_arguments(locals())
     strategy = deprecated_mode(strategy, mode)
     options = dict(workload_options or {})
-    # A user's Workload is completed and checked here, in the driver (its sample shape and
-    # class count from its data and model): a wrong shape fails now, naming the field.
+    # The workload is completed (shapes, dtype, size) by a check where the workers run,
+    # once Ray is up: the driver may lack the data the workers read.
     resolved = named_arguments(resolve_workload, "workload", "workload_options")(
-        workload, options).with_shapes()
+        workload, options)
     spec = resolved if isinstance(workload, Workload) else workload
     request = _Request(
         spec, options, resolved, tuple(sorted(set(cluster_sizes))),
@@ -204,7 +224,7 @@ def search(
         training_strategy, dict(training_options or {}))
     _validate(request)
     resources = check_worker_request(resources_per_worker, provision_timeout_s)
-    started_ray = ensure_ray(address)
+    started_ray = ensure_ray(address, runtime_env)
     workers = None
     try:
         workers = provision_workers(request.cluster_sizes[-1], resources,
@@ -216,15 +236,19 @@ def search(
         saved = saved_search(saved_at) if resume else None
         started = time.perf_counter()
         if saved is None:
-            space, probe, device_bytes = _bounded_space(request, use_gpu)
+            request, space, probe, device_bytes = _bounded_space(request, workers.resources,
+                                                                 use_gpu)
             probe_s = time.perf_counter() - started
         else:
             check_same_search(saved.context.get("request", {}), _identity(request), saved_at)
+            request = _checked(request, check_workload(
+                request.spec, request.options, resources=workers.resources, use_gpu=use_gpu)[0])
             space, probe, device_bytes = restore_context(saved.context)
             probe_s = 0.0
         context = context_of(space, probe, device_bytes, use_gpu, probe_s, _identity(request))
         searcher, path = _profile(request, space, use_gpu, device_bytes, probe,
                                   workers.resources, name, resume, context)
+        _raise_deciding_error(searcher, path)
         profiles = profile_frame(searcher.profiles)
         meta = {"probe_wall_s": probe_s,
                 "profiling_wall_s": time.perf_counter() - started - probe_s,
@@ -235,17 +259,21 @@ def search(
                 "max_local_batch": probe["max_local_batch"], "use_gpu": use_gpu,
                 "ray_version": ray.__version__, "experiment_path": path,
                 "resumed": saved is not None,
-                "memory_probe": probe["rows"],
+                "memory_probe": probe["rows"], "errors": searcher.errors,
                 "workload_options": _json_options(request.options),
                 "training_strategy": request.training_strategy_name,
                 "training_options": _json_options(request.training_options)}
         workload = request.workload
+        # What the training strategy cannot train is never chosen: train takes the choice.
+        untrainable = {} if request.training_strategy is None else refusals(
+            request.training_strategy, request.training_options,
+            [(c.num_workers, c.global_batch) for c in space.candidates()])
         return build_plan(
             space, profiles, epochs=request.epochs, dataset_size=workload.dataset_size,
             strategy=request.strategy, objective=request.objective, pricing=request.pricing,
             memory=probe["params"], max_local_batch=probe["max_local_batch"],
             weight_time=request.weight_time, collective=request.collective,
-            workload=workload.name, meta=meta)
+            workload=workload.name, meta=meta, untrainable=untrainable)
     finally:
         release_workers(workers)
         if started_ray:
@@ -263,11 +291,38 @@ def _json_options(options: dict[str, Any]) -> dict[str, Any]:
     return kept
 
 
-def _bounded_space(request: _Request, use_gpu: bool) -> tuple[SearchSpace, dict, float]:
-    """DESIGN step 1-2: the memory probe on one worker bounds B; the space up to it."""
+def _checked(request: _Request, workload: Workload) -> _Request:
+    """The request with its workload completed by the check on a worker: a user's
+    Workload travels to the trials completed, so no worker looks at its data again."""
+    request = replace(request, workload=workload,
+                      spec=workload if isinstance(request.spec, Workload) else request.spec)
+    _check_dataset_size(request)
+    return request
+
+
+def _raise_deciding_error(searcher: TulaSearcher, path: str) -> None:
+    """End the search with the error that stopped it (the workload's own code, or the same
+    error on two launches), its worker traceback, and where the rows so far are kept."""
+    fatal = searcher.deciding_error
+    if fatal is None:
+        return
+    where = ", ".join(f"N={n} B={b}" for n, b in fatal["candidates"])
+    kept = sum(1 for row in searcher.profiles if row["status"] == STATUS_OK)
+    raise UserCodeError(
+        f"{fatal['error']} (on {where}); the search stopped: this error would end every "
+        f"candidate the same way. Its {len(searcher.profiles)} rows so far ({kept} ok) are "
+        f"kept in the experiment at {path}", fatal["traceback"])
+
+
+def _bounded_space(request: _Request, resources: dict[str, float], use_gpu: bool
+                   ) -> tuple[_Request, SearchSpace, dict, float]:
+    """DESIGN step 1-2: the workload checked and the memory probe run on one worker bound
+    B; the space up to it. Returns the request with the workload completed."""
     sizes = request.cluster_sizes
     probe = probe_memory(request.spec, request.options,
-                         min_local_batch=max(1, request.min_batch // sizes[-1]), use_gpu=use_gpu)
+                         min_local_batch=max(1, request.min_batch // sizes[-1]),
+                         resources=resources, use_gpu=use_gpu)
+    request = _checked(request, probe["workload"])
     if request.device_memory_gb is not None:
         device_bytes = request.device_memory_gb * 1e9
     else:
@@ -281,8 +336,8 @@ def _bounded_space(request: _Request, use_gpu: bool) -> tuple[SearchSpace, dict,
     # No candidate needs a local batch above max_batch / N_min: nothing larger is measured.
     largest = min(request.max_batch or request.workload.dataset_size, request.workload.dataset_size)
     cap = max(1, largest // sizes[0])
-    probe = check_max_local_batch(request.spec, request.options, probe, device_bytes,
-                                  headroom=request.headroom, cap=cap, use_gpu=use_gpu)
+    probe = check_max_local_batch(probe, device_bytes, headroom=request.headroom, cap=cap,
+                                  resources=resources, use_gpu=use_gpu)
     max_local = probe["max_local_batch"]
     bound = min(max_local * sizes[-1], largest)
     if bound < request.min_batch:
@@ -291,7 +346,7 @@ def _bounded_space(request: _Request, use_gpu: bool) -> tuple[SearchSpace, dict,
             f"local batch of {max_local} ({device_bytes / 1e9:.3g} GB device memory, headroom "
             f"{request.headroom:.0%}), so B <= {bound}; lower min_batch or declare more memory")
     space = SearchSpace.build(sizes, min_batch=request.min_batch, max_batch=bound)
-    return space, probe, device_bytes
+    return request, space, probe, device_bytes
 
 
 def _strategy_options(request: _Request, probe: dict) -> dict[str, Any]:

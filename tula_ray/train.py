@@ -18,7 +18,7 @@ import contextlib
 import logging
 import shutil
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -29,11 +29,13 @@ from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
 from ray.train.torch import TorchTrainer
 from torch import nn
 
+from trainables.memory_probe import check_workload
 from trainables.training_loop import load_checkpoint_state, train_loop_per_worker
 from tula_ray.arguments import (check_bool, check_int, check_mapping, check_number, check_text,
                                 named_arguments)
-from tula_ray.cluster import (PROVISION_TIMEOUT_S_DEFAULT, check_storage_path, check_worker_request,
-                              ensure_ray, provision_workers, release_workers)
+from tula_ray.cluster import (PROVISION_TIMEOUT_S_DEFAULT, Workers, check_runtime_env,
+                              check_storage_path, check_worker_request, ensure_ray,
+                              provision_workers, release_workers)
 from tula_ray.plan import Plan
 from tula_ray.training_strategies import (TRAINING_STRATEGY_DEFAULT, TrainingStrategy,
                                           build_strategy, get_strategy)
@@ -112,6 +114,7 @@ def train(
     address: str | None = None,
     resources_per_worker: dict[str, float] | None = None,
     provision_timeout_s: float = PROVISION_TIMEOUT_S_DEFAULT,
+    runtime_env: dict[str, Any] | None = None,
 ) -> TrainResult:
     """Train the plan's chosen N and B as a Ray Train job and return the per-epoch metrics.
 
@@ -135,24 +138,30 @@ def train(
       default one device per worker (a GPU, or a CPU). provision_timeout_s: how long to
       wait for an autoscaler's nodes. On a multi-node cluster storage_path must be
       reachable from every node (a shared file system or a cloud URI).
-    Raises ValueError for a bad argument, before any worker starts.
+    runtime_env: the Ray runtime environment every worker inherits (your own modules,
+      environment variables, pip packages), as `tula_ray.search`'s.
+    Raises ValueError for a bad argument, before any worker starts; the workload is
+    checked on one worker first (`tula_ray.search` says how), so its own code failing
+    raises a `tula_ray.failures.UserCodeError` before the training job starts.
     """
     _check_arguments(workload_options=workload_options, epochs=epochs,
                      strategy_options=strategy_options, storage_path=storage_path, name=name,
                      max_failures=max_failures, seed=seed, use_gpu=use_gpu, lr=lr,
                      address=address)
     resources = check_worker_request(resources_per_worker, provision_timeout_s, use_gpu)
+    check_runtime_env(runtime_env)
     plan = plan if isinstance(plan, Plan) else Plan.from_json(plan)
     job = _job(plan, strategy, workload, workload_options, epochs, strategy_options)
     _check_run_arguments(job, max_failures, seed, lr, fail_at_epoch)
-    _dry_run(job)
-    started_ray = ensure_ray(address)
+    _dry_run(job, plan.dataset_size)
+    started_ray = ensure_ray(address, runtime_env)
     marker_dir = tempfile.mkdtemp(prefix="tula-fail-") if fail_at_epoch is not None else None
     workers = None
     try:
         workers = provision_workers(job.num_workers, resources, use_gpu=use_gpu,
                                     timeout_s=provision_timeout_s)
         check_storage_path(storage_path)
+        job = _checked_job(job, workers)
         trainer = _trainer(job, storage_path, name, max_failures, seed, workers.use_gpu, lr,
                            fail_at_epoch, marker_dir, workers.resources)
         result = trainer.fit()
@@ -205,10 +214,8 @@ def _job(plan: Plan, strategy: str | TrainingStrategy, workload: str | Workload 
     if b % n:
         raise ValueError(f"the plan's choice B={b} is not divisible by N={n}; B must be a "
                          "multiple of N (was the plan edited by hand?)")
-    if b > resolved.dataset_size:
-        raise ValueError(f"the plan's global batch B={b} is larger than the training set of "
-                         f"{resolved.name} ({resolved.dataset_size} samples); pass "
-                         "workload_options with a larger train_subset or fake_size")
+    if resolved.train_size is not None:  # known without data (a built-in): refuse before Ray
+        _check_batch_fits(b, resolved)
     # The strategy's own option and N/B checks (e.g. AGS's sub-batch < B/N), in the driver.
     strategy_options, notes = named_arguments(resolved_strategy.check, "strategy_options")(
         n, b, dict(strategy_options or {}))
@@ -239,14 +246,32 @@ def _check_run_arguments(job: _Job, max_failures: int, seed: int, lr: float | No
                          f"{job.epochs}) for a run of {job.epochs} epochs")
 
 
-def _dry_run(job: _Job) -> None:
+def _check_batch_fits(global_batch: int, workload: Workload) -> None:
+    if global_batch > workload.dataset_size:
+        raise ValueError(f"the plan's global batch B={global_batch} is larger than the "
+                         f"training set of {workload.name} ({workload.dataset_size} samples); "
+                         "pass workload_options with a larger train_subset or fake_size")
+
+
+def _checked_job(job: _Job, workers: Workers) -> _Job:
+    """The job with its workload checked on one worker (`trainables.memory_probe`) and
+    completed; a user's Workload travels to the workers completed."""
+    workload, _ = check_workload(job.spec, job.options, resources=workers.resources,
+                                 use_gpu=workers.use_gpu)
+    _check_batch_fits(job.global_batch, workload)
+    return replace(job, workload=workload,
+                   spec=workload if isinstance(job.spec, Workload) else job.spec)
+
+
+def _dry_run(job: _Job, dataset_size: int) -> None:
     """Build the strategy once on a stand-in model, so a bad option value fails here and
-    not in every worker, max_failures + 1 times over."""
+    not in every worker, max_failures + 1 times over. dataset_size: the plan's, for the
+    steps per epoch a scheduler is built with (the workload's data are not read here)."""
     options = dict(job.strategy_options)
     if options.get("source") == "local":  # needs DDP workers: check the rest as "sub-batch"
         options.update(source="sub-batch",
                        small_batch=options.get("small_batch", job.global_batch // job.num_workers))
-    steps = max(1, job.workload.dataset_size // job.global_batch)
+    steps = max(1, dataset_size // job.global_batch)
     # Its notes describe one process, not the job's N workers: the workers log the real ones.
     with _quiet(strategies_logger):
         named_arguments(build_strategy, "strategy_options")(get_strategy(job.strategy), nn.Linear(1, 1), global_batch=job.global_batch,

@@ -27,7 +27,7 @@ dropped silently. No Ray here (core module).
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import Any, Iterable
 
 import torch
 from torch import nn
@@ -93,6 +93,20 @@ def get_strategy(strategy: str | TrainingStrategy) -> TrainingStrategy:
         return strategy
     raise TypeError(f"strategy must be a name or a TrainingStrategy, not "
                     f"{type(strategy).__name__}")
+
+
+def refusals(strategy: str | TrainingStrategy, options: dict[str, Any] | None,
+             candidates: Iterable[tuple[int, int]]) -> dict[tuple[int, int], str]:
+    """The (N, B) among `candidates` that `strategy` with `options` cannot train, each with
+    its `check`'s reason: what a plan must not choose (issue 22, item 6)."""
+    strategy = get_strategy(strategy)
+    refused = {}
+    for num_workers, global_batch in candidates:
+        try:
+            strategy.check(int(num_workers), int(global_batch), dict(options or {}))
+        except ValueError as exc:
+            refused[(int(num_workers), int(global_batch))] = str(exc)
+    return refused
 
 
 def build_strategy(name: str | TrainingStrategy, model: nn.Module, *, global_batch: int,

@@ -31,10 +31,11 @@ from ray.tune.search.optuna import OptunaSearch
 
 from trainables.tuning_trial import METRIC, tune_trial
 from tula_ray.arguments import check_bool, check_int, check_mapping, check_number, check_text
-from tula_ray.cluster import (PROVISION_TIMEOUT_S_DEFAULT, check_storage_path, ensure_ray,
-                              provision_workers, release_workers, trial_resources)
+from tula_ray.cluster import (PROVISION_TIMEOUT_S_DEFAULT, check_runtime_env,
+                              check_storage_path, ensure_ray, provision_workers,
+                              release_workers, trial_resources)
 from tula_ray.plan import Plan
-from tula_ray.train import _dry_run, _job  # one way to resolve a plan's training job
+from tula_ray.train import _checked_job, _dry_run, _job  # one way to resolve a plan's job
 from tula_ray.training_strategies import (TRAINING_STRATEGY_DEFAULT, TrainingStrategy,
                                           get_strategy)
 from tula_ray.workloads import Workload
@@ -72,7 +73,8 @@ def tune_training(plan: Plan | str | Path,
                   validation_fraction: float = VALIDATION_FRACTION_DEFAULT, seed: int = 0,
                   grace_period: int | None = None, storage_path: str | None = None,
                   name: str | None = None, use_gpu: bool | None = None,
-                  address: str | None = None) -> TuneResult:
+                  address: str | None = None,
+                  runtime_env: dict[str, Any] | None = None) -> TuneResult:
     """Tune `strategy` at the plan's chosen N and B; return the best configuration.
 
     trials: sampled configurations (Optuna's TPE), each a Ray Train job of `epochs`.
@@ -80,7 +82,10 @@ def tune_training(plan: Plan | str | Path,
     workload, workload_options, epochs: as `tula_ray.train`. seed: every trial's.
     address: the Ray cluster to join, as `tula_ray.train`'s; on a multi-node cluster
       storage_path must be one every node reaches (checked, as `tula_ray.train` does).
-    Raises ValueError for a bad argument, before Ray starts.
+    runtime_env: the Ray runtime environment every trial and worker inherits, as
+      `tula_ray.train`'s.
+    Raises ValueError for a bad argument, before Ray starts; the workload is checked on
+    one worker before any trial (a UserCodeError when its own code fails there).
     """
     check_int("trials", trials, minimum=1)
     check_int("epochs", epochs, minimum=1, optional=True)
@@ -92,6 +97,7 @@ def tune_training(plan: Plan | str | Path,
     check_bool("use_gpu", use_gpu, optional=True)
     for label, value in (("storage_path", storage_path), ("name", name), ("address", address)):
         check_text(label, value, optional=True)
+    check_runtime_env(runtime_env)
     plan = plan if isinstance(plan, Plan) else Plan.from_json(plan)
     job = _job(plan, strategy, workload, workload_options, epochs, {})
     grace = max(1, job.epochs // 4) if grace_period is None else grace_period
@@ -99,20 +105,21 @@ def tune_training(plan: Plan | str | Path,
     if grace > job.epochs:
         raise ValueError(f"grace_period={grace} exceeds the {job.epochs} epochs of a trial")
     space = _search_space(get_strategy(job.strategy), job.global_batch)
-    _dry_run(job)
-    fixed = {"workload": job.spec, "workload_options": job.options,
-             "num_workers": job.num_workers, "global_batch": job.global_batch,
-             "epochs": job.epochs, "strategy": job.strategy,
-             "strategy_options": job.strategy_options, "seed": seed,
-             "validation_fraction": validation_fraction}
-    started_ray = ensure_ray(address)
+    _dry_run(job, plan.dataset_size)
+    started_ray = ensure_ray(address, runtime_env)
     workers = None
     try:
         # Refuses a cluster too small for N (or asks its autoscaler), as `train` does.
         workers = provision_workers(job.num_workers, use_gpu=use_gpu,
                                     timeout_s=PROVISION_TIMEOUT_S_DEFAULT)
-        fixed.update(use_gpu=workers.use_gpu, resources=workers.resources)
         check_storage_path(storage_path)  # every trial's checkpoints must reach the driver
+        job = _checked_job(job, workers)
+        fixed = {"workload": job.spec, "workload_options": job.options,
+                 "num_workers": job.num_workers, "global_batch": job.global_batch,
+                 "epochs": job.epochs, "strategy": job.strategy,
+                 "strategy_options": job.strategy_options, "seed": seed,
+                 "validation_fraction": validation_fraction,
+                 "use_gpu": workers.use_gpu, "resources": workers.resources}
         grid = _tuner(job, fixed, space, trials, grace, seed, storage_path, name).fit()
     finally:
         release_workers(workers)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import functools
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
 import torch
@@ -52,7 +52,8 @@ class Workload:
     `tula_ray.train` only (a search never evaluates). optimizer_fn: params -> optimizer.
     sample_shape: (C, H, W) of one input, so that input bytes per sample are known
     without data; num_classes: the width of the model's output. Both are taken
-    from the data and the model when left None (`with_shapes`).
+    from the data and the model when left None, where the workers run, before any
+    of them is launched (`tula_ray.workload_check`), as is input_dtype (default float32).
     train_size: len(train dataset) when known without loading it (else measured once).
     """
 
@@ -66,7 +67,7 @@ class Workload:
     sample_shape: tuple[int, ...] | None = None
     num_classes: int | None = None
     train_size: int | None = None
-    _checked: bool = field(default=False, init=False, repr=False, compare=False)
+    input_dtype: torch.dtype | None = None
 
     def __repr__(self) -> str:
         # The default dataclass repr spells out every function: one line of a log or
@@ -82,63 +83,11 @@ class Workload:
 
     @property
     def input_bytes_per_sample(self) -> int:
-        """Bytes of one float32 input: M_batch / b of eq. 3 (labels are negligible)."""
-        shape = self.sample_shape if self.sample_shape is not None else \
-            self.with_shapes().sample_shape
-        return math.prod(shape) * torch.float32.itemsize
-
-    def with_shapes(self) -> "Workload":
-        """This workload with sample_shape and num_classes known, checked on the model.
-
-        A missing sample_shape is the shape of the first training input (the dataset is
-        loaded once); a missing num_classes is the width of the model's output. Either
-        way, one forward pass on a batch of that shape must give (batch, >= num_classes)
-        outputs, so a wrong shape fails here, naming the field, not later in a worker.
-        """
-        shape, classes = self.sample_shape, self.num_classes
-        if self._checked:
-            return self
-        if shape is None:
-            dataset = self.train_dataset_fn()
-            if len(dataset) == 0:  # type: ignore[arg-type]
-                raise ValueError(f"workload {self.name!r}: train_dataset_fn() returned an "
-                                 "empty dataset")
-            first = dataset[0]
-            inputs = first[0] if isinstance(first, (tuple, list)) else first
-            if not isinstance(inputs, torch.Tensor):
-                raise ValueError(f"workload {self.name!r}: a training sample's input is a "
-                                 f"{type(inputs).__name__}, not a tensor; give sample_shape= "
-                                 "(the shape of one input) or a dataset of tensors")
-            shape = tuple(int(d) for d in inputs.shape)
-            if self.train_size is None:
-                self.train_size = len(dataset)  # type: ignore[arg-type]
-        width = self._output_width(shape)
-        if classes is None:
-            classes = width
-        elif not 1 <= classes <= width:
-            raise ValueError(f"workload {self.name!r}: num_classes={classes!r}, but the model "
-                             f"outputs {width} scores per sample; give num_classes <= {width} "
-                             "(or None: taken from the model)")
-        resolved = replace(self, sample_shape=shape, num_classes=int(classes))
-        resolved._checked = True
-        return resolved
-
-    def _output_width(self, shape: tuple[int, ...]) -> int:
-        model = self.model_fn()
-        model.eval()
-        try:
-            with torch.no_grad():
-                outputs = model(torch.zeros((2, *shape)))
-        except Exception as exc:  # noqa: BLE001 - any failure here is a wrong shape
-            raise ValueError(
-                f"workload {self.name!r}: the model fails on inputs of sample_shape={shape} "
-                f"({type(exc).__name__}: {exc}); set sample_shape to the shape of one input, "
-                "or leave it None to take it from the data") from exc
-        if outputs.ndim != 2:
-            raise ValueError(f"workload {self.name!r}: the model's output has shape "
-                             f"{tuple(outputs.shape)} for a batch of 2; a classifier's output "
-                             "is (batch, num_classes)")
-        return int(outputs.shape[1])
+        """Bytes of one input: M_batch / b of eq. 3 (labels are negligible)."""
+        if self.sample_shape is None:
+            raise ValueError(f"workload {self.name!r}: its sample_shape is not known yet; "
+                             "tula_ray.workload_check.checked(workload) takes it from the data")
+        return math.prod(self.sample_shape) * (self.input_dtype or torch.float32).itemsize
 
 
 # --------------------------------------------------------------------------- models
