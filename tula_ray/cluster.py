@@ -115,9 +115,10 @@ def ensure_ray(address: str | None = None, runtime_env: dict[str, Any] | None = 
         if runtime_env is not None and runtime_env != _session_runtime_env:
             raise ValueError(
                 f"runtime_env={runtime_env!r}, but Ray is already initialised in this process "
-                f"with {_session_runtime_env or 'no runtime_env'}: a job's runtime "
-                "environment is set when it connects; pass it to ray.init(runtime_env=...) or "
-                "tula_ray.cluster.ray_session(runtime_env=...) instead")
+                f"with {_session_runtime_env or 'no runtime_env known to tula-ray'}: a job's "
+                "runtime environment is set when it connects. Give it to the call that starts "
+                "Ray (tula_ray.cluster.ray_session(runtime_env=...), or your own "
+                "ray.init(runtime_env=...), then leave runtime_env None here)")
         if address not in (None, LOCAL_ADDRESS):
             logger.info("Ray is already initialised in this process; using it, not %r", address)
         return False
