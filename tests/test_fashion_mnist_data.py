@@ -243,10 +243,8 @@ def test_the_ar_reader_refuses_what_is_no_debian_package():
         files._ar_member(_ar({"debian-binary": b"2.0\n"}), "data.tar")
 
 
-@pytest.mark.skipif(not files.DEBIAN_DATA_DIR.is_dir()
-                    and not (files.cache_dir() / "FashionMNIST" / "raw").is_dir(),
-                    reason="Fashion-MNIST is not on this machine")
 def test_real_fashion_mnist_is_normalised():
+    """The real data, got as the demo gets them (on a bare machine: downloaded first)."""
     dataset = get_workload("fashion-mnist-cnn").train_dataset_fn()
     images = dataset.tensors[0]
     assert images.shape == (60_000, 1, 28, 28) and images.dtype == torch.float32
