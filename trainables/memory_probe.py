@@ -22,7 +22,7 @@ from tula_ray import memory as memory_model
 from tula_ray.cluster import task_options
 from tula_ray.failures import UserCodeError
 from tula_ray.measure import Example
-from tula_ray.workload_check import WorkloadFacts, complete, inspect_workload
+from tula_ray.workload_check import complete, inspect_workload
 from tula_ray.workloads import Workload, resolve_workload
 
 
@@ -78,13 +78,11 @@ def _get(reference: ray.ObjectRef, workload: str | Workload) -> Any:
 
 
 def check_workload(workload: str | Workload, options: dict[str, Any], *,
-                   resources: dict[str, float], use_gpu: bool
-                   ) -> tuple[Workload, WorkloadFacts]:
-    """The workload checked on one worker (`tula_ray.workload_check`): the completed
-    workload (shapes, dtype, size) and what the check learned."""
-    checked = _get(_on_one_worker(_check_and_measure, resources).remote(
-        workload, options, [], use_gpu), workload)
-    return checked["workload"], checked["facts"]
+                   resources: dict[str, float], use_gpu: bool) -> Workload:
+    """The workload checked on one worker (`tula_ray.workload_check`), completed (shapes,
+    dtype, size)."""
+    return _get(_on_one_worker(_check_and_measure, resources).remote(
+        workload, options, [], use_gpu), workload)["workload"]
 
 
 def probe_memory(workload: str | Workload, options: dict[str, Any], *, min_local_batch: int,

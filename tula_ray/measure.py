@@ -172,8 +172,7 @@ def probe_peaks(workload: Workload, local_batches: list[int],
     total = torch.cuda.get_device_properties(device).total_memory if device.type == "cuda" \
         else None
     return {"local_batches": list(local_batches), "peaks": peaks, "static": static,
-            "input_bytes_per_sample": workload.input_bytes_per_sample if example is None
-            else example[0][0].nelement() * example[0].element_size(),
+            "input_bytes_per_sample": workload.input_bytes_per_sample,
             "device_memory_bytes": total, "device_in_use_bytes": device_in_use_bytes(device)}
 
 

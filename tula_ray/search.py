@@ -242,7 +242,7 @@ def search(
         else:
             check_same_search(saved.context.get("request", {}), _identity(request), saved_at)
             request = _checked(request, check_workload(
-                request.spec, request.options, resources=workers.resources, use_gpu=use_gpu)[0])
+                request.spec, request.options, resources=workers.resources, use_gpu=use_gpu))
             space, probe, device_bytes = restore_context(saved.context)
             probe_s = 0.0
         context = context_of(space, probe, device_bytes, use_gpu, probe_s, _identity(request))

@@ -256,8 +256,8 @@ def _check_batch_fits(global_batch: int, workload: Workload) -> None:
 def _checked_job(job: _Job, workers: Workers) -> _Job:
     """The job with its workload checked on one worker (`trainables.memory_probe`) and
     completed; a user's Workload travels to the workers completed."""
-    workload, _ = check_workload(job.spec, job.options, resources=workers.resources,
-                                 use_gpu=workers.use_gpu)
+    workload = check_workload(job.spec, job.options, resources=workers.resources,
+                              use_gpu=workers.use_gpu)
     _check_batch_fits(job.global_batch, workload)
     return replace(job, workload=workload,
                    spec=workload if isinstance(job.spec, Workload) else job.spec)
