@@ -36,7 +36,7 @@ from torch import nn
 from benchmarks import tuning
 from benchmarks.common import RESULTS_DIR, provenance, spawn_gloo, write_result
 from tula_ray.ags import DELTA_DEFAULT
-from tula_ray.ags_strategy import NOISE_SCALE_DEFAULTS
+from tula_ray.training.ags_strategy import NOISE_SCALE_DEFAULTS
 
 WORLD_SIZE = 2
 REFERENCE_BATCH = 32  # NOTES-ENV: the best-generalising batch here
@@ -64,8 +64,8 @@ RECIPE_VERSIONS = {"ags": 2, "ags-ns": 2}
 
 
 def _run_one(run: dict[str, Any], rank: int) -> dict[str, Any]:
-    from tula_ray.training import evaluate, prepare_run, train_epoch
-    from tula_ray.workloads import get_workload
+    from tula_ray.training.run import evaluate, prepare_run, train_epoch
+    from tula_ray.workloads.workload import get_workload
 
     # The per-process setup `tula_ray.train()`'s workers and `fit` share.
     prepared = prepare_run(

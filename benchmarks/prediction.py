@@ -36,7 +36,7 @@ import pandas as pd
 
 from benchmarks.common import (RESULTS_DIR, cross_search_errors, provenance,
                                relative_errors, spread, write_result)
-from tula_ray.pricing import (USD_PER_GB_HOUR_DEFAULT, USD_PER_NODE_HOUR_DEFAULT, FixedRate,
+from tula_ray.models.pricing import (USD_PER_GB_HOUR_DEFAULT, USD_PER_NODE_HOUR_DEFAULT, FixedRate,
                               MemoryRate)
 
 NAME = "prediction"
@@ -74,7 +74,7 @@ def _space(plan):
 def _plan_from(full_plan, rows: pd.DataFrame, strategy: str, objective: str, pricing):
     """The plan a `strategy` search that measured `rows` makes, for this objective and
     pricing, through `build_plan` (the product's path)."""
-    from tula_ray.plan import build_plan
+    from tula_ray.planning.plan import build_plan
 
     return build_plan(_space(full_plan), rows, epochs=full_plan.epochs,
                       dataset_size=full_plan.dataset_size, strategy=strategy,
@@ -87,9 +87,9 @@ def replay(full_plan, strategy: str, objective: str = "knee", pricing=None):
     """Run `strategy`'s rounds against the full grid's measurements: it proposes, the grid's
     row for each proposed candidate is handed back (with that round's number), until it is
     done. Returns (its plan, the rows it measured, its rounds, why it stopped)."""
-    from tula_ray.pricing import pricing_to_dict
+    from tula_ray.models.pricing import pricing_to_dict
     from tula_ray.profile_table import profile_frame
-    from tula_ray.search_strategies import make_strategy, with_plan_context
+    from tula_ray.planning.search_strategies import make_strategy, with_plan_context
 
     pricing = pricing or FixedRate()
     options = with_plan_context(
@@ -138,7 +138,7 @@ def _measured_pick(indexed: pd.DataFrame, choice, metric: str) -> dict:
 
 def _selection(full_plan) -> list[dict]:
     """Per objective and pricing: the oracle's pick and each strategy's (by replay)."""
-    from tula_ray.policy import choose
+    from tula_ray.planning.policy import choose
 
     rows = []
     for label, pricing in PRICINGS.items():
@@ -162,7 +162,7 @@ def _selection(full_plan) -> list[dict]:
 
 def _accuracy(full_plan) -> tuple[pd.DataFrame, dict]:
     """Per-candidate predictions of both models against the measurements, and a summary."""
-    from tula_ray.search_strategies import make_strategy
+    from tula_ray.planning.search_strategies import make_strategy
 
     partial, _, _, _ = replay(full_plan, "partial", full_plan.objective)
     table = full_plan.table.merge(
@@ -201,7 +201,7 @@ def extra_candidate_seconds(profiles: pd.DataFrame) -> list[float]:
 
 def _live_cost(plan, full_plan) -> dict:
     """What one live search cost, and its own choice measured on the full grid."""
-    from tula_ray.policy import choose
+    from tula_ray.planning.policy import choose
 
     oracle = measured_table(full_plan.table, FixedRate())
     indexed = oracle.set_index(["num_workers", "global_batch"])
@@ -217,7 +217,7 @@ def _live_cost(plan, full_plan) -> dict:
 
 def _saved_plans(name: str) -> dict:
     """The plans a full run saved for `name`: its full search and its live searches."""
-    from tula_ray.plan import Plan
+    from tula_ray.planning.plan import Plan
 
     return {s: Plan.from_json(RESULTS_DIR / (f"{NAME}_{name}.plan.json" if s == "full" else
                                              f"{NAME}_{name}_{s}.plan.json"))

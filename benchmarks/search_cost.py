@@ -64,7 +64,7 @@ def consistency(runs: list[dict]) -> dict:
 def run(quick: bool = False, plans: dict | None = None) -> dict:
     """plans: {strategy: [Plan, ...]} of searches already run, summarised instead of running
     the demo (quick only: the test suite hands in its own); nothing is timed then."""
-    from tula_ray.plan import Plan
+    from tula_ray.planning.plan import Plan
 
     if plans and not quick:
         raise ValueError("plans is for quick runs only; a full run times its own demos")

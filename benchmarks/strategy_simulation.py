@@ -77,10 +77,10 @@ def simulate(strategy: str, cluster_sizes, batch_sizes, noise: float, seed: int,
     from ray.tune.search import Searcher
 
     from searchers import TulaSearcher
-    from tula_ray.plan import build_plan
-    from tula_ray.pricing import FixedRate, pricing_to_dict
+    from tula_ray.planning.plan import build_plan
+    from tula_ray.models.pricing import FixedRate, pricing_to_dict
     from tula_ray.profile_table import profile_frame
-    from tula_ray.search_strategies import with_plan_context
+    from tula_ray.planning.search_strategies import with_plan_context
 
     pricing = pricing or FixedRate()
     space, grid = _grid(cluster_sizes, batch_sizes)
@@ -118,7 +118,7 @@ def simulate(strategy: str, cluster_sizes, batch_sizes, noise: float, seed: int,
 
 
 def _regret(plan, truth: pd.DataFrame, objective: str) -> float:
-    from tula_ray.policy import choose
+    from tula_ray.planning.policy import choose
 
     metric = "cost_usd" if objective == "cost" else "total_time_s"
     oracle = choose(truth, objective)
@@ -129,7 +129,7 @@ def _regret(plan, truth: pd.DataFrame, objective: str) -> float:
 
 
 def run(quick: bool = False) -> dict:
-    from tula_ray.pricing import FixedRate, MemoryRate
+    from tula_ray.models.pricing import FixedRate, MemoryRate
     from tula_ray.space import geometric
 
     seeds = QUICK_SEEDS if quick else SEEDS

@@ -36,10 +36,10 @@ def tuning_plan(world_size: int, global_batch: int, train_subset: int, epochs: i
     """A plan whose choice is (world_size, global_batch) for the benchmark's CNN and
     subset: `tune_training` tunes at a plan's choice. Its step times are synthetic
     (`tula_ray.synthetic`): tuning reads only the workload, its options, N, B and E."""
-    from tula_ray.plan import build_plan
-    from tula_ray.policy import Choice
+    from tula_ray.planning.plan import build_plan
+    from tula_ray.planning.policy import Choice
     from tula_ray.space import SearchSpace
-    from tula_ray.synthetic import example_params, synthetic_profiles
+    from tula_ray.planning.synthetic import example_params, synthetic_profiles
 
     space = SearchSpace((1, world_size), (32, global_batch))
     profiles = synthetic_profiles(space.candidates(), example_params())
@@ -67,7 +67,7 @@ def tune_missing(strategies: dict[str, tuple[str, dict]], *, world_size: int, tr
     `path` does not record yet, recording each as it finishes; returns every record.
     tune: `tula_ray.tune_training` (a test passes its own)."""
     if tune is None:
-        from tula_ray.tune_training import tune_training as tune
+        from tula_ray.runs.tune_training import tune_training as tune
     done = read_tuned(path)
     plan = tuning_plan(world_size, global_batch, train_subset, epochs)
     for label, (strategy, options) in strategies.items():

@@ -12,7 +12,7 @@ from torch import nn
 
 from benchmarks.common import spawn_gloo
 from tula_ray.ags import TulaOptimizer, gain_ratio, max_scale, register_local_gradient_hook
-from tula_ray.training_strategies import STRATEGIES, build_strategy
+from tula_ray.training.strategies import STRATEGIES, build_strategy
 
 
 def test_gain_ratio_carries_the_measured_ratio_to_the_reference_batch():

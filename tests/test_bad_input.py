@@ -17,9 +17,9 @@ from hypothesis import strategies as st
 
 import tula_ray
 from tula_ray.cli import main
-from tula_ray.plan import build_plan
+from tula_ray.planning.plan import build_plan
 from tula_ray.space import SearchSpace
-from tula_ray.synthetic import example_params, synthetic_profiles
+from tula_ray.planning.synthetic import example_params, synthetic_profiles
 
 SETTINGS = settings(max_examples=100, deadline=None,
                     suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -248,7 +248,7 @@ def test_train_refuses_a_workload_without_test_data(plan):
     """A search needs no test set; training scores one every epoch: refused before Ray."""
     import dataclasses
 
-    from tula_ray.workloads import get_workload
+    from tula_ray.workloads.workload import get_workload
 
     no_test = dataclasses.replace(get_workload("fashion-mnist-cnn", data="fake", fake_size=1000),
                                   test_dataset_fn=None)

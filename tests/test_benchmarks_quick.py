@@ -132,7 +132,7 @@ def test_memory_benchmarks_record_an_out_of_memory_as_does_not_fit(monkeypatch):
     import torch
 
     from benchmarks import memory_accuracy
-    from tula_ray import measure
+    from tula_ray.training import measure
 
     real = measure.peak_memory_bytes
 

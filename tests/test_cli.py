@@ -5,8 +5,8 @@ from pathlib import Path
 import pandas as pd
 
 from tula_ray.cli import main
-from tula_ray.plan import Plan
-from tula_ray.training_strategies import TRAINING_STRATEGY_DEFAULT
+from tula_ray.planning.plan import Plan
+from tula_ray.training.strategies import TRAINING_STRATEGY_DEFAULT
 
 
 def test_replay_synthetic_writes_a_plan_and_figures(tmp_path, capsys):
@@ -116,7 +116,7 @@ def test_search_resume_flag_continues_the_named_search(tmp_path, monkeypatch, ca
     import functools
     import importlib
 
-    module = importlib.import_module("tula_ray.search")
+    module = importlib.import_module("tula_ray.runs.search")
     seen = {}
 
     @functools.wraps(module.search)  # the real signature: the config's keys are checked on it
@@ -156,7 +156,7 @@ def test_demo_without_any_means_to_get_its_data_stops_at_once_saying_what_to_do(
     command exits with 2 before starting Ray (within 10 s), naming what to do."""
     import time
 
-    from tula_ray import fashion_mnist_files as files
+    from tula_ray.workloads import fashion_mnist_files as files
 
     monkeypatch.setattr(files, "DEBIAN_DATA_DIR", tmp_path / "no-debian-package")
     monkeypatch.setenv(files.CACHE_DIR_ENV, str(tmp_path / "cache"))
@@ -181,7 +181,7 @@ def test_replay_keeps_what_the_training_strategy_cannot_train(tmp_path):
     choice (issue 22, item 6): the replay cannot re-ask a strategy it may not know."""
     from tula_ray import build_plan
     from tula_ray.space import SearchSpace
-    from tula_ray.synthetic import example_params, synthetic_profiles
+    from tula_ray.planning.synthetic import example_params, synthetic_profiles
 
     space = SearchSpace.build((1, 2), min_batch=32, max_batch=256)
     profiles = synthetic_profiles(space.candidates(), example_params())

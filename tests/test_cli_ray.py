@@ -11,7 +11,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from tula_ray.plan import Plan
+from tula_ray.planning.plan import Plan
 
 pytestmark = pytest.mark.ray
 

@@ -8,6 +8,7 @@ import ray
 
 import tula_ray
 from tula_ray import cluster
+from tula_ray.cluster import storage
 from tula_ray.cluster import (CPU_WORKER, GPU_WORKER, autoscaler_node_types,
                               check_resources_per_worker, check_worker_request, default_worker,
                               workers_that_fit)
@@ -76,16 +77,16 @@ def _nodes(count):
 
 
 def test_multi_node_storage_rules(monkeypatch, tmp_path):
-    monkeypatch.setattr(cluster.ray, "nodes", lambda: _nodes(2))
+    monkeypatch.setattr(storage.ray, "nodes", lambda: _nodes(2))
     with pytest.raises(ValueError, match="2 nodes and storage_path is None.*shared file system"
                                          ".*cloud URI"):
         cluster.check_storage_path(None)
     cluster.check_storage_path("s3://bucket/runs")  # a cloud URI is taken as it is
     # A local path is asked of every node; one that does not see the driver's file is named.
-    monkeypatch.setattr(cluster, "nodes_not_seeing", lambda path, nodes: ["127.0.0.4"])
+    monkeypatch.setattr(storage, "nodes_not_seeing", lambda path, nodes: ["127.0.0.4"])
     with pytest.raises(ValueError, match="not visible from the nodes at 127.0.0.4"):
         cluster.check_storage_path(str(tmp_path))
-    monkeypatch.setattr(cluster, "nodes_not_seeing", lambda path, nodes: [])
+    monkeypatch.setattr(storage, "nodes_not_seeing", lambda path, nodes: [])
     cluster.check_storage_path(str(tmp_path))
-    monkeypatch.setattr(cluster.ray, "nodes", lambda: _nodes(1))
+    monkeypatch.setattr(storage.ray, "nodes", lambda: _nodes(1))
     cluster.check_storage_path(None)  # one node: its own disk is every node's

@@ -6,8 +6,9 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 
-from tula_ray import compute_forms, perf
-from tula_ray.compute_forms import ComputeCurve, fit_compute_curve
+from tula_ray.models import compute_forms
+from tula_ray.models import perf
+from tula_ray.models.compute_forms import ComputeCurve, fit_compute_curve
 
 B = np.array([16.0, 32, 64, 128, 256])
 

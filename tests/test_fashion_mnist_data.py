@@ -1,5 +1,5 @@
 """Where Fashion-MNIST comes from (tula_ray.fashion_mnist_files) and how it is loaded
-(tula_ray.datasets), without Ray and without the network: the downloads are served by
+(tula_ray.workloads.datasets), without Ray and without the network: the downloads are served by
 an HTTP server on loopback that this module starts."""
 
 from __future__ import annotations
@@ -21,9 +21,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from tula_ray import datasets
-from tula_ray import fashion_mnist_files as files
-from tula_ray.workloads import get_workload
+from tula_ray.workloads import datasets
+from tula_ray.workloads import fashion_mnist_files as files
+from tula_ray.workloads.workload import get_workload
 
 REAL_DEBIAN_FETCH = files.fetch_debian_package  # `places` switches the downloads off
 
@@ -114,7 +114,7 @@ def test_decoded_images_are_kept_so_later_processes_skip_torchvision(places):
     first = datasets.fashion_mnist(True, root=root)
     kept = list((places["cache"] / "tula-ray" / "fashion-mnist" / "decoded").glob("train-*.pt"))
     assert len(kept) == 1
-    script = ("import sys, tula_ray.datasets as d; data = d.fashion_mnist(True, root=sys.argv[1]); "
+    script = ("import sys, tula_ray.workloads.datasets as d; data = d.fashion_mnist(True, root=sys.argv[1]); "
               "print(len(data), 'torchvision' in sys.modules, float(data.tensors[0].sum()))")
     out = subprocess.run([sys.executable, "-c", script, root], capture_output=True, text=True,
                          check=True).stdout.split()

@@ -3,7 +3,7 @@ import pytest
 import torch
 from hypothesis import example, given, strategies as st
 
-from tula_ray import memory
+from tula_ray.models import memory
 
 
 def test_linear_peaks_are_fitted_exactly():
@@ -188,7 +188,7 @@ def test_bad_budgets_are_named(kwargs, message):
 
 def test_cuda_memory_in_use_is_total_minus_free(monkeypatch):
     # No GPU here: torch.cuda's calls are replaced by a 16 GB device with 15.2 GB free.
-    from tula_ray import measure
+    from tula_ray.training import measure
 
     calls = []
     monkeypatch.setattr(torch.cuda, "empty_cache", lambda: calls.append("empty_cache"))

@@ -22,8 +22,8 @@ from ray.util.state import list_actors, list_jobs
 import tula_ray
 from tula_ray import SearchSpace, build_plan
 from tula_ray.cluster import ADDRESS_ENV, DRIVER_RESOURCE
-from tula_ray.plan import Plan
-from tula_ray.synthetic import example_params, synthetic_profiles
+from tula_ray.planning.plan import Plan
+from tula_ray.planning.synthetic import example_params, synthetic_profiles
 
 pytestmark = pytest.mark.ray
 

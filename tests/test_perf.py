@@ -3,9 +3,9 @@ import pandas as pd
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from tula_ray import perf
+from tula_ray.models import perf
 from tula_ray.profile_table import profile_frame
-from tula_ray.search_strategies import make_strategy
+from tula_ray.planning.search_strategies import make_strategy
 from tula_ray.space import SearchSpace
 from paper_profiles import paper_profiles as synthetic_profiles
 

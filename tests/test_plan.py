@@ -4,10 +4,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from tula_ray.plan import Plan, build_plan
+from tula_ray.planning.plan import Plan, build_plan
 from tula_ray.space import SearchSpace
 from paper_profiles import paper_profiles as synthetic_profiles
-from tula_ray.synthetic import example_params
+from tula_ray.planning.synthetic import example_params
 
 SPACE = SearchSpace.build((1, 2), min_batch=32, max_batch=1024)
 
@@ -208,8 +208,8 @@ def test_the_dense_curve_passes_through_the_measurements_and_keeps_the_models_sh
     """The knee's curve (estimates.through_measurements): at a measured batch it is the
     measurement; between two measured batches the ratio measured / predicted is
     interpolated in log2 B; at an N with nothing measured it is the model's."""
-    from tula_ray.estimates import through_measurements
-    from tula_ray.pricing import FixedRate
+    from tula_ray.planning.estimates import through_measurements
+    from tula_ray.models.pricing import FixedRate
 
     dense = pd.DataFrame({"num_workers": [1, 1, 1, 2], "global_batch": [32.0, 64.0, 128.0, 64.0],
                           "total_time_s": [100.0, 100.0, 100.0, 80.0],
@@ -256,7 +256,7 @@ def test_training_times_include_the_strategys_measured_cost_per_step():
 def test_candidates_the_training_strategy_cannot_train_are_marked_and_never_chosen():
     """Issue 22, item 6: the plan asks the training strategy (`refusals`) and keeps what it
     refuses out of the choice, with a column, the reason and a summary line."""
-    from tula_ray.training_strategies import refusals
+    from tula_ray.training.strategies import refusals
 
     space = SearchSpace.build((1, 2), min_batch=32, max_batch=256)
     profiles = synthetic_profiles(space.candidates(), example_params())

@@ -2,7 +2,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from tula_ray.policy import choose, envelope, find_knee
+from tula_ray.planning.policy import choose, envelope, find_knee
 
 
 def table(rows):

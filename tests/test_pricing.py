@@ -3,8 +3,8 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 
-from tula_ray import pricing as pricing_module
-from tula_ray.pricing import (FixedRate, MemoryRate, PerSecondBilling, Pricing, parse_pricing,
+from tula_ray.models import pricing as pricing_module
+from tula_ray.models.pricing import (FixedRate, MemoryRate, PerSecondBilling, Pricing, parse_pricing,
                               pricing_from_dict, pricing_to_dict, register_pricing)
 
 

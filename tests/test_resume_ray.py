@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from process_tree import kill_tree
-from tula_ray.plan import Plan, build_plan
+from tula_ray.planning.plan import Plan, build_plan
 
 pytestmark = pytest.mark.ray
 
@@ -27,7 +27,7 @@ from torch import nn
 from torch.utils.data import TensorDataset
 
 import tula_ray
-from tula_ray.workloads import Workload
+from tula_ray.workloads.workload import Workload
 
 
 def data():

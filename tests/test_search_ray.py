@@ -25,13 +25,14 @@ from result_checks import finite, table_rows
 
 import tula_ray
 from benchmarks.common import RESULTS_DIR
-from tula_ray import measure, perf
-from tula_ray import memory as memory_model
+from tula_ray.training import measure
+from tula_ray.models import perf
+from tula_ray.models import memory as memory_model
 from tula_ray.profile_table import usable
-from tula_ray.search_strategies import make_strategy
-from tula_ray.training_strategies import TRAINING_STRATEGY_DEFAULT
-from tula_ray.workload_check import checked
-from tula_ray.workloads import Workload
+from tula_ray.planning.search_strategies import make_strategy
+from tula_ray.training.strategies import TRAINING_STRATEGY_DEFAULT
+from tula_ray.workloads.check import checked
+from tula_ray.workloads.workload import Workload
 
 pytestmark = pytest.mark.ray
 
@@ -236,7 +237,7 @@ def test_out_of_memory_candidate_is_infeasible_and_the_search_goes_on(
     """The memory bound is too optimistic and its check misses it (on a GPU a trial's
     peak can exceed the probe's: fragmentation, workspaces): B = 128 enters the space,
     runs out of memory when profiled, and partial search falls back inward."""
-    search_module = importlib.import_module("tula_ray.search")
+    search_module = importlib.import_module("tula_ray.runs.search")
 
     low, high = _peaks(64, 128)
     monkeypatch.setattr(search_module, "probe_memory", _optimistic(search_module.probe_memory))

@@ -6,9 +6,9 @@ import pytest
 from ray.tune.search import Searcher
 
 from searchers import TulaSearcher
-from tula_ray import search_strategies
+from tula_ray.planning import search_strategies
 from tula_ray.profile_table import profile_frame
-from tula_ray.search_strategies import STRATEGIES, Proposal, make_strategy, register_strategy
+from tula_ray.planning.search_strategies import STRATEGIES, Proposal, make_strategy, register_strategy
 from tula_ray.space import Candidate, SearchSpace
 
 SPACE = SearchSpace.build((1, 2, 4), min_batch=32, max_batch=256)

@@ -9,11 +9,11 @@ from torch import nn
 from torch.utils.data import TensorDataset
 
 from benchmarks.common import spawn_gloo
-from tula_ray.training_strategies import (BASE_BATCH_DEFAULT, STRATEGIES, WARMUP_EPOCHS_DEFAULT,
+from tula_ray.training.strategies import (BASE_BATCH_DEFAULT, STRATEGIES, WARMUP_EPOCHS_DEFAULT,
                                           BaseStrategy, StrategySetup, base_optimizer,
                                           build_strategy, get_strategy, linear_scaled_lr,
                                           register_strategy, unregister_strategy)
-from tula_ray.workloads import FashionCNN, get_workload
+from tula_ray.workloads.workload import FashionCNN, get_workload
 
 
 def _build(name, global_batch=512, steps_per_epoch=4, epochs=10, **kwargs):
@@ -137,8 +137,8 @@ def test_every_entry_point_defaults_to_one_registered_strategy():
     import inspect
 
     import tula_ray
-    from tula_ray import training
-    from tula_ray.training_strategies import TRAINING_STRATEGY_DEFAULT
+    from tula_ray.training import run as training
+    from tula_ray.training.strategies import TRAINING_STRATEGY_DEFAULT
 
     assert TRAINING_STRATEGY_DEFAULT in STRATEGIES
     defaults = {name: inspect.signature(function).parameters[parameter].default
@@ -192,7 +192,7 @@ class _AdamStrategy(BaseStrategy):
 
 
 def test_a_user_registers_a_fifth_strategy_and_fit_trains_with_it():
-    from tula_ray.training import fit
+    from tula_ray.training.run import fit
 
     workload = get_workload("fashion-mnist-cnn", data="fake", fake_size=64)
     register_strategy(_AdamStrategy())
@@ -232,7 +232,7 @@ def _polo_steps(model, setup, data: torch.Generator, steps: int) -> list[torch.T
 
 
 def _two_rank_worker(rank: int, out_dir: str) -> None:
-    from tula_ray.training import (checkpoint_state, evaluate, make_loaders, restore_state,
+    from tula_ray.training.run import (checkpoint_state, evaluate, make_loaders, restore_state,
                                    train_epoch)
 
     # PoLo: synchronous for 1 epoch of 4 steps, then local, averaging every 2 steps.

@@ -19,10 +19,10 @@ from torch.utils.data import TensorDataset
 
 import tula_ray
 from tula_ray import SearchSpace, build_plan
-from tula_ray.synthetic import example_params, synthetic_profiles
-from tula_ray.training import split_validation
-from tula_ray.training_strategies import STRATEGIES
-from tula_ray.workloads import Workload
+from tula_ray.planning.synthetic import example_params, synthetic_profiles
+from tula_ray.training.run import split_validation
+from tula_ray.training.strategies import STRATEGIES
+from tula_ray.workloads.workload import Workload
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])  # Ray workers cannot import tests
 

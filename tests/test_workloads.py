@@ -7,11 +7,12 @@ import functools
 import pytest
 import torch
 
-from tula_ray import datasets, measure
+from tula_ray.workloads import datasets
+from tula_ray.training import measure
 from tula_ray.failures import UserCodeError
-from tula_ray.workload_check import checked, inspect_workload
-from tula_ray.workload_check import complete as complete_workload
-from tula_ray.workloads import WORKLOADS, FashionCNN, Workload, get_workload, resolve_workload
+from tula_ray.workloads.check import checked, inspect_workload
+from tula_ray.workloads.check import complete as complete_workload
+from tula_ray.workloads.workload import WORKLOADS, FashionCNN, Workload, get_workload, resolve_workload
 
 
 # ----------------------------------------------------------------- registry

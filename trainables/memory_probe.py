@@ -4,7 +4,7 @@ Each task takes one worker's resources (a whole GPU when the workers have GPUs),
 check runs where the workers will (the driver may be a CPU head without the data, the
 GPU or the packages), and the peaks and the device size are the workers', not the
 driver's. The checking is `tula_ray.workload_check`, the measuring
-`tula_ray.measure.probe_peaks` / `peak_or_none`, the fitting `tula_ray.memory` (eq. 3):
+`tula_ray.training.measure.probe_peaks` / `peak_or_none`, the fitting `tula_ray.memory` (eq. 3):
 this module only ships them to a worker. An error raised there (the workload's own code
 as a `UserCodeError` with the worker's traceback, or a ValueError naming a bad field)
 is raised again in the driver as it is, before any worker group starts.
@@ -17,13 +17,13 @@ from typing import Any, Callable
 import ray
 from ray.exceptions import RaySystemError, RayTaskError
 
-from tula_ray import measure
-from tula_ray import memory as memory_model
+from tula_ray.training import measure
+from tula_ray.models import memory as memory_model
 from tula_ray.cluster import task_options
 from tula_ray.failures import UserCodeError
-from tula_ray.measure import Example
-from tula_ray.workload_check import complete, inspect_workload
-from tula_ray.workloads import Workload, resolve_workload
+from tula_ray.training.measure import Example
+from tula_ray.workloads.check import complete, inspect_workload
+from tula_ray.workloads.workload import Workload, resolve_workload
 
 
 def _device(use_gpu: bool) -> str:

@@ -40,13 +40,14 @@ import ray.train.torch
 import torch
 from torch.utils.data import DataLoader
 
-from trainables.step_timing import cycle, max_over_workers, measured_step_count, timed_steps
+from trainables.step_timing import cycle, measured_step_count, timed_steps
+from tula_ray.distributed import max_over_ranks
 from trainables.step_timing import spread as step_spread
 from trainables.strategy_cost import strategy_batch, strategy_extra_s
 from tula_ray.failures import is_out_of_memory, workload_code
-from tula_ray.measure import memtracker_peak_bytes, train_step
+from tula_ray.training.measure import memtracker_peak_bytes, train_step
 from tula_ray.profile_table import MAX_ERROR_CHARS, STATUS_OK, STATUS_OOM, profile_row
-from tula_ray.workloads import resolve_workload
+from tula_ray.workloads.workload import resolve_workload
 
 logger = logging.getLogger(__name__)
 
@@ -116,7 +117,7 @@ def agree_first_step_fits(step: Callable[[], list[float]], device: torch.device,
             failure = exc
             if device.type == "cuda":
                 torch.cuda.empty_cache()
-    (any_failed,) = max_over_workers([1.0 if failure else 0.0], device)
+    (any_failed,) = max_over_ranks([1.0 if failure else 0.0], device)
     if failure is not None:
         raise failure
     if any_failed:
@@ -167,7 +168,7 @@ class _Sweep:
             [lambda: train_step(module, self.optimizer, self.loss_fn, inputs, targets)],
             module, self.optimizer, inputs, targets)
         seconds = time.perf_counter() - started
-        (peak,) = max_over_workers([float(peak)], self.device)
+        (peak,) = max_over_ranks([float(peak)], self.device)
         return peak, seconds
 
     def profile(self, global_batch: int) -> dict[str, Any]:
@@ -212,7 +213,7 @@ class _Sweep:
                                    loss_fn, device)
         warm += synced_warm
         # The step count comes from an untracked step (MemTracker slows the one it watches).
-        (warm_s,) = max_over_workers([(synced_warm or warm[:1] or [math.nan])[-1]], device)
+        (warm_s,) = max_over_ranks([(synced_warm or warm[:1] or [math.nan])[-1]], device)
         steps = measured_step_count(warm_s, self.measure, self.budget_s)
         # 2-3. Compute-only, then synced.
         with model.no_sync() if distributed else contextlib.nullcontext():
@@ -226,7 +227,7 @@ class _Sweep:
                    sum(compute) + (sum(step) if distributed else 0.0), sum(warm)]
         if device.type == "cuda":
             medians.append(float(torch.cuda.max_memory_allocated(device)))  # reduced[5]
-        reduced = max_over_workers(medians, device)
+        reduced = max_over_ranks(medians, device)
         compute_s, step_s, spread, timed_s, warm_s = reduced[:5]
         # Timing noise (~15 % here) can make the compute-only median exceed the
         # synced one when the collective is cheap; sync cannot be negative, so the

@@ -10,10 +10,9 @@ import statistics
 from typing import Any, Callable, Iterator
 
 import torch
-import torch.distributed as dist
 from torch.utils.data import DataLoader
 
-from tula_ray.measure import StepTimer, train_step
+from tula_ray.training.measure import StepTimer, train_step
 
 MAX_MEASURE_STEPS = 64
 
@@ -40,20 +39,9 @@ def timed(count: int, batches: Iterator, step: Callable[[Any, Any], Any],
 
 def timed_steps(count: int, batches: Iterator, model, optimizer, loss_fn,
                 device: torch.device) -> list[float]:
-    """Seconds of `count` plain training steps (`tula_ray.measure.train_step`)."""
+    """Seconds of `count` plain training steps (`tula_ray.training.measure.train_step`)."""
     return timed(count, batches, functools.partial(train_step, model, optimizer, loss_fn),
                  device)
-
-
-def max_over_workers(values: list[float], device: torch.device) -> list[float]:
-    """Element-wise max over all workers: the slowest worker sets the synchronous step."""
-    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
-        return values
-    # NCCL reduces CUDA tensors only; gloo takes CPU tensors.
-    where = device if dist.get_backend() == "nccl" else torch.device("cpu")
-    tensor = torch.tensor(values, dtype=torch.float64, device=where)
-    dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
-    return tensor.tolist()
 
 
 def spread(seconds: list[float]) -> float:

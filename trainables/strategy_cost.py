@@ -16,10 +16,10 @@ from typing import Any
 import ray.train.torch
 from torch.utils.data import DataLoader
 
-from trainables.step_timing import (cycle, max_over_workers, measured_step_count, timed,
-                                     timed_steps)
-from tula_ray.training import optimizer_hyperparameters
-from tula_ray.training_strategies import build_strategy, get_strategy
+from trainables.step_timing import cycle, measured_step_count, timed, timed_steps
+from tula_ray.distributed import max_over_ranks
+from tula_ray.training.run import optimizer_hyperparameters
+from tula_ray.training.strategies import build_strategy, get_strategy
 
 
 def strategy_batch(config: dict[str, Any], world_size: int, first_batch: int,
@@ -60,7 +60,7 @@ def strategy_extra_s(sweep: Any) -> float:
         drop_last=True))
     batches = cycle(loader)
     first = timed_steps(1, batches, sweep.model, sweep.optimizer, sweep.loss_fn, sweep.device)
-    (first_s,) = max_over_workers(first, sweep.device)
+    (first_s,) = max_over_ranks(first, sweep.device)
     # Plain and strategy steps share one phase's budget: its cost is what the plan needs.
     count = measured_step_count(first_s, sweep.measure, sweep.budget_s / 2)
     plain = timed_steps(count, batches, sweep.model, sweep.optimizer, sweep.loss_fn,
@@ -81,6 +81,6 @@ def strategy_extra_s(sweep: Any) -> float:
 
     # The first step builds the optimizer's state: untimed.
     seconds = timed(count + 1, batches, strategy_step, sweep.device)[1:]
-    strategy_s, plain_s = max_over_workers(
+    strategy_s, plain_s = max_over_ranks(
         [statistics.median(seconds), statistics.median(plain)], sweep.device)
     return strategy_s - plain_s

@@ -22,13 +22,13 @@ from typing import Any, Iterator
 import pandas as pd
 
 from tula_ray.failures import UserCodeError
-from tula_ray.plan import UNTRAINABLE, Plan, build_plan
-from tula_ray.policy import OBJECTIVES
-from tula_ray.search_strategies import STRATEGIES as SEARCH_STRATEGIES
+from tula_ray.planning.plan import UNTRAINABLE, Plan, build_plan
+from tula_ray.planning.policy import OBJECTIVES
+from tula_ray.planning.search_strategies import STRATEGIES as SEARCH_STRATEGIES
 from tula_ray.space import SearchSpace
 
 METRICS_FILE = "train_metrics.csv"
-# tula_ray.training_strategies.TRAINING_STRATEGY_DEFAULT, repeated: importing it would
+# tula_ray.training.strategies.TRAINING_STRATEGY_DEFAULT, repeated: importing it would
 # import torch at start-up (tests/test_cli.py holds the two equal).
 STRATEGY_DEFAULT = "ags-ns"
 TUNED_FILE = "tuned.json"  # `tula-ray tune`'s best configuration: `tula-ray train --config`
@@ -95,7 +95,7 @@ def add_train_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--strategy", default=STRATEGY_DEFAULT,
                         help=f"{STRATEGY_DEFAULT} (default: AGS-NS, README), ags (the paper's "
                              "literal AGS) or a baseline: lbt, lrs, lars, polo "
-                             "(tula_ray.training_strategies.STRATEGIES)")
+                             "(tula_ray.training.strategies.STRATEGIES)")
     parser.add_argument("--epochs", type=int, default=None,
                         help="epochs to train (default: the plan's)")
     parser.add_argument("--max-failures", type=int, default=None,
@@ -147,7 +147,7 @@ def run_tune(args: argparse.Namespace) -> None:
     if not args.plan.is_file():
         raise FileNotFoundError(f"plan file {args.plan} does not exist; write one with "
                                 "`tula-ray demo` or `tula-ray replay`")
-    from tula_ray.tune_training import tune_training  # imports ray
+    from tula_ray.runs.tune_training import tune_training  # imports ray
 
     trials = {} if args.trials is None else {"trials": args.trials}
     best = tune_training(args.plan, args.strategy, epochs=args.epochs, workload=args.workload,
@@ -171,7 +171,7 @@ def run_train(args: argparse.Namespace) -> None:
 
 def train_and_write(plan: Any, args: argparse.Namespace, workload: str | None = None) -> None:
     """Train `plan` (a Plan or a path), print the per-epoch table, write the metrics CSV."""
-    from tula_ray.train import train  # imports ray
+    from tula_ray.runs.train import train  # imports ray
 
     storage = args.storage_path
     retries = {} if args.max_failures is None else {"max_failures": args.max_failures}
@@ -219,7 +219,7 @@ def _replay(args: argparse.Namespace) -> None:
     meta: dict = {"source": "replay"}
     untrainable: dict = {}
     if args.synthetic:
-        from tula_ray.synthetic import example_params, synthetic_profiles
+        from tula_ray.planning.synthetic import example_params, synthetic_profiles
 
         space = SearchSpace.build((1, 2), min_batch=32, max_batch=2048)
         profiles = synthetic_profiles(space.candidates(), example_params(), seed=args.seed)
@@ -253,11 +253,11 @@ def _replay(args: argparse.Namespace) -> None:
 
 
 def _demo(args: argparse.Namespace) -> None:
-    from tula_ray.fashion_mnist_files import locate
+    from tula_ray.workloads.fashion_mnist_files import locate
 
     # Before Ray and torch: a machine with no means to get the data stops in seconds.
     print(f"Fashion-MNIST: {locate().source}", flush=True)
-    from tula_ray.search import search  # imports ray: only for the commands that run it
+    from tula_ray.runs.search import search  # imports ray: only for the commands that run it
 
     # With --train, one Ray for the search and the training.
     with _ray_for(args.train, args.address, args.runtime_env):
@@ -282,7 +282,7 @@ def _search_file(args: argparse.Namespace) -> None:
 
     import yaml
 
-    from tula_ray.search import search
+    from tula_ray.runs.search import search
 
     config = yaml.safe_load(args.config.read_text()) or {}
     if not isinstance(config, dict):

@@ -21,15 +21,15 @@ from typing import Any, Callable
 
 import pandas as pd
 import torch
-import torch.distributed as dist
 from torch import nn
 from torch.utils.data import DataLoader, DistributedSampler, Subset
 
-from tula_ray.measure import StepTimer
-from tula_ray.training_strategies import (TRAINING_STRATEGY_DEFAULT, StrategySetup,
+from tula_ray.distributed import mean_over_ranks, sum_over_ranks
+from tula_ray.training.measure import StepTimer
+from tula_ray.training.strategies import (TRAINING_STRATEGY_DEFAULT, StrategySetup,
                                           TrainingStrategy, base_optimizer, build_strategy,
                                           get_strategy)
-from tula_ray.workloads import (LR_DEFAULT, MOMENTUM_DEFAULT, WEIGHT_DECAY_DEFAULT, Workload,
+from tula_ray.workloads.workload import (LR_DEFAULT, MOMENTUM_DEFAULT, WEIGHT_DECAY_DEFAULT, Workload,
                                 resolve_workload)
 
 logger = logging.getLogger(__name__)
@@ -125,12 +125,12 @@ def train_epoch(model: nn.Module, setup: StrategySetup, loss_fn: Callable, loade
     if steps == 0:
         raise ValueError(f"the loader gave no batch in epoch {epoch}: is the dataset smaller "
                          "than one batch (drop_last)?")
-    total_loss, total_correct, total_samples = _sum_over_ranks(
+    total_loss, total_correct, total_samples = sum_over_ranks(
         [loss_sum.item(), float(correct.item()), float(samples)], device)
     extra = setup.epoch_metrics(telemetry)
     means = {"seconds": timer.seconds,
              **{k: v for k, v in extra.items() if isinstance(v, float)}}
-    means = dict(zip(means, _mean_over_ranks(list(means.values()), device)))
+    means = dict(zip(means, mean_over_ranks(list(means.values()), device)))
     return {"train_loss": total_loss / total_samples,
             "train_accuracy": total_correct / total_samples, "steps": steps, "lr": lr,
             **extra, **means}
@@ -157,7 +157,7 @@ def evaluate(model: nn.Module, loader: DataLoader, device: torch.device | str,
         correct += int((outputs.argmax(dim=1) == targets).sum())
         samples += len(targets)
     module.train(was_training)
-    loss_sum, correct, samples = _sum_over_ranks([loss_sum, float(correct), float(samples)], device)
+    loss_sum, correct, samples = sum_over_ranks([loss_sum, float(correct), float(samples)], device)
     if samples == 0:
         raise ValueError("evaluate got an empty test set")
     return {"test_loss": loss_sum / samples, "test_accuracy": correct / samples}
@@ -346,29 +346,3 @@ def fit(workload: str | Workload, *, global_batch: int,
 
 def _unwrap(model: nn.Module) -> nn.Module:
     return model.module if isinstance(model, nn.parallel.DistributedDataParallel) else model
-
-
-def _distributed() -> bool:
-    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
-
-
-def _reduce_device(device: torch.device) -> torch.device:
-    """Where a collective's tensor must live: NCCL takes CUDA tensors, gloo CPU ones."""
-    if dist.get_backend() == "nccl":
-        return device if device.type == "cuda" else torch.device(
-            "cuda", torch.cuda.current_device())
-    return torch.device("cpu")
-
-
-def _sum_over_ranks(values: list[float], device: torch.device) -> list[float]:
-    if not _distributed():
-        return values
-    tensor = torch.tensor(values, dtype=torch.float64, device=_reduce_device(device))
-    dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
-    return tensor.tolist()
-
-
-def _mean_over_ranks(values: list[float], device: torch.device) -> list[float]:
-    if not _distributed():
-        return values
-    return [value / dist.get_world_size() for value in _sum_over_ranks(values, device)]

@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from tula_ray.failures import is_out_of_memory
-from tula_ray.workloads import Workload
+from tula_ray.workloads.workload import Workload
 
 MEMORY_STEPS_DEFAULT = 2  # step 1 creates the optimizer state; step 2 runs at steady state
 
@@ -163,7 +163,7 @@ def probe_peaks(workload: Workload, local_batches: list[int],
     terms (`memory.static_memory`), "input_bytes_per_sample", "device_memory_bytes":
     the GPU's size, None on CPU, "device_in_use_bytes": `device_in_use_bytes`}.
     """
-    from tula_ray import memory  # eq. 3's static terms
+    from tula_ray.models import memory  # eq. 3's static terms
 
     device = torch.device(device)
     static = memory.static_memory(workload.model_fn(), workload.optimizer_fn)

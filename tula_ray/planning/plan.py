@@ -19,15 +19,15 @@ from typing import Any, Mapping
 import numpy as np
 import pandas as pd
 
-from tula_ray import memory as memory_model
-from tula_ray import perf
+from tula_ray.models import memory as memory_model
+from tula_ray.models import perf
 from tula_ray.failures import describe_errors
-from tula_ray.estimates import (add_estimates, add_uncertainty, dense_curve,
+from tula_ray.planning.estimates import (add_estimates, add_uncertainty, dense_curve,
                                 predict_candidates, strategy_extra_s, through_measurements)
-from tula_ray.policy import Choice, choose
-from tula_ray.pricing import Pricing, parse_pricing, pricing_to_dict
+from tula_ray.planning.policy import Choice, choose
+from tula_ray.models.pricing import Pricing, parse_pricing, pricing_to_dict
 from tula_ray.profile_table import oom_local_batch, profile_frame, usable
-from tula_ray.search_strategies import make_strategy
+from tula_ray.planning.search_strategies import make_strategy
 from tula_ray.space import SearchSpace
 
 PLAN_FORMAT = 1
@@ -107,7 +107,7 @@ class Plan:
 
     def plot(self, directory: str | Path) -> list[Path]:
         """PNG figures of predicted/measured time and cost vs B per N (paper Fig. 9/10)."""
-        from tula_ray.plotting import plot_plan  # matplotlib only when plotting
+        from tula_ray.planning.plotting import plot_plan  # matplotlib only when plotting
 
         return plot_plan(self, Path(directory))
 
@@ -231,7 +231,7 @@ def build_plan(
       every usable row; partial, the corners), see tula_ray.search_strategies.
     mode: the former name of `strategy` (deprecated).
     untrainable: (N, B) -> why the training strategy the plan is for cannot train it
-      (`tula_ray.training_strategies.refusals`): marked `trainable` False, never chosen.
+      (`tula_ray.training.strategies.refusals`): marked `trainable` False, never chosen.
     """
     strategy = deprecated_mode(strategy, mode)
     for name, value in (("epochs", epochs), ("dataset_size", dataset_size)):

@@ -11,9 +11,9 @@ from typing import Callable
 import numpy as np
 import pandas as pd
 
-from tula_ray import memory as memory_model
-from tula_ray import perf
-from tula_ray.pricing import Pricing
+from tula_ray.models import memory as memory_model
+from tula_ray.models import perf
+from tula_ray.models.pricing import Pricing
 from tula_ray.profile_table import STATUS_OK, usable
 
 DENSE_POINTS = 256  # batch sizes on the dense curve the knee is found on

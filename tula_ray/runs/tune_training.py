@@ -34,11 +34,11 @@ from tula_ray.arguments import check_bool, check_int, check_mapping, check_numbe
 from tula_ray.cluster import (PROVISION_TIMEOUT_S_DEFAULT, check_runtime_env,
                               check_storage_path, ensure_ray, provision_workers,
                               release_workers, trial_resources)
-from tula_ray.plan import Plan
-from tula_ray.train import _checked_job, _dry_run, _job  # one way to resolve a plan's job
-from tula_ray.training_strategies import (TRAINING_STRATEGY_DEFAULT, TrainingStrategy,
+from tula_ray.planning.plan import Plan
+from tula_ray.runs.train import _checked_job, _dry_run, _job  # one way to resolve a plan's job
+from tula_ray.training.strategies import (TRAINING_STRATEGY_DEFAULT, TrainingStrategy,
                                           get_strategy)
-from tula_ray.workloads import Workload
+from tula_ray.workloads.workload import Workload
 
 logger = logging.getLogger(__name__)
 

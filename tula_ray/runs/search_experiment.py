@@ -19,7 +19,7 @@ from ray.tune.search import Searcher
 
 from searchers import TulaSearcher
 from trainables.profiling_trial import trainable_with_resources
-from tula_ray.memory import MemoryParams
+from tula_ray.models.memory import MemoryParams
 from tula_ray.space import SearchSpace
 
 logger = logging.getLogger(__name__)

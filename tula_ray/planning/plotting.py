@@ -11,7 +11,7 @@ matplotlib.use("Agg")  # files only: plotting must work on a headless cluster he
 import matplotlib.pyplot as plt  # noqa: E402
 
 if TYPE_CHECKING:
-    from tula_ray.plan import Plan
+    from tula_ray.planning.plan import Plan
 
 FIGURES = (  # (file stem, predicted column, measured column, axis label)
     ("time_vs_batch", "total_time_s", "measured_total_time_s", "training time (s)"),

@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 from torch.utils.data import TensorDataset
 
-from tula_ray.fashion_mnist_files import cache_dir, locate
+from tula_ray.workloads.fashion_mnist_files import cache_dir, locate
 
 logger = logging.getLogger(__name__)
 

@@ -21,7 +21,7 @@ import torch
 from torch.utils.data import default_collate
 
 from tula_ray.failures import workload_code
-from tula_ray.workloads import Workload
+from tula_ray.workloads.workload import Workload
 
 EXAMPLE_SAMPLES = 2  # samples in the check's batch: BatchNorm needs more than one to train
 

@@ -15,26 +15,18 @@ No Ray here (core module).
 from __future__ import annotations
 
 import contextlib
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable
 
 import torch
-import torch.distributed as dist
 from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 
-if TYPE_CHECKING:
-    from tula_ray.ags import TulaOptimizer
+from tula_ray.ags.optimizer import TulaOptimizer
+from tula_ray.distributed import world_size
 
 
 def is_ddp(model: nn.Module) -> bool:
     return isinstance(model, nn.parallel.DistributedDataParallel)
-
-
-def world(process_group: Any) -> int:
-    """Ranks in `process_group` (1 without torch.distributed)."""
-    if not (dist.is_available() and dist.is_initialized()):
-        return 1
-    return dist.get_world_size(process_group)
 
 
 def _take_grads(params: list[nn.Parameter]) -> list[torch.Tensor | None]:
@@ -55,8 +47,6 @@ def backward_with_refresh(model: nn.Module, optimizer: torch.optim.Optimizer, lo
     "local" (its hook reads the gradients during this backward), or a step without a
     refresh, is exactly that plain backward.
     """
-    from tula_ray.ags import TulaOptimizer  # here: tula_ray.ags imports this module
-
     refresh = (isinstance(optimizer, TulaOptimizer) and optimizer.source == "sub-batch"
                and optimizer.refresh_due)
     if isinstance(optimizer, TulaOptimizer) and optimizer.source == "local" \
@@ -95,7 +85,7 @@ def backward_with_refresh(model: nn.Module, optimizer: torch.optim.Optimizer, lo
 class LocalGradientHookState:
     """State of the "local" source's DDP comm hook: the optimizer it feeds and the group."""
 
-    def __init__(self, optimizer: "TulaOptimizer", process_group: Any = None) -> None:
+    def __init__(self, optimizer: TulaOptimizer, process_group: Any = None) -> None:
         self.optimizer = optimizer
         self.process_group = process_group
 
@@ -111,13 +101,13 @@ def local_gradient_hook(state, bucket):  # no annotations: DDP checks them again
     return allreduce_hook(state.process_group, bucket)
 
 
-def register_local_gradient_hook(model: nn.Module, optimizer: "TulaOptimizer") -> None:
+def register_local_gradient_hook(model: nn.Module, optimizer: TulaOptimizer) -> None:
     """Source "local": register `local_gradient_hook` on the DDP `model` (before its first
     backward; DDP takes one comm hook per model)."""
     if optimizer.source != "local":
         raise ValueError(f"the local-gradient hook serves source='local'; this optimizer's "
                          f"source is {optimizer.source!r}")
-    if not is_ddp(model) or world(optimizer.process_group) < 2:
+    if not is_ddp(model) or world_size(optimizer.process_group) < 2:
         raise ValueError("source='local' takes g_small from each DDP worker's own gradient: it "
                          "needs a DistributedDataParallel model on >= 2 workers; "
                          "use source='sub-batch' here")

@@ -13,7 +13,7 @@ Both train a global batch no larger than their reference small batch (B <= 32 by
 with plain SGD steps: the large batch is then a small one and the gain is 1, so every
 (N, B) a search may plan is one they train.
 
-No Ray here (core module); registered in `tula_ray.training_strategies.STRATEGIES`.
+No Ray here (core module); registered in `tula_ray.training.strategies.STRATEGIES`.
 """
 
 from __future__ import annotations
@@ -28,8 +28,9 @@ from torch import nn
 
 from tula_ray.ags import (SMALL_BATCH_DEFAULT, TulaOptimizer, backward_with_refresh,
                           register_local_gradient_hook)
-from tula_ray.strategy_base import BaseStrategy, StrategySetup, check_option_names, world_size
-from tula_ray.workloads import sgd
+from tula_ray.distributed import world_size
+from tula_ray.training.strategy_base import BaseStrategy, StrategySetup, check_option_names
+from tula_ray.workloads.workload import sgd
 
 logger = logging.getLogger(__name__)
 

@@ -1,4 +1,5 @@
-"""Adaptive Gradient Scaling (paper §III-C, eq. 5-8, Algorithm 1): `TulaOptimizer`.
+"""Adaptive Gradient Scaling (paper §III-C, Algorithm 1): `TulaOptimizer`, which applies
+the equations of tula_ray.ags.equations (eq. 5-8).
 
 AGS watches the relative change of the squared gradient norm between steps
 (eq. 5). In a calm phase (variability < delta) it multiplies every parameter's
@@ -10,7 +11,7 @@ it is. The scales are refreshed from time to time (once per epoch by default,
 Data parallelism (DESIGN "AGS"): the optimizer only ever sees the gradient it is
 about to apply. Under DDP that is the all-reduced gradient, so every replica
 computes the same variability and takes the same decision. The small-batch
-gradient comes from one of two `SOURCES` (tula_ray.ags_sources):
+gradient comes from one of two `SOURCES` (tula_ray.ags.sources):
   "sub-batch": an extra forward/backward on the first `small_batch` samples of
       the local batch, outside DDP's all-reduce (the paper's line 13-14);
   "local": under DDP, each worker's own gradient before the all-reduce (a batch
@@ -58,95 +59,13 @@ import math
 from typing import Any, Callable, Sequence
 
 import torch
-import torch.distributed as dist
 from torch import nn
 
-# The small-batch gradient's sources (re-exported: they are part of this module's API).
-from tula_ray.ags_sources import backward_with_refresh, register_local_gradient_hook, world
-
-DELTA_DEFAULT = 0.5  # paper §IV-B / §VI: the variability threshold used in all experiments
-EPS_DEFAULT = 1e-8  # Algorithm 1's numerical-stability term
-SMALL_BATCH_DEFAULT = 32  # the reference small batch: NOTES-ENV's best-generalising B here
-GRANULARITIES = ("tensor", "element")
-SOURCES = ("sub-batch", "local")
-ESTIMATORS = ("refresh", "ema")
-REFRESH_EPOCH = "epoch"
-GAIN_EXPONENT_PAPER = 0.5  # s = |g_small| / |g_large| = r^(1/2) (Algorithm 1 line 16)
-EMA_DECAY_DEFAULT = 0.9  # moving average over ~10 refreshes (estimator "ema")
-
-
-# --------------------------------------------------------------------------- the equations
-
-def gradient_variability(norm_sq: float, previous_norm_sq: float | None) -> float:
-    """Eq. 5: |(|G_i|^2 - |G_{i-1}|^2) / |G_{i-1}|^2|, the relative change of the squared norm.
-
-    Without a previous step (or after a zero gradient) the change is unbounded:
-    the step counts as sensitive.
-    """
-    if previous_norm_sq is None or previous_norm_sq == 0.0:
-        return math.inf
-    return abs((norm_sq - previous_norm_sq) / previous_norm_sq)
-
-
-def max_scale(large_batch: int, small_batch: int,
-              gain_exponent: float = GAIN_EXPONENT_PAPER) -> float:
-    """Algorithm 1 line 12: s_max = sqrt(B_large / B_small); for a gain exponent p,
-    (B_large / B_small)^p (AdaScale's ceiling on r is B/b)."""
-    if gain_exponent == GAIN_EXPONENT_PAPER:
-        return math.sqrt(large_batch / small_batch)
-    return (large_batch / small_batch) ** gain_exponent
-
-
-def gain_ratio(norm_ratio: torch.Tensor, *, large_batch: int, measured_batch: int,
-               reference_batch: int) -> torch.Tensor:
-    """AdaScale's gain ratio r = E|g_bref|^2 / E|g_B|^2 from |g_b| / |g_B| measured at batch b.
-
-    McCandlish et al.: E|g_b|^2 = |G|^2 + tr(Sigma) / b. With x = |g_b|^2 / |g_B|^2,
-    r(b_ref) = 1 + (x - 1) (B / b_ref - 1) / (B / b - 1); r = x when b_ref = b.
-    """
-    x = norm_ratio.square()
-    if measured_batch == reference_batch:
-        return x
-    carry = (large_batch / reference_batch - 1) / (large_batch / measured_batch - 1)
-    return 1 + (x - 1) * carry
-
-
-def scale_factor(g_small: torch.Tensor, g_large: torch.Tensor, *, s_max: float,
-                 s_min: float = 0.0, eps: float = EPS_DEFAULT,
-                 granularity: str = "tensor") -> torch.Tensor:
-    """Algorithm 1 line 16: s = min(|g_small / (g_large + eps)|, s_max), bounded below by s_min.
-
-    granularity "element": one scale per element, the shape of the parameter.
-    "tensor": one scale for the whole tensor (a 0-dim tensor), the ratio of the norms.
-    """
-    if granularity == "element":
-        # Literally |g_small / (g_large + eps)|; 0/0 (g_large == -eps exactly) counts as 0.
-        ratio = torch.nan_to_num((g_small / (g_large + eps)).abs(), nan=0.0)
-    elif granularity == "tensor":
-        ratio = torch.linalg.vector_norm(g_small) / (torch.linalg.vector_norm(g_large) + eps)
-    else:
-        raise ValueError(f"granularity={granularity!r} is unknown; use one of {GRANULARITIES}")
-    return ratio.clamp(min=s_min, max=s_max)
-
-
-# --------------------------------------------------------------------------- the optimizer
-
-_world = world
-
-
-def _average_over_ranks(tensors: list[torch.Tensor], process_group: Any) -> None:
-    """In place: the mean of each tensor over the ranks (one all-reduce per tensor).
-
-    SUM then divide, since ReduceOp.AVG exists for NCCL only. Every rank receives the
-    same bits, which is what keeps the replicas identical.
-    """
-    world = _world(process_group)
-    if world == 1:
-        return
-    for tensor in tensors:
-        dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=process_group)
-        tensor.div_(world)
-
+from tula_ray.ags.equations import (DELTA_DEFAULT, EMA_DECAY_DEFAULT, EPS_DEFAULT, ESTIMATORS,
+                                    GAIN_EXPONENT_PAPER, GRANULARITIES, REFRESH_EPOCH,
+                                    SMALL_BATCH_DEFAULT, SOURCES, gain_ratio,
+                                    gradient_variability, max_scale, scale_factor)
+from tula_ray.distributed import average_tensors_over_ranks, world_size
 
 # In every param group (a scheduler may set them); delta None: the gate off.
 GROUP_HYPERPARAMETERS = ("delta", "s_max", "s_min", "eps", "gain_exponent", "ema_decay")
@@ -246,7 +165,7 @@ class TulaOptimizer(torch.optim.Optimizer):
     def measured_batch(self) -> int:
         """b, the batch the small-batch gradient averages over (source "local": B/N)."""
         if self.source == "local":
-            return self.large_batch // _world(self.process_group)
+            return self.large_batch // world_size(self.process_group)
         return self.small_batch
 
     def zero_grad(self, set_to_none: bool = True) -> None:
@@ -304,7 +223,7 @@ class TulaOptimizer(torch.optim.Optimizer):
         else:
             scales = {p: self._literal_scale(group, small[p], p.grad, norms)
                       for group, p in groups}
-            _average_over_ranks(list(scales.values()), self.process_group)
+            average_tensors_over_ranks(list(scales.values()), self.process_group)
         for p, scale in scales.items():
             self.state[p]["next_scale"] = scale
         flat = torch.cat([s.reshape(-1).float() for s in scales.values()]) if scales \
@@ -333,7 +252,7 @@ class TulaOptimizer(torch.optim.Optimizer):
             return {}
         small_sq = torch.stack([(small[p] if norms else torch.linalg.vector_norm(small[p]))
                                 .float().square() for _, p in groups])
-        _average_over_ranks([small_sq], self.process_group)
+        average_tensors_over_ranks([small_sq], self.process_group)
         scales = {}
         for (group, p), small_value in zip(groups, small_sq):
             state, decay = self.state[p], group["ema_decay"]

@@ -32,10 +32,11 @@ from typing import Any, Iterable
 import torch
 from torch import nn
 
-from tula_ray.ags_strategy import AdaptiveGradientScaling, NoiseScaleAGS
-from tula_ray.strategy_base import (BaseStrategy, StrategySetup, TrainingStrategy, check_int,
-                                    check_option_names, world_size)
-from tula_ray.workloads import LR_DEFAULT, MOMENTUM_DEFAULT, WEIGHT_DECAY_DEFAULT, sgd
+from tula_ray.training.ags_strategy import AdaptiveGradientScaling, NoiseScaleAGS
+from tula_ray.distributed import world_size
+from tula_ray.training.strategy_base import (BaseStrategy, StrategySetup, TrainingStrategy,
+                                             check_int, check_option_names)
+from tula_ray.workloads.workload import LR_DEFAULT, MOMENTUM_DEFAULT, WEIGHT_DECAY_DEFAULT, sgd
 
 logger = logging.getLogger(__name__)
 

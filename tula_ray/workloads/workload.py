@@ -20,7 +20,7 @@ import torch
 from torch import nn
 from torch.utils.data import Dataset
 
-from tula_ray.datasets import (
+from tula_ray.workloads.datasets import (
     FAKE_SIZE_DEFAULT,
     FASHION_MNIST_TRAIN_SIZE,
     NUM_CLASSES,
@@ -86,7 +86,7 @@ class Workload:
         """Bytes of one input: M_batch / b of eq. 3 (labels are negligible)."""
         if self.sample_shape is None:
             raise ValueError(f"workload {self.name!r}: its sample_shape is not known yet; "
-                             "tula_ray.workload_check.checked(workload) takes it from the data")
+                             "tula_ray.workloads.check.checked(workload) takes it from the data")
         return math.prod(self.sample_shape) * (self.input_dtype or torch.float32).itemsize
 
 

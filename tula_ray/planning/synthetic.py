@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from tula_ray import perf
+from tula_ray.models import perf
 from tula_ray.profile_table import profile_frame
 from tula_ray.space import Candidate
 

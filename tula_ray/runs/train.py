@@ -36,11 +36,11 @@ from tula_ray.arguments import (check_bool, check_int, check_mapping, check_numb
 from tula_ray.cluster import (PROVISION_TIMEOUT_S_DEFAULT, Workers, check_runtime_env,
                               check_storage_path, check_worker_request, ensure_ray,
                               provision_workers, release_workers)
-from tula_ray.plan import Plan
-from tula_ray.training_strategies import (TRAINING_STRATEGY_DEFAULT, TrainingStrategy,
+from tula_ray.planning.plan import Plan
+from tula_ray.training.strategies import (TRAINING_STRATEGY_DEFAULT, TrainingStrategy,
                                           build_strategy, get_strategy)
-from tula_ray.training_strategies import logger as strategies_logger
-from tula_ray.workloads import Workload, resolve_workload
+from tula_ray.training.strategies import logger as strategies_logger
+from tula_ray.workloads.workload import Workload, resolve_workload
 
 logger = logging.getLogger(__name__)
 
@@ -120,7 +120,7 @@ def train(
 
     plan: a Plan, or the path (or JSON text) of one written by `Plan.to_json`.
     strategy: "ags" (the paper's method) or a baseline, a name registered in
-      tula_ray.training_strategies.STRATEGIES, or a TrainingStrategy object (a strategy
+      tula_ray.training.strategies.STRATEGIES, or a TrainingStrategy object (a strategy
       of your own reaches the workers that way); strategy_options: its options, checked
       by the strategy against N and B before any worker starts.
     workload, workload_options: default the plan's (its `workload` name, and

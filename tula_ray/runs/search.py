@@ -17,25 +17,25 @@ from searchers import TulaSearcher
 from trainables.memory_probe import check_max_local_batch, check_workload, probe_memory
 from trainables.profiling_loop import (MEASURE_SECONDS_DEFAULT, MEASURE_STEPS_DEFAULT,
                                       WARMUP_STEPS_DEFAULT)
-from tula_ray import memory as memory_model
+from tula_ray.models import memory as memory_model
 from tula_ray.cluster import (CPU_MEMORY_SHARE_DEFAULT, PROVISION_TIMEOUT_S_DEFAULT,
                               check_runtime_env, check_storage_path, check_worker_request,
                               ensure_ray, node_memory_bytes, provision_workers,
                               release_workers)
 from tula_ray.failures import UserCodeError
-from tula_ray.perf import COLLECTIVES
-from tula_ray.plan import Plan, build_plan, deprecated_mode
-from tula_ray.policy import OBJECTIVES
-from tula_ray.pricing import Pricing, parse_pricing, pricing_to_dict
+from tula_ray.models.perf import COLLECTIVES
+from tula_ray.planning.plan import Plan, build_plan, deprecated_mode
+from tula_ray.planning.policy import OBJECTIVES
+from tula_ray.models.pricing import Pricing, parse_pricing, pricing_to_dict
 from tula_ray.profile_table import STATUS_OK, profile_frame
-from tula_ray.search_strategies import STRATEGIES, make_strategy, with_plan_context
+from tula_ray.planning.search_strategies import STRATEGIES, make_strategy, with_plan_context
 from tula_ray.space import MIN_BATCH_DEFAULT, SearchSpace, check_positive_ints
-from tula_ray.strategy_base import TrainingStrategy, check_option_names
-from tula_ray.training_strategies import TRAINING_STRATEGY_DEFAULT, get_strategy, refusals
-from tula_ray.workloads import Workload, resolve_workload
+from tula_ray.training.strategy_base import TrainingStrategy, check_option_names
+from tula_ray.training.strategies import TRAINING_STRATEGY_DEFAULT, get_strategy, refusals
+from tula_ray.workloads.workload import Workload, resolve_workload
 from tula_ray.arguments import (check_bool, check_choice, check_int, check_mapping, check_number,
                                 check_text, named_arguments)
-from tula_ray.search_experiment import (check_same_search, context_of, experiment_name,
+from tula_ray.runs.search_experiment import (check_same_search, context_of, experiment_name,
                                         experiment_path, restore_context, run_experiment,
                                         saved_search)
 
@@ -165,10 +165,10 @@ def search(
     cluster_sizes: the N to consider; each must fit the cluster's GPUs (or CPUs).
     min_batch, max_batch: global batch bounds; the memory probe lowers max_batch
       to what one device holds (times the largest N), and the dataset size caps it.
-    strategy: the search strategy (tula_ray.search_strategies.STRATEGIES): "partial"
+    strategy: the search strategy (tula_ray.planning.search_strategies.STRATEGIES): "partial"
       profiles only the extremes, "full" every candidate; strategy_options go to it.
       (`mode` is its former, deprecated name: Ray's `mode` means min/max.)
-    objective, weight_time, pricing: see tula_ray.policy.choose and tula_ray.pricing.
+    objective, weight_time, pricing: see tula_ray.planning.policy.choose and tula_ray.pricing.
     device_memory_gb: memory of one device; GPUs report theirs, on CPU this is the
       share of RAM a worker may use (default 25 % of the node's RAM).
     storage_path, name: where Ray Tune keeps the experiment (default ~/ray_results).

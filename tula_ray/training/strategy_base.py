@@ -10,7 +10,6 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol, runtime_checkable
 
 import torch
-import torch.distributed as dist
 from torch import nn
 
 
@@ -113,13 +112,6 @@ class BaseStrategy:
 
 
 # --------------------------------------------------------------------------- helpers
-
-def world_size() -> int:
-    """The torch.distributed world size, 1 when it is not initialized."""
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_world_size()
-    return 1
-
 
 def check_int(label: str, value: Any, *, minimum: int) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:

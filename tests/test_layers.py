@@ -1,0 +1,86 @@
+"""The code keeps to its layers (tests/layers.py) and has no import cycle, read from the
+syntax tree: imports inside functions count (a hidden runtime loop is still a loop)."""
+
+from __future__ import annotations
+
+import ast
+
+import pytest
+
+from layers import LAYERS, modules, place, project_imports
+
+MAX_MODULE_LINES = 400
+
+KNOWN = modules()
+
+
+def _edges() -> dict[str, set[str]]:
+    graph = {}
+    for module, path in KNOWN.items():
+        targets = project_imports(path, module, KNOWN)
+        if path.name == "__init__.py":  # a package's face re-exports its own submodules
+            targets = {t for t in targets if not t.startswith(module + ".")}
+        graph[module] = targets
+    return graph
+
+
+def test_every_module_is_in_a_layer():
+    for module in KNOWN:
+        place(module)  # raises, naming the module, when none fits
+
+
+@pytest.mark.parametrize("module", sorted(KNOWN))
+def test_imports_flow_downwards(module):
+    layer, group = place(module)
+    for target in _edges()[module]:
+        target_layer, target_group = place(target)
+        upward = target_layer < layer
+        sideways = target_layer == layer and target_group != group
+        assert not (upward or sideways), (
+            f"{module} ({LAYERS[layer][0]}) imports {target} ({LAYERS[target_layer][0]}): "
+            "imports flow downwards only, and the groups of a layer stay independent")
+
+
+def test_no_import_cycle():
+    graph = _edges()
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+
+    def visit(node: str, path: list[str]) -> None:
+        state[node] = 1
+        for target in sorted(graph[node]):
+            if state.get(target) == 1:
+                loop = path[path.index(target):] + [target] if target in path else [node, target]
+                raise AssertionError("import cycle: " + " -> ".join(loop))
+            if target not in state:
+                visit(target, path + [target])
+        state[node] = 2
+
+    for module in sorted(graph):
+        if module not in state:
+            visit(module, [module])
+
+
+def test_no_module_is_too_long():
+    long = {m: n for m, p in KNOWN.items() if (n := len(p.read_text().splitlines())) > MAX_MODULE_LINES}
+    assert not long, f"modules over {MAX_MODULE_LINES} lines (split where the concerns part): {long}"
+
+
+def test_submodules_import_their_siblings_not_their_package_face():
+    """Inside a subpackage, a module imports the sibling that defines a name, never the
+    package's __init__, which imports the submodules (a loop at import time)."""
+    for module, path in KNOWN.items():
+        package = module.rpartition(".")[0]
+        if path.name == "__init__.py" or package in ("", "tula_ray"):
+            continue
+        tree = ast.parse(path.read_text())
+        faces = [n.lineno for n in ast.walk(tree)
+                 if isinstance(n, ast.ImportFrom) and n.module == package and not n.level]
+        assert not faces, f"{module} imports its own package face {package} (line {faces[0]})"
+
+
+def test_the_check_sees_a_violation():
+    """Guard against a check that cannot fail: the core importing the entry points is upward."""
+    core, entry = place("tula_ray.planning.plan"), place("tula_ray.runs.search")
+    assert entry[0] < core[0]
+    assert place("searchers.tula_searcher")[0] == place("trainables.profiling_loop")[0]
+    assert place("searchers.tula_searcher")[1] != place("trainables.profiling_loop")[1]

@@ -1,0 +1,191 @@
+"""Starting or joining Ray, for the length of an entry point's run.
+
+Ray-facing (imports ray); the search entry (`tula_ray.search`), the training entry
+(`tula_ray.train`) and the trainables take these from here, never from each other.
+
+Joining: `ensure_ray(address)` joins the Ray cluster the user names (an address, "auto"
+for the cluster this machine belongs to, or the RAY_ADDRESS environment variable, which
+`ray job submit` sets for a submitted driver). Nothing named: a new local Ray that keeps
+everything on loopback (`start_local_ray`), so a search on a laptop exposes nothing to
+the network.
+"""
+
+from __future__ import annotations
+
+import logging
+import contextlib
+import copy
+import os
+from typing import Any, Iterator
+
+import ray
+
+logger = logging.getLogger(__name__)
+
+# The local default binds every Ray server to this address. Ray's core servers (GCS,
+# raylet, workers) listen on ALL interfaces unless their node address is exactly
+# 127.0.0.1, and Ray rewrites 127.0.0.1 to the external address unless its local-only
+# switch is on (measured with Ray 2.60: see `start_local_ray`).
+LOCAL_NODE_IP = "127.0.0.1"
+ADDRESS_ENV = "RAY_ADDRESS"  # Ray's own variable; `ray job submit` sets it for the driver
+LOCAL_ADDRESS = "local"  # ray.init's word for "a new local Ray"
+# Ray's switch for a Ray that stays on one machine (read by ray_constants at import,
+# and by every Ray process it starts): node address 127.0.0.1, not rewritten.
+LOCAL_ONLY_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
+# Custom resource a Tune trial's driver holds instead of a CPU; `ray.init(resources=
+# {DRIVER_RESOURCE: k})` allows k concurrent trials. Cluster nodes declare it in cluster.yaml.
+DRIVER_RESOURCE = "train_driver"
+DRIVER_SLOTS_DEFAULT = 4  # trial drivers a local Ray offers (trials run one at a time anyway)
+
+
+def check_address(address: str | None) -> None:
+    """Refuse an `address` that is not a Ray address (before Ray starts)."""
+    if address is not None and (not isinstance(address, str) or not address.strip()):
+        raise ValueError(
+            f"address={address!r}; it must be a Ray cluster address (e.g. '10.0.0.1:6379' or "
+            f"'ray://host:10001'), 'auto' (the cluster this machine belongs to), "
+            f"'{LOCAL_ADDRESS}' (a new local Ray) or None (${ADDRESS_ENV}, else a local Ray)")
+
+
+def check_runtime_env(runtime_env: Any) -> dict[str, Any] | None:
+    """Refuse a `runtime_env` Ray would refuse (before Ray starts); returns it as a dict.
+
+    A Ray runtime environment (https://docs.ray.io/en/latest/ray-core/handling-dependencies.html)
+    as a dict: e.g. {"py_modules": ["my_models"], "env_vars": {"NCCL_DEBUG": "INFO"},
+    "pip": ["timm"], "working_dir": "."}; Ray's own RuntimeEnv checks each field."""
+    if runtime_env is None:
+        return None
+    if not isinstance(runtime_env, dict):
+        raise TypeError(f"runtime_env={runtime_env!r}; it must be a dict of Ray runtime "
+                        "environment fields (e.g. {'py_modules': [...], 'env_vars': {...}, "
+                        "'pip': [...]}) or None")
+    from ray.runtime_env import RuntimeEnv
+
+    # Ray passes fields it does not know to plugins; a misspelt one would do nothing.
+    unknown = sorted(str(key) for key in runtime_env if key not in RuntimeEnv.known_fields)
+    if unknown:
+        raise ValueError(f"runtime_env has the field {unknown[0]!r}, which Ray does not know; "
+                         "allowed: " + ", ".join(sorted(k for k in RuntimeEnv.known_fields
+                                                         if not k.startswith("_"))))
+    try:
+        RuntimeEnv(**runtime_env)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"runtime_env={runtime_env!r} is not a Ray runtime environment: "
+                         f"{exc}") from exc
+    return copy.deepcopy(runtime_env)
+
+
+# The runtime_env of the Ray this module started or joined (None: Ray's default).
+_session_runtime_env: dict[str, Any] | None = None
+
+
+def ensure_ray(address: str | None = None, runtime_env: dict[str, Any] | None = None) -> bool:
+    """Join the Ray cluster the user names, else start a local Ray on loopback.
+
+    In order: a Ray this process already initialised (the user's own `ray.init(...)`) is
+    used as it is; `address` (a cluster address, or "auto" for the cluster this machine
+    belongs to, e.g. on the head of `ray up`); the RAY_ADDRESS environment variable
+    (set by `ray job submit` for a submitted driver); else, or with address="local",
+    a new local Ray (`start_local_ray`). Returns True when this call connected or
+    started Ray, so the caller should `ray.shutdown()` it (which leaves a joined
+    cluster running).
+
+    runtime_env: the job's Ray runtime environment, which every task, Tune trial and
+    Train worker of this driver inherits (the user's own modules, environment variables,
+    pip packages). A Ray already initialised keeps its own: a different one is refused.
+    Worker output reaches this process's terminal (`log_to_driver`).
+    """
+    global _session_runtime_env
+    check_address(address)
+    runtime_env = check_runtime_env(runtime_env)
+    if ray.is_initialized():
+        if runtime_env is not None and runtime_env != _session_runtime_env:
+            raise ValueError(
+                f"runtime_env={runtime_env!r}, but Ray is already initialised in this process "
+                f"with {_session_runtime_env or 'no runtime_env known to tula-ray'}: a job's "
+                "runtime environment is set when it connects. Give it to the call that starts "
+                "Ray (tula_ray.cluster.ray_session(runtime_env=...), or your own "
+                "ray.init(runtime_env=...), then leave runtime_env None here)")
+        if address not in (None, LOCAL_ADDRESS):
+            logger.info("Ray is already initialised in this process; using it, not %r", address)
+        return False
+    target = address or os.environ.get(ADDRESS_ENV) or LOCAL_ADDRESS
+    # ray.init rewrites the dict it is given (local paths become package URIs): give it a copy.
+    if target == LOCAL_ADDRESS:
+        start_local_ray(runtime_env=copy.deepcopy(runtime_env))
+    else:
+        # An explicit address wins over RAY_ADDRESS; "auto" defers to it (ray.init's rules).
+        with _local_only() if _is_loopback_only(target) else contextlib.nullcontext():
+            ray.init(address=target, runtime_env=copy.deepcopy(runtime_env))
+        logger.info("joined the Ray cluster at %s (%d nodes)", target,
+                    sum(1 for node in ray.nodes() if node["Alive"]))
+    _session_runtime_env = runtime_env
+    return True
+
+
+def start_local_ray(num_cpus: int | None = None,
+                    runtime_env: dict[str, Any] | None = None) -> None:
+    """A new single-node Ray on this machine whose servers listen on loopback only.
+
+    Ray's core servers bind every interface unless the node address is 127.0.0.1, and
+    Ray rewrites 127.0.0.1 to the external address unless its local-only switch is
+    off (`_local_only`). Token authentication is left as Ray sets it. Workers' output
+    is printed by this driver (Ray's `log_to_driver`), their tracebacks included.
+    """
+    with _local_only():
+        ray.init(
+            # "local": always a new local Ray; a bare ray.init() would join any Ray
+            # cluster already running on this machine (someone else's, or a test's).
+            address=LOCAL_ADDRESS,
+            num_cpus=num_cpus,
+            _node_ip_address=LOCAL_NODE_IP,
+            # Trials hold this instead of a CPU, so N workers can use all N CPUs.
+            resources={DRIVER_RESOURCE: DRIVER_SLOTS_DEFAULT},
+            include_dashboard=True,
+            dashboard_host=LOCAL_NODE_IP,
+            runtime_env=runtime_env,
+        )
+
+
+@contextlib.contextmanager
+def _local_only() -> Iterator[None]:
+    """Ray's local-only switch (`LOCAL_ONLY_ENV` off) for one `ray.init` call.
+
+    Ray reads it once at import (a module constant) and every Ray process reads it from
+    its environment; with it off, 127.0.0.1 is not rewritten to the machine's external
+    address (measured with Ray 2.60). Both are restored afterwards (the Ray processes
+    have started, or connected, by then), so a later `ray start` or join is unaffected.
+    """
+    from ray._private import ray_constants  # the constant Ray read at import
+
+    saved_env, saved_flag = os.environ.get(LOCAL_ONLY_ENV), ray_constants.ENABLE_RAY_CLUSTER
+    os.environ[LOCAL_ONLY_ENV] = "0"
+    ray_constants.ENABLE_RAY_CLUSTER = False
+    try:
+        yield
+    finally:
+        ray_constants.ENABLE_RAY_CLUSTER = saved_flag
+        if saved_env is None:
+            os.environ.pop(LOCAL_ONLY_ENV, None)
+        else:
+            os.environ[LOCAL_ONLY_ENV] = saved_env
+
+
+def _is_loopback_only(address: str) -> bool:
+    """A cluster address on 127.0.0.1: a loopback-only Ray, which Ray would otherwise
+    try to reach at the machine's external address."""
+    host = address.split("://")[-1].rsplit(":", 1)[0].strip("[]")
+    return host in (LOCAL_NODE_IP, "localhost", "::1")
+
+
+@contextlib.contextmanager
+def ray_session(address: str | None = None,
+                runtime_env: dict[str, Any] | None = None) -> Iterator[None]:
+    """`ensure_ray(address, runtime_env)` for a block (one Ray for several searches or
+    trainings); disconnected on exit only if this block connected it."""
+    started = ensure_ray(address, runtime_env)
+    try:
+        yield
+    finally:
+        if started:
+            ray.shutdown()

@@ -1,0 +1,71 @@
+"""torch.distributed, as every module of tula-ray uses it: the world size and reductions
+over the ranks, with one rule for where a collective's tensor lives.
+
+No Ray here (core): the same code runs in a Ray Train worker group, under
+`torch.distributed.run`, or in one process (world size 1, every reduction the identity).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+
+def is_distributed() -> bool:
+    """torch.distributed is initialized (any world size)."""
+    return dist.is_available() and dist.is_initialized()
+
+
+def world_size(process_group: Any = None) -> int:
+    """Ranks in `process_group` (the default group when None); 1 without torch.distributed."""
+    return dist.get_world_size(process_group) if is_distributed() else 1
+
+
+def reduce_device(device: torch.device | str) -> torch.device:
+    """Where a collective's tensor must live: NCCL takes CUDA tensors (the caller's device,
+    or the current CUDA device), gloo CPU ones."""
+    device = torch.device(device)
+    if dist.get_backend() == "nccl":
+        return device if device.type == "cuda" else torch.device(
+            "cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def _reduced(values: list[float], device: torch.device | str, op: Any) -> list[float]:
+    if world_size() == 1:
+        return list(values)
+    tensor = torch.tensor(values, dtype=torch.float64, device=reduce_device(device))
+    dist.all_reduce(tensor, op=op)
+    return tensor.tolist()
+
+
+def sum_over_ranks(values: list[float], device: torch.device | str = "cpu") -> list[float]:
+    """Each value summed over the ranks (one all-reduce for the list)."""
+    return _reduced(values, device, dist.ReduceOp.SUM if dist.is_available() else None)
+
+
+def mean_over_ranks(values: list[float], device: torch.device | str = "cpu") -> list[float]:
+    """Each value averaged over the ranks."""
+    world = world_size()
+    return [value / world for value in sum_over_ranks(values, device)]
+
+
+def max_over_ranks(values: list[float], device: torch.device | str = "cpu") -> list[float]:
+    """Each value's maximum over the ranks: a step is as slow as its slowest worker."""
+    return _reduced(values, device, dist.ReduceOp.MAX if dist.is_available() else None)
+
+
+def average_tensors_over_ranks(tensors: list[torch.Tensor], process_group: Any = None) -> None:
+    """In place: each tensor's mean over the ranks of `process_group` (one all-reduce each).
+
+    SUM then divide, since ReduceOp.AVG exists for NCCL only. Every rank receives the
+    same bits, which is what keeps data-parallel replicas identical.
+    """
+    world = world_size(process_group)
+    if world == 1:
+        return
+    for tensor in tensors:
+        dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=process_group)
+        tensor.div_(world)

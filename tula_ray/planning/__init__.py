@@ -1,0 +1,17 @@
+"""From profiles to a plan: which candidates to profile, what each would take, which to choose.
+
+  search_strategies  the protocol and the registry of search strategies (full, partial);
+  adaptive_search    the adaptive strategy, which plans as it goes (registered here);
+  estimates          the predicted table and the dense curve the policy chooses on;
+  policy             min time, min cost, knee, weighted; ties within noise;
+  plan               `build_plan` and the `Plan` it returns (JSON round trip, plots in plotting);
+  synthetic          profiles drawn from known parameters (tests, examples, offline replays).
+
+Core: no Ray; above models, beside training.
+"""
+
+# Registers the adaptive search strategy beside full and partial: whoever reads the
+# registry has imported this package first.
+from tula_ray.planning import adaptive_search  # noqa: E402,F401  (registers)
+
+__all__ = ["adaptive_search"]

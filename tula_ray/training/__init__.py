@@ -1,0 +1,10 @@
+"""Training a configuration: the training strategies and the loop that runs them.
+
+  strategy_base  the protocol every training strategy follows, and its setup;
+  strategies     the registry and the paper's baselines (LBT, LRS, LARS, PoLo);
+  ags_strategy   AGS and AGS-NS as training strategies over tula_ray.ags;
+  run            loaders, the epoch loop, evaluation, checkpoints, `fit` (one process);
+  measure        one step, its time and its peak memory (what profiling measures).
+
+Core: no Ray; the Ray Train worker loops in trainables/ call these.
+"""
