@@ -89,7 +89,7 @@ def replay(full_plan, strategy: str, objective: str = "knee", pricing=None):
     done. Returns (its plan, the rows it measured, its rounds, why it stopped)."""
     from tula_ray.models.pricing import pricing_to_dict
     from tula_ray.profile_table import profile_frame
-    from tula_ray.planning.search_strategies import make_strategy, with_plan_context
+    from tula_ray.planning.search_strategies import make_search_strategy, with_plan_context
 
     pricing = pricing or FixedRate()
     options = with_plan_context(
@@ -99,7 +99,7 @@ def replay(full_plan, strategy: str, objective: str = "knee", pricing=None):
         memory=None if full_plan.memory is None else full_plan.memory.to_dict(),
         max_local_batch=full_plan.meta.get("max_local_batch"))
 
-    chooser = make_strategy(strategy, options)
+    chooser = make_search_strategy(strategy, options)
     profiles = profile_frame(full_plan.profiles.to_dict("records"))  # every column
     measured = profiles.set_index(["num_workers", "global_batch"])
     max_local = full_plan.meta.get("max_local_batch") or np.inf
@@ -162,14 +162,14 @@ def _selection(full_plan) -> list[dict]:
 
 def _accuracy(full_plan) -> tuple[pd.DataFrame, dict]:
     """Per-candidate predictions of both models against the measurements, and a summary."""
-    from tula_ray.planning.search_strategies import make_strategy
+    from tula_ray.planning.search_strategies import make_search_strategy
 
     partial, _, _, _ = replay(full_plan, "partial", full_plan.objective)
     table = full_plan.table.merge(
         partial.table[["num_workers", "global_batch", "step_time_s", "total_time_s"]],
         on=["num_workers", "global_batch"], suffixes=("_full", "_partial"))
     table = table[table["measured_step_time_s"].notna()].reset_index(drop=True)
-    corner_rows = make_strategy("partial").fit_rows(full_plan.profiles)
+    corner_rows = make_search_strategy("partial").fit_rows(full_plan.profiles)
     corners = set(zip(corner_rows["num_workers"], corner_rows["global_batch"]))
     table["corner"] = [(n, b) in corners
                        for n, b in zip(table["num_workers"], table["global_batch"])]

@@ -26,7 +26,7 @@ from ray.tune.search import Searcher
 from tula_ray.failures import deciding_error, record_error
 from tula_ray.profile_table import (STATUS_OK, TRACEBACK_KEY, oom_local_batch, profile_frame,
                                     profile_row)
-from tula_ray.planning.search_strategies import make_strategy
+from tula_ray.planning.search_strategies import make_search_strategy
 from tula_ray.space import Candidate
 
 logger = logging.getLogger(__name__)
@@ -67,7 +67,7 @@ class TulaSearcher(Searcher):
             raise ValueError("TulaSearcher needs at least one candidate")
         self._strategy_name = strategy
         self._strategy_options = dict(strategy_options or {})
-        self._strategy = make_strategy(strategy, self._strategy_options)
+        self._strategy = make_search_strategy(strategy, self._strategy_options)
         self._rows: dict[str, dict[str, Any]] = {}  # candidate key -> profile row
         self._queue: list[list] = []  # [N, [B, ...]] still to launch this round
         self._running: dict[str, list] = {}  # trial id -> [N, [B, ...], started_at, round]
@@ -204,7 +204,7 @@ class TulaSearcher(Searcher):
     def set_state(self, state: dict) -> None:
         self._strategy_name = state["strategy"]
         self._strategy_options = state["strategy_options"]
-        self._strategy = make_strategy(self._strategy_name, self._strategy_options)
+        self._strategy = make_search_strategy(self._strategy_name, self._strategy_options)
         self._candidates = [Candidate(n, b) for n, b in state["candidates"]]
         self._rows = state["rows"]
         self._sweeps = state["sweeps"]

@@ -12,7 +12,7 @@ from torch import nn
 
 from benchmarks.common import spawn_gloo
 from tula_ray.ags import TulaOptimizer, gain_ratio, max_scale, register_local_gradient_hook
-from tula_ray.training.strategies import STRATEGIES, build_strategy
+from tula_ray.training.strategies import TRAINING_STRATEGIES, build_strategy
 
 
 def test_gain_ratio_carries_the_measured_ratio_to_the_reference_batch():
@@ -69,8 +69,8 @@ def test_the_local_hook_needs_ddp_on_two_workers():
 
 
 def test_ags_ns_is_registered_with_its_defaults():
-    assert STRATEGIES["ags-ns"].check(2, 1024, {}) == ({"source": "local"}, [])
-    assert STRATEGIES["ags-ns"].check(1, 1024, {"gain_exponent": 1.0}) == (
+    assert TRAINING_STRATEGIES["ags-ns"].check(2, 1024, {}) == ({"source": "local"}, [])
+    assert TRAINING_STRATEGIES["ags-ns"].check(1, 1024, {"gain_exponent": 1.0}) == (
         {"gain_exponent": 1.0, "source": "sub-batch"}, [])
 
 
@@ -78,7 +78,7 @@ def test_ags_ns_builds_adascale_s_equal_r_capped_at_b_over_32_every_step_without
     """What a user of strategy="ags-ns" gets with no options: AdaScale's exponent 1 and
     cap B / 32, the per-step moving average, no gate (one worker: the sub-batch source)."""
     model = nn.Linear(4, 3)
-    setup = STRATEGIES["ags-ns"].build(model, global_batch=1024, steps_per_epoch=10, epochs=2,
+    setup = TRAINING_STRATEGIES["ags-ns"].build(model, global_batch=1024, steps_per_epoch=10, epochs=2,
                                        lr=0.01, momentum=0.9, weight_decay=0.0, options={})
     optimizer = setup.optimizer
     group = optimizer.param_groups[0]
@@ -93,7 +93,7 @@ def test_ags_trains_a_batch_no_larger_than_its_reference_with_plain_steps(name, 
     """At B <= the reference small batch (32) the large batch is a small one: the gain is 1.
     The check accepts the (N, B) with a note (a search's plan may choose it: issue 22,
     item 6) and the strategy builds the workload's plain SGD, no TulaOptimizer."""
-    options, notes = STRATEGIES[name].check(n, b, {})
+    options, notes = TRAINING_STRATEGIES[name].check(n, b, {})
     assert options == {} and len(notes) == 1
     assert f"B={b} is not larger than its reference small batch 32" in notes[0]
     model = nn.Linear(4, 2)

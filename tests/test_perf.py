@@ -5,7 +5,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 from tula_ray.models import perf
 from tula_ray.profile_table import profile_frame
-from tula_ray.planning.search_strategies import make_strategy
+from tula_ray.planning.search_strategies import make_search_strategy
 from tula_ray.space import SearchSpace
 from paper_profiles import paper_profiles as synthetic_profiles
 
@@ -86,14 +86,14 @@ def test_sync_that_grows_with_the_batch_is_recovered():
 @given(params_strategy, st.integers(0, 10_000))
 def test_partial_fit_from_extremes_predicts_the_grid(true, seed):
     profiles = synthetic_profiles(SPACE.candidates(), true, noise=0.05, seed=seed)
-    fitted = perf.fit(make_strategy("partial").fit_rows(profiles))
+    fitted = perf.fit(make_search_strategy("partial").fit_rows(profiles))
     assert fitted.num_profiles == 4
     assert median_rel_error(fitted, profiles) <= 0.05
 
 
 def test_partial_uses_only_the_corner_rows():
     profiles = synthetic_profiles(SPACE.candidates(), truth(2e-3, 1e-4, 0.01, 0.3), seed=1)
-    partial, full = make_strategy("partial"), make_strategy("full")
+    partial, full = make_search_strategy("partial"), make_search_strategy("full")
     corners = partial.fit_rows(profiles)
     assert sorted(zip(corners["num_workers"], corners["global_batch"])) == [
         (1, 32), (1, 2048), (8, 32), (8, 2048)]

@@ -8,7 +8,7 @@ from ray.tune.search import Searcher
 from searchers import TulaSearcher
 from tula_ray.planning import search_strategies
 from tula_ray.profile_table import profile_frame
-from tula_ray.planning.search_strategies import STRATEGIES, Proposal, make_strategy, register_strategy
+from tula_ray.planning.search_strategies import SEARCH_STRATEGIES, Proposal, make_search_strategy, register_search_strategy
 from tula_ray.space import Candidate, SearchSpace
 
 SPACE = SearchSpace.build((1, 2, 4), min_batch=32, max_batch=256)
@@ -139,7 +139,7 @@ def test_unknown_strategy_names_the_known_ones():
                                          r"\['adaptive', 'full', 'partial'"):
         TulaSearcher(SPACE.candidates(), "half")
     with pytest.raises(ValueError, match="strategy_options=.* do not fit search strategy 'full'"):
-        make_strategy("full", {"rounds": 3})
+        make_search_strategy("full", {"rounds": 3})
 
 
 class DiagonalSearch:
@@ -157,11 +157,11 @@ class DiagonalSearch:
 
 @pytest.fixture
 def diagonal():
-    register_strategy("diagonal", DiagonalSearch)
+    register_search_strategy("diagonal", DiagonalSearch)
     try:
         yield
     finally:
-        STRATEGIES.pop("diagonal")
+        SEARCH_STRATEGIES.pop("diagonal")
 
 
 def test_a_fourth_strategy_is_one_registration(diagonal):
@@ -173,7 +173,7 @@ def test_a_fourth_strategy_is_one_registration(diagonal):
 def test_partial_fit_rows_are_the_corners_of_what_was_measured():
     rows = profile_frame([ok_row(n, b) for n in (1, 2, 4) for b in (32, 64, 128)]
                          + [{**ok_row(1, 256), "status": "oom", "step_time_s": None}])
-    corners = make_strategy("partial").fit_rows(rows)
+    corners = make_search_strategy("partial").fit_rows(rows)
     assert sorted(zip(corners["num_workers"], corners["global_batch"])) == [
         (1, 32), (1, 128), (4, 32), (4, 128)]
     assert SPACE.extremes() == [Candidate(1, 32), Candidate(1, 256), Candidate(4, 32),
@@ -236,4 +236,4 @@ def test_adaptive_search_stops_when_its_budget_is_spent():
 
 def test_adaptive_options_are_checked():
     with pytest.raises(ValueError, match="max_rounds=0"):
-        make_strategy("adaptive", {"max_rounds": 0})
+        make_search_strategy("adaptive", {"max_rounds": 0})

@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch import nn
 
-from tula_ray.training.strategies import STRATEGIES, build_strategy
+from tula_ray.training.strategies import TRAINING_STRATEGIES, build_strategy
 from tula_ray.training.run import (COLUMNS, checkpoint_state, evaluate, fit, make_loaders,
                                optimizer_hyperparameters, restore_state, train_epoch)
 from tula_ray.workloads.workload import get_workload
@@ -47,7 +47,7 @@ def _start(workload, strategy, *, epochs, options=None, init_seed=0, data_seed=0
     return model, setup, train_loader, test_loader
 
 
-@pytest.mark.parametrize("strategy", STRATEGIES)
+@pytest.mark.parametrize("strategy", TRAINING_STRATEGIES)
 def test_each_strategy_trains_one_epoch_with_finite_metrics(workload, strategy):
     model, setup, train_loader, test_loader = _start(workload, strategy, epochs=1)
     before = [p.detach().clone() for p in model.parameters()]

@@ -9,10 +9,10 @@ from torch import nn
 from torch.utils.data import TensorDataset
 
 from benchmarks.common import spawn_gloo
-from tula_ray.training.strategies import (BASE_BATCH_DEFAULT, STRATEGIES, WARMUP_EPOCHS_DEFAULT,
+from tula_ray.training.strategies import (BASE_BATCH_DEFAULT, TRAINING_STRATEGIES, WARMUP_EPOCHS_DEFAULT,
                                           BaseStrategy, StrategySetup, base_optimizer,
-                                          build_strategy, get_strategy, linear_scaled_lr,
-                                          register_strategy, unregister_strategy)
+                                          build_strategy, get_training_strategy, linear_scaled_lr,
+                                          register_training_strategy, unregister_training_strategy)
 from tula_ray.workloads.workload import FashionCNN, get_workload
 
 
@@ -37,7 +37,7 @@ def test_each_strategy_builds_its_library_optimizer():
 
     from tula_ray.ags import TulaOptimizer
 
-    built = {name: _build(name) for name in STRATEGIES}
+    built = {name: _build(name) for name in TRAINING_STRATEGIES}
     assert isinstance(built["ags"].optimizer, TulaOptimizer)
     assert isinstance(built["ags"].optimizer.base, torch.optim.SGD)
     assert built["ags"].optimizer.large_batch == 512 and built["ags"].optimizer.small_batch == 32
@@ -124,13 +124,13 @@ def test_bad_inputs_name_the_value_and_what_is_allowed(name, kwargs, message):
 
 
 def test_the_registry_holds_the_five_and_each_names_its_options():
-    assert list(STRATEGIES) == ["ags", "ags-ns", "lbt", "lrs", "lars", "polo"]
-    assert STRATEGIES["lbt"].options == () and "trust_coefficient" in STRATEGIES["lars"].options
-    assert "trust_coefficient" not in STRATEGIES["lrs"].options
+    assert list(TRAINING_STRATEGIES) == ["ags", "ags-ns", "lbt", "lrs", "lars", "polo"]
+    assert TRAINING_STRATEGIES["lbt"].options == () and "trust_coefficient" in TRAINING_STRATEGIES["lars"].options
+    assert "trust_coefficient" not in TRAINING_STRATEGIES["lrs"].options
     with pytest.raises(ValueError, match="'ags' is registered already"):
-        register_strategy(STRATEGIES["ags"])
+        register_training_strategy(TRAINING_STRATEGIES["ags"])
     with pytest.raises(TypeError, match="not a TrainingStrategy"):
-        register_strategy(object())
+        register_training_strategy(object())
 
 
 def test_every_entry_point_defaults_to_one_registered_strategy():
@@ -140,7 +140,7 @@ def test_every_entry_point_defaults_to_one_registered_strategy():
     from tula_ray.training import run as training
     from tula_ray.training.strategies import TRAINING_STRATEGY_DEFAULT
 
-    assert TRAINING_STRATEGY_DEFAULT in STRATEGIES
+    assert TRAINING_STRATEGY_DEFAULT in TRAINING_STRATEGIES
     defaults = {name: inspect.signature(function).parameters[parameter].default
                 for name, function, parameter in (
                     ("train", tula_ray.train, "strategy"), ("fit", training.fit, "strategy"),
@@ -157,7 +157,7 @@ def test_every_entry_point_defaults_to_one_registered_strategy():
     (2, 64, {"source": "local"}, {"source": "local"}, None),
 ])
 def test_ags_checks_its_sub_batch_against_the_local_batch(n, b, options, expected, note):
-    checked, notes = STRATEGIES["ags"].check(n, b, options)
+    checked, notes = TRAINING_STRATEGIES["ags"].check(n, b, options)
     assert checked == expected
     assert (note is None and notes == []) or (len(notes) == 1 and note in notes[0])
 
@@ -171,12 +171,12 @@ def test_ags_checks_its_sub_batch_against_the_local_batch(n, b, options, expecte
 ])
 def test_ags_refuses_what_cannot_run_before_any_worker(n, b, options, message):
     with pytest.raises(ValueError, match=message):
-        STRATEGIES["ags"].check(n, b, options)
+        TRAINING_STRATEGIES["ags"].check(n, b, options)
 
 
 def test_polo_notes_that_one_worker_has_nothing_to_average():
-    assert STRATEGIES["polo"].check(2, 64, {}) == ({}, [])
-    options, notes = STRATEGIES["polo"].check(1, 64, {"switch_epoch": 2})
+    assert TRAINING_STRATEGIES["polo"].check(2, 64, {}) == ({}, [])
+    options, notes = TRAINING_STRATEGIES["polo"].check(1, 64, {"switch_epoch": 2})
     assert options == {"switch_epoch": 2} and "N=1 is plain SGD" in notes[0]
 
 
@@ -195,17 +195,17 @@ def test_a_user_registers_a_fifth_strategy_and_fit_trains_with_it():
     from tula_ray.training.run import fit
 
     workload = get_workload("fashion-mnist-cnn", data="fake", fake_size=64)
-    register_strategy(_AdamStrategy())
+    register_training_strategy(_AdamStrategy())
     try:
-        assert get_strategy("adam-user").name == "adam-user"
+        assert get_training_strategy("adam-user").name == "adam-user"
         frame = fit(workload, global_batch=32, strategy="adam-user", epochs=1,
                     options={"lr_scale": 0.5})
         assert frame["strategy"].tolist() == ["adam-user"] and frame["lr"].tolist() == [0.005]
         with pytest.raises(ValueError, match="option 'delta' is unknown for strategy 'adam-user'"):
             fit(workload, global_batch=32, strategy="adam-user", epochs=1, options={"delta": 1})
     finally:
-        unregister_strategy("adam-user")
-    assert "adam-user" not in STRATEGIES
+        unregister_training_strategy("adam-user")
+    assert "adam-user" not in TRAINING_STRATEGIES
     # The object itself works without registration (how it reaches Ray workers).
     assert fit(workload, global_batch=32, strategy=_AdamStrategy(), epochs=1)["lr"].tolist() \
         == [0.001]

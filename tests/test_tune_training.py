@@ -21,7 +21,7 @@ import tula_ray
 from tula_ray import SearchSpace, build_plan
 from tula_ray.planning.synthetic import example_params, synthetic_profiles
 from tula_ray.training.run import split_validation
-from tula_ray.training.strategies import STRATEGIES
+from tula_ray.training.strategies import TRAINING_STRATEGIES
 from tula_ray.workloads.workload import Workload
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])  # Ray workers cannot import tests
@@ -67,9 +67,9 @@ def test_the_validation_split_is_held_out_of_the_training_set_with_a_fixed_seed(
 
 
 def test_every_strategy_has_a_search_space_of_its_own_options():
-    spaces = {name: strategy.search_space(1024) for name, strategy in STRATEGIES.items()}
+    spaces = {name: strategy.search_space(1024) for name, strategy in TRAINING_STRATEGIES.items()}
     for name, space in spaces.items():
-        assert "lr" in space and set(space) <= {"lr", *STRATEGIES[name].options}, name
+        assert "lr" in space and set(space) <= {"lr", *TRAINING_STRATEGIES[name].options}, name
     assert set(spaces["lars"]) == {"lr", "trust_coefficient"}
     assert set(spaces["ags"]) == {"lr", "delta", "gain_exponent", "s_max"}
     assert None in spaces["ags"]["delta"][1]  # the gate off is a candidate

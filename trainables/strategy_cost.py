@@ -19,7 +19,7 @@ from torch.utils.data import DataLoader
 from trainables.step_timing import cycle, measured_step_count, timed, timed_steps
 from tula_ray.distributed import max_over_ranks
 from tula_ray.training.run import optimizer_hyperparameters
-from tula_ray.training.strategies import build_strategy, get_strategy
+from tula_ray.training.strategies import build_strategy, get_training_strategy
 
 
 def strategy_batch(config: dict[str, Any], world_size: int, first_batch: int,
@@ -33,7 +33,7 @@ def strategy_batch(config: dict[str, Any], world_size: int, first_batch: int,
     without a strategy or a batch."""
     if not config.get("training_strategy"):
         return None, {}
-    strategy = get_strategy(config["training_strategy"])
+    strategy = get_training_strategy(config["training_strategy"])
     given = dict(config.get("training_options") or {})
     changed, reduced = [], []
     global_batch = first_batch
@@ -68,7 +68,7 @@ def strategy_extra_s(sweep: Any) -> float:
     model = ray.train.torch.prepare_model(sweep.workload.model_fn())
     model.train()
     setup = build_strategy(
-        get_strategy(sweep.config["training_strategy"]), model, global_batch=global_batch,
+        get_training_strategy(sweep.config["training_strategy"]), model, global_batch=global_batch,
         steps_per_epoch=max(1, len(sweep.dataset) // global_batch),  # type: ignore[arg-type]
         epochs=int(sweep.config.get("epochs") or sweep.workload.epochs),
         options=sweep.strategy_options, **optimizer_hyperparameters(sweep.workload))

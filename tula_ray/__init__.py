@@ -18,9 +18,12 @@ from importlib import import_module
 from typing import Any
 
 from tula_ray.failures import UserCodeError
-from tula_ray.models.pricing import FixedRate, MemoryRate, Pricing
+from tula_ray.models.compute_forms import register_compute_form
+from tula_ray.models.perf import register_collective
+from tula_ray.models.pricing import FixedRate, MemoryRate, Pricing, register_pricing
 from tula_ray.planning.plan import Plan, build_plan
 from tula_ray.planning.policy import Choice
+from tula_ray.planning.search_strategies import register_search_strategy
 from tula_ray.space import Candidate, SearchSpace
 
 __version__ = "0.1.0"
@@ -33,10 +36,15 @@ _LAZY = {  # public name -> module that defines it (ray, or torch: heavy to impo
     "TuneResult": "tula_ray.runs.tune_training",
     "TulaOptimizer": "tula_ray.ags",
     "Workload": "tula_ray.workloads",
+    "register_workload": "tula_ray.workloads",
+    "register_training_strategy": "tula_ray.training.strategies",
 }
 
+# The extension points, one registration each (README "Extending tula-ray"): a search
+# strategy, a training strategy, a pricing, a compute form, a collective, a workload.
 __all__ = ["Candidate", "Choice", "FixedRate", "MemoryRate", "Plan", "Pricing",
-           "SearchSpace", "UserCodeError", "build_plan", *_LAZY]
+           "SearchSpace", "UserCodeError", "build_plan", "register_collective",
+           "register_compute_form", "register_pricing", "register_search_strategy", *_LAZY]
 
 
 def __getattr__(name: str) -> Any:

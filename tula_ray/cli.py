@@ -24,7 +24,7 @@ import pandas as pd
 from tula_ray.failures import UserCodeError
 from tula_ray.planning.plan import UNTRAINABLE, Plan, build_plan
 from tula_ray.planning.policy import OBJECTIVES
-from tula_ray.planning.search_strategies import STRATEGIES as SEARCH_STRATEGIES
+from tula_ray.planning.search_strategies import SEARCH_STRATEGIES
 from tula_ray.space import SearchSpace
 
 METRICS_FILE = "train_metrics.csv"
@@ -95,7 +95,7 @@ def add_train_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--strategy", default=STRATEGY_DEFAULT,
                         help=f"{STRATEGY_DEFAULT} (default: AGS-NS, README), ags (the paper's "
                              "literal AGS) or a baseline: lbt, lrs, lars, polo "
-                             "(tula_ray.training.strategies.STRATEGIES)")
+                             "(tula_ray.training.strategies.TRAINING_STRATEGIES)")
     parser.add_argument("--epochs", type=int, default=None,
                         help="epochs to train (default: the plan's)")
     parser.add_argument("--max-failures", type=int, default=None,

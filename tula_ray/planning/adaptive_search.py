@@ -14,7 +14,7 @@ import pandas as pd
 from tula_ray.models import memory as memory_model
 from tula_ray.planning.plan import build_plan
 from tula_ray.planning.search_strategies import (PartialSearch, Proposal, candidate_key,
-                                                 open_candidates, register_strategy)
+                                                 open_candidates, register_search_strategy)
 from tula_ray.profile_table import usable
 from tula_ray.space import Candidate, SearchSpace
 
@@ -119,4 +119,4 @@ def _knee_neighbours(choice, grid: Sequence[Candidate], objective: str) -> list[
     return [(choice.num_workers, batches[j]) for j in (i - 1, i + 1) if 0 <= j < len(batches)]
 
 
-register_strategy("adaptive", AdaptiveSearch)
+register_search_strategy("adaptive", AdaptiveSearch)

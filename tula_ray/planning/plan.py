@@ -27,7 +27,7 @@ from tula_ray.planning.estimates import (add_estimates, add_uncertainty, dense_c
 from tula_ray.planning.policy import Choice, choose
 from tula_ray.models.pricing import Pricing, parse_pricing, pricing_to_dict
 from tula_ray.profile_table import oom_local_batch, profile_frame, usable
-from tula_ray.planning.search_strategies import make_strategy
+from tula_ray.planning.search_strategies import make_search_strategy
 from tula_ray.space import SearchSpace
 
 PLAN_FORMAT = 1
@@ -239,7 +239,7 @@ def build_plan(
             raise ValueError(f"{name}={value!r}; it must be a positive integer")
     pricing = parse_pricing(pricing)
     profiles = profile_frame(profiles.to_dict("records"))
-    params = perf.fit(make_strategy(strategy).fit_rows(profiles), collective=collective,
+    params = perf.fit(make_search_strategy(strategy).fit_rows(profiles), collective=collective,
                       form=form, strategy=strategy)
     memory = memory if memory is not None else fit_memory_from_profiles(profiles)
     if memory is None and "memory" in pricing_to_dict(pricing)["kind"]:

@@ -1,9 +1,9 @@
 """Search strategies: which (N, B) candidates to profile next, and when the search is done.
 
-One protocol, `SearchStrategy`, and a registry, `STRATEGIES`: full and partial search
+One protocol, `SearchStrategy`, and a registry, `SEARCH_STRATEGIES`: full and partial search
 (paper §III-A2) are registered here, adaptive search in its own module
 (tula_ray.planning.adaptive_search, which plans as it goes); a fourth strategy is one
-`register_strategy` call.
+`register_search_strategy` call.
 A strategy is a pure function of the grid and the rows measured so far: it keeps no
 state of its own, so the Tune searcher that drives it (`searchers.TulaSearcher`, a thin
 adapter, as Ray's `OptunaSearch` is over an Optuna sampler) saves and restores the
@@ -128,7 +128,7 @@ class PartialSearch:
         return ok[picked].reset_index(drop=True)
 
 
-STRATEGIES: dict[str, Callable[..., SearchStrategy]] = {
+SEARCH_STRATEGIES: dict[str, Callable[..., SearchStrategy]] = {
     "full": FullSearch,
     "partial": PartialSearch,
 }
@@ -140,26 +140,26 @@ def with_plan_context(name: str, options: dict[str, Any] | None,
     dataset_size, pricing, ... as JSON) when that strategy plans as it goes
     (`needs_plan_context`, e.g. adaptive); the other strategies take no context."""
     merged = dict(options or {})
-    if getattr(STRATEGIES[name], "needs_plan_context", False):
+    if getattr(SEARCH_STRATEGIES[name], "needs_plan_context", False):
         merged.update(context)
     return merged
 
 
-def register_strategy(name: str, factory: Callable[..., SearchStrategy]) -> None:
+def register_search_strategy(name: str, factory: Callable[..., SearchStrategy]) -> None:
     """Add a search strategy: `factory(**options)` returns an object with `name`,
     `propose(grid, rows)` and `fit_rows(rows)` (see `SearchStrategy`)."""
     if not isinstance(name, str) or not name:
         raise ValueError(f"strategy name {name!r}; it must be a non-empty string")
-    STRATEGIES[name] = factory
+    SEARCH_STRATEGIES[name] = factory
 
 
-def make_strategy(name: str, options: dict[str, Any] | None = None) -> SearchStrategy:
+def make_search_strategy(name: str, options: dict[str, Any] | None = None) -> SearchStrategy:
     """The registered strategy `name`, built with `options`; a clear error otherwise."""
-    if name not in STRATEGIES:
-        raise ValueError(f"search strategy {name!r} is unknown; use one of {sorted(STRATEGIES)} "
-                         "(or add one with tula_ray.planning.search_strategies.register_strategy)")
+    if name not in SEARCH_STRATEGIES:
+        raise ValueError(f"search strategy {name!r} is unknown; use one of {sorted(SEARCH_STRATEGIES)} "
+                         "(or add one with tula_ray.planning.search_strategies.register_search_strategy)")
     try:
-        return STRATEGIES[name](**dict(options or {}))
+        return SEARCH_STRATEGIES[name](**dict(options or {}))
     except TypeError as exc:
         raise ValueError(f"strategy_options={dict(options or {})!r} do not fit search "
                          f"strategy {name!r} ({exc})") from exc

@@ -28,10 +28,11 @@ from tula_ray.planning.plan import Plan, build_plan, deprecated_mode
 from tula_ray.planning.policy import OBJECTIVES
 from tula_ray.models.pricing import Pricing, parse_pricing, pricing_to_dict
 from tula_ray.profile_table import STATUS_OK, profile_frame
-from tula_ray.planning.search_strategies import STRATEGIES, make_strategy, with_plan_context
+from tula_ray.planning.search_strategies import (SEARCH_STRATEGIES, make_search_strategy,
+                                                 with_plan_context)
 from tula_ray.space import MIN_BATCH_DEFAULT, SearchSpace, check_positive_ints
 from tula_ray.training.strategy_base import TrainingStrategy, check_option_names
-from tula_ray.training.strategies import TRAINING_STRATEGY_DEFAULT, get_strategy, refusals
+from tula_ray.training.strategies import TRAINING_STRATEGY_DEFAULT, get_training_strategy, refusals
 from tula_ray.workloads.workload import Workload, resolve_workload
 from tula_ray.arguments import (check_bool, check_choice, check_int, check_mapping, check_number,
                                 check_text, named_arguments)
@@ -48,9 +49,9 @@ def _check_arguments(a: dict[str, Any]) -> None:
                         "positive integers")
     check_positive_ints("cluster_sizes", a["cluster_sizes"])
     check_choice("objective", a["objective"], OBJECTIVES)
-    check_choice("strategy", a["strategy"], sorted(STRATEGIES))
+    check_choice("strategy", a["strategy"], sorted(SEARCH_STRATEGIES))
     if a["mode"] is not None:  # the former name of `strategy`
-        check_choice("mode", a["mode"], sorted(STRATEGIES))
+        check_choice("mode", a["mode"], sorted(SEARCH_STRATEGIES))
     check_mapping("strategy_options", a["strategy_options"])
     check_number("measure_seconds", a["measure_seconds"], low=0.0)
     check_choice("collective", a["collective"], sorted(COLLECTIVES))
@@ -78,9 +79,9 @@ def _check_arguments(a: dict[str, Any]) -> None:
 def _validate(r: "_Request") -> None:
     """What depends on several arguments or on the workload."""
     # An unknown name or option fails here.
-    named_arguments(make_strategy, "strategy", "strategy_options")(r.strategy, r.strategy_options)
+    named_arguments(make_search_strategy, "strategy", "strategy_options")(r.strategy, r.strategy_options)
     if r.training_strategy is not None:
-        strategy = named_arguments(get_strategy, "training_strategy")(r.training_strategy)
+        strategy = named_arguments(get_training_strategy, "training_strategy")(r.training_strategy)
         named_arguments(check_option_names, "training_options")(strategy, r.training_options)
     if r.max_batch is not None and r.max_batch < r.min_batch:
         raise ValueError(f"max_batch={r.max_batch} is below min_batch={r.min_batch}; "
@@ -165,7 +166,7 @@ def search(
     cluster_sizes: the N to consider; each must fit the cluster's GPUs (or CPUs).
     min_batch, max_batch: global batch bounds; the memory probe lowers max_batch
       to what one device holds (times the largest N), and the dataset size caps it.
-    strategy: the search strategy (tula_ray.planning.search_strategies.STRATEGIES): "partial"
+    strategy: the search strategy (tula_ray.planning.search_strategies.SEARCH_STRATEGIES): "partial"
       profiles only the extremes, "full" every candidate; strategy_options go to it.
       (`mode` is its former, deprecated name: Ray's `mode` means min/max.)
     objective, weight_time, pricing: see tula_ray.planning.policy.choose and tula_ray.pricing.

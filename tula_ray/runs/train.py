@@ -38,7 +38,7 @@ from tula_ray.cluster import (PROVISION_TIMEOUT_S_DEFAULT, Workers, check_runtim
                               provision_workers, release_workers)
 from tula_ray.planning.plan import Plan
 from tula_ray.training.strategies import (TRAINING_STRATEGY_DEFAULT, TrainingStrategy,
-                                          build_strategy, get_strategy)
+                                          build_strategy, get_training_strategy)
 from tula_ray.training.strategies import logger as strategies_logger
 from tula_ray.workloads.workload import Workload, resolve_workload
 
@@ -93,7 +93,7 @@ class _Job:
 
     @property
     def strategy_name(self) -> str:
-        return get_strategy(self.strategy).name
+        return get_training_strategy(self.strategy).name
 
 
 def train(
@@ -120,7 +120,7 @@ def train(
 
     plan: a Plan, or the path (or JSON text) of one written by `Plan.to_json`.
     strategy: "ags" (the paper's method) or a baseline, a name registered in
-      tula_ray.training.strategies.STRATEGIES, or a TrainingStrategy object (a strategy
+      tula_ray.training.strategies.TRAINING_STRATEGIES, or a TrainingStrategy object (a strategy
       of your own reaches the workers that way); strategy_options: its options, checked
       by the strategy against N and B before any worker starts.
     workload, workload_options: default the plan's (its `workload` name, and
@@ -181,7 +181,7 @@ def train(
 def _job(plan: Plan, strategy: str | TrainingStrategy, workload: str | Workload | None,
          workload_options: dict[str, Any] | None, epochs: int | None,
          strategy_options: dict[str, Any] | None) -> _Job:
-    resolved_strategy = get_strategy(strategy)
+    resolved_strategy = get_training_strategy(strategy)
     if workload is None:
         spec = plan.workload
         options = dict(plan.meta.get(PLAN_OPTIONS_KEY) or {})
@@ -274,7 +274,7 @@ def _dry_run(job: _Job, dataset_size: int) -> None:
     steps = max(1, dataset_size // job.global_batch)
     # Its notes describe one process, not the job's N workers: the workers log the real ones.
     with _quiet(strategies_logger):
-        named_arguments(build_strategy, "strategy_options")(get_strategy(job.strategy), nn.Linear(1, 1), global_batch=job.global_batch,
+        named_arguments(build_strategy, "strategy_options")(get_training_strategy(job.strategy), nn.Linear(1, 1), global_batch=job.global_batch,
                        steps_per_epoch=steps, epochs=job.epochs, options=options)
 
 

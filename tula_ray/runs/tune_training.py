@@ -37,7 +37,7 @@ from tula_ray.cluster import (PROVISION_TIMEOUT_S_DEFAULT, check_runtime_env,
 from tula_ray.planning.plan import Plan
 from tula_ray.runs.train import _checked_job, _dry_run, _job  # one way to resolve a plan's job
 from tula_ray.training.strategies import (TRAINING_STRATEGY_DEFAULT, TrainingStrategy,
-                                          get_strategy)
+                                          get_training_strategy)
 from tula_ray.workloads.workload import Workload
 
 logger = logging.getLogger(__name__)
@@ -104,7 +104,7 @@ def tune_training(plan: Plan | str | Path,
     check_int("grace_period", grace, minimum=1)
     if grace > job.epochs:
         raise ValueError(f"grace_period={grace} exceeds the {job.epochs} epochs of a trial")
-    space = _search_space(get_strategy(job.strategy), job.global_batch)
+    space = _search_space(get_training_strategy(job.strategy), job.global_batch)
     _dry_run(job, plan.dataset_size)
     started_ray = ensure_ray(address, runtime_env)
     workers = None

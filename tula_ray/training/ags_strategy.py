@@ -13,7 +13,7 @@ Both train a global batch no larger than their reference small batch (B <= 32 by
 with plain SGD steps: the large batch is then a small one and the gain is 1, so every
 (N, B) a search may plan is one they train.
 
-No Ray here (core module); registered in `tula_ray.training.strategies.STRATEGIES`.
+No Ray here (core module); registered in `tula_ray.training.strategies.TRAINING_STRATEGIES`.
 """
 
 from __future__ import annotations

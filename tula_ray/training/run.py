@@ -28,7 +28,7 @@ from tula_ray.distributed import mean_over_ranks, sum_over_ranks
 from tula_ray.training.measure import StepTimer
 from tula_ray.training.strategies import (TRAINING_STRATEGY_DEFAULT, StrategySetup,
                                           TrainingStrategy, base_optimizer, build_strategy,
-                                          get_strategy)
+                                          get_training_strategy)
 from tula_ray.workloads.workload import (LR_DEFAULT, MOMENTUM_DEFAULT, WEIGHT_DECAY_DEFAULT, Workload,
                                 resolve_workload)
 
@@ -287,7 +287,7 @@ def prepare_run(workload: str | Workload, *, global_batch: int,
     if lr is not None:
         hyper["lr"] = lr
     # Built before the data load so that a bad strategy or option fails at once.
-    setup = build_strategy(get_strategy(strategy), model, global_batch=global_batch,
+    setup = build_strategy(get_training_strategy(strategy), model, global_batch=global_batch,
                            steps_per_epoch=steps_per_epoch, epochs=epochs, options=options,
                            **hyper)
     train_loader, test_loader = make_loaders(

@@ -8,7 +8,7 @@ A strategy (the `TrainingStrategy` protocol) carries, in one object:
     methods are the step hooks `train_epoch` calls (start of epoch, backward, step,
     telemetry); the epoch loop knows no strategy by name.
 
-Registered in one place, `STRATEGIES` (`register_strategy` adds a fifth):
+Registered in one place, `TRAINING_STRATEGIES` (`register_training_strategy` adds a fifth):
   "ags"   the workload's SGD wrapped in `TulaOptimizer` (Algorithm 1; tula_ray.ags_strategy);
   "ags-ns" the same optimizer with the options of AGS-NS, the variant beyond the paper;
   "lbt"   vanilla large-batch training: the same SGD at B, LR unchanged;
@@ -53,7 +53,7 @@ LARS_TRUST_COEFFICIENT_DEFAULT = 0.02
 
 # --------------------------------------------------------------------------- the registry
 
-STRATEGIES: dict[str, TrainingStrategy] = {}
+TRAINING_STRATEGIES: dict[str, TrainingStrategy] = {}
 # What tula_ray.train, fit, tune_training and the search's measured step cost use by
 # default (the CLI, which does not import torch at start-up, repeats it in its --strategy).
 # AGS-NS: in the Table I analog (BENCHMARKS.md) its recipe is the best at B = 512 and 2048,
@@ -62,7 +62,7 @@ STRATEGIES: dict[str, TrainingStrategy] = {}
 TRAINING_STRATEGY_DEFAULT = "ags-ns"
 
 
-def register_strategy(strategy: TrainingStrategy) -> TrainingStrategy:
+def register_training_strategy(strategy: TrainingStrategy) -> TrainingStrategy:
     """Add a strategy under `strategy.name` (e.g. a user's fifth); returns it.
 
     Ray workers rebuild the registry on import: a strategy registered only in a
@@ -72,24 +72,24 @@ def register_strategy(strategy: TrainingStrategy) -> TrainingStrategy:
                         "check() and build()")
     if not isinstance(strategy.name, str) or not strategy.name:
         raise ValueError(f"strategy name {strategy.name!r}: must be a non-empty string")
-    if strategy.name in STRATEGIES:
+    if strategy.name in TRAINING_STRATEGIES:
         raise ValueError(f"a strategy named {strategy.name!r} is registered already; "
-                         "unregister_strategy it first")
-    STRATEGIES[strategy.name] = strategy
+                         "unregister_training_strategy it first")
+    TRAINING_STRATEGIES[strategy.name] = strategy
     return strategy
 
 
-def unregister_strategy(name: str) -> None:
+def unregister_training_strategy(name: str) -> None:
     """Remove a registered strategy (tests clean up after themselves with this)."""
-    STRATEGIES.pop(name, None)
+    TRAINING_STRATEGIES.pop(name, None)
 
 
-def get_strategy(strategy: str | TrainingStrategy) -> TrainingStrategy:
+def get_training_strategy(strategy: str | TrainingStrategy) -> TrainingStrategy:
     """A registered strategy by name, or the object itself."""
     if isinstance(strategy, str):
-        if strategy not in STRATEGIES:
-            raise ValueError(f"strategy {strategy!r} is unknown; use one of {tuple(STRATEGIES)}")
-        return STRATEGIES[strategy]
+        if strategy not in TRAINING_STRATEGIES:
+            raise ValueError(f"strategy {strategy!r} is unknown; use one of {tuple(TRAINING_STRATEGIES)}")
+        return TRAINING_STRATEGIES[strategy]
     if isinstance(strategy, TrainingStrategy):
         return strategy
     raise TypeError(f"strategy must be a name or a TrainingStrategy, not "
@@ -100,7 +100,7 @@ def refusals(strategy: str | TrainingStrategy, options: dict[str, Any] | None,
              candidates: Iterable[tuple[int, int]]) -> dict[tuple[int, int], str]:
     """The (N, B) among `candidates` that `strategy` with `options` cannot train, each with
     its `check`'s reason: what a plan must not choose (issue 22, item 6)."""
-    strategy = get_strategy(strategy)
+    strategy = get_training_strategy(strategy)
     refused = {}
     for num_workers, global_batch in candidates:
         try:
@@ -117,7 +117,7 @@ def build_strategy(name: str | TrainingStrategy, model: nn.Module, *, global_bat
     """The optimizer, scheduler and hooks of strategy `name` for `model` at `global_batch`.
 
     Args:
-        name: a registered name (`STRATEGIES`) or a TrainingStrategy.
+        name: a registered name (`TRAINING_STRATEGIES`) or a TrainingStrategy.
         model: the model to train, already on its device; DDP-wrapped under torch.distributed.
         global_batch: B, samples per optimizer step summed over all workers.
         steps_per_epoch: optimizer steps per epoch (dataset size // B with drop_last).
@@ -127,7 +127,7 @@ def build_strategy(name: str | TrainingStrategy, model: nn.Module, *, global_bat
     Raises:
         ValueError: unknown strategy or option, or a value out of range.
     """
-    strategy = get_strategy(name)
+    strategy = get_training_strategy(name)
     options = check_option_names(strategy, options)
     for label, value in (("global_batch", global_batch), ("steps_per_epoch", steps_per_epoch),
                          ("epochs", epochs)):
@@ -305,8 +305,8 @@ def _polo(model: nn.Module, local: torch.optim.Optimizer, steps_per_epoch: int, 
 
 for _strategy in (AdaptiveGradientScaling(), NoiseScaleAGS(), LargeBatchTraining(),
                   LinearScaling("lrs"), LinearScaling("lars"), PostLocalSGD()):
-    register_strategy(_strategy)
+    register_training_strategy(_strategy)
 
-__all__ = ["BASE_BATCH_DEFAULT", "STRATEGIES", "BaseStrategy", "StrategySetup",
-           "TrainingStrategy", "base_optimizer", "build_strategy", "get_strategy",
-           "linear_scaled_lr", "register_strategy", "unregister_strategy", "warmup_scheduler"]
+__all__ = ["BASE_BATCH_DEFAULT", "TRAINING_STRATEGIES", "BaseStrategy", "StrategySetup",
+           "TrainingStrategy", "base_optimizer", "build_strategy", "get_training_strategy",
+           "linear_scaled_lr", "register_training_strategy", "unregister_training_strategy", "warmup_scheduler"]

@@ -10,7 +10,9 @@ Core: no Ray. `Workload` is also `tula_ray.Workload`.
 
 from tula_ray.workloads.workload import (EPOCHS_DEFAULT, LR_DEFAULT, MOMENTUM_DEFAULT,
                                          WEIGHT_DECAY_DEFAULT, WORKLOADS, Workload, get_workload,
-                                         resolve_workload, sgd)
+                                         portable_workload, register_workload, resolve_workload,
+                                         sgd)
 
 __all__ = ["EPOCHS_DEFAULT", "LR_DEFAULT", "MOMENTUM_DEFAULT", "WEIGHT_DECAY_DEFAULT",
-           "WORKLOADS", "Workload", "get_workload", "resolve_workload", "sgd"]
+           "WORKLOADS", "Workload", "get_workload", "portable_workload", "register_workload",
+           "resolve_workload", "sgd"]

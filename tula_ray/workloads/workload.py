@@ -192,6 +192,26 @@ WORKLOADS: dict[str, Callable[..., Workload]] = {
 }
 
 
+BUILT_IN_WORKLOADS = frozenset(WORKLOADS)  # names every process knows without a user's module
+
+
+def register_workload(name: str, factory: Callable[..., Workload]) -> None:
+    """Add a workload by name: `factory(**workload_options)` returns a `Workload`.
+
+    The name then works wherever a built-in's does (search, train, the CLI's configs). Ray
+    workers receive the Workload the factory built, not the name (they have not run the
+    module that registered it), so it must pickle as any workload a driver defines.
+    """
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"workload name {name!r}; it must be a non-empty string")
+    if name in BUILT_IN_WORKLOADS:
+        raise ValueError(f"workload {name!r} is built in; register yours under another name")
+    if not callable(factory):
+        raise TypeError(f"factory for workload {name!r} must be callable, "
+                        f"not {type(factory).__name__}")
+    WORKLOADS[name] = factory
+
+
 def get_workload(name: str, **options: Any) -> Workload:
     """A built-in workload by name; options: data ("fashion-mnist" | "fake"), root,
     train_subset, subset_seed, fake_size, and Workload fields (epochs, loss_fn, optimizer_fn).
@@ -209,6 +229,16 @@ def get_workload(name: str, **options: Any) -> Workload:
         raise ValueError(f"workload {name!r} is unknown; known: {sorted(WORKLOADS)} "
                          f"(each also as '<name>{FAKE_SUFFIX}')")
     return WORKLOADS[key](**options)
+
+
+def portable_workload(spec: str | Workload, options: dict[str, Any],
+                      resolved: Workload) -> tuple[str | Workload, dict[str, Any]]:
+    """What to send Ray workers for a workload: a built-in's name and options (they rebuild
+    it), else the Workload itself (a user's object, or what a registered name built)."""
+    if isinstance(spec, str) and spec.removesuffix(FAKE_SUFFIX) in BUILT_IN_WORKLOADS | set(
+            TORCHVISION_INPUT_SIZE):
+        return spec, options
+    return resolved, {}
 
 
 def resolve_workload(spec: str | Workload, options: dict[str, Any] | None = None) -> Workload:
