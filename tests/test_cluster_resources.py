@@ -8,9 +8,9 @@ import ray
 
 import tula_ray
 from tula_ray import cluster
-from tula_ray.cluster import storage
+from tula_ray.cluster import storage, workers
 from tula_ray.cluster import (CPU_WORKER, GPU_WORKER, autoscaler_node_types,
-                              check_resources_per_worker, check_worker_request, default_worker,
+                              check_resources_per_worker, check_worker_request, worker_shape,
                               workers_that_fit)
 
 CLUSTER_YAML = Path(__file__).parents[1] / "cluster.yaml"
@@ -61,13 +61,18 @@ def test_workers_fit_per_node_not_in_sum():
     assert workers_that_fit({"CPU": 0.5}, [{"CPU": 2.0}]) == 4
 
 
-def test_cluster_yaml_workers_are_gpus_the_autoscaler_can_add():
+def test_cluster_yaml_workers_are_gpus_the_autoscaler_can_add(monkeypatch):
     types = autoscaler_node_types(str(CLUSTER_YAML))
     assert types == [({"CPU": 8.0, "GPU": 1.0}, 16)]  # the head type is not a worker type
     # Before any GPU node is up (min_workers 0) the default worker is still a GPU one.
-    assert default_worker(0.0, types) == GPU_WORKER
-    assert default_worker(0.0, None) == CPU_WORKER
-    assert default_worker(2.0, None) == GPU_WORKER
+    monkeypatch.setattr(workers.ray, "cluster_resources", lambda: {"CPU": 2.0})
+    monkeypatch.setattr(workers, "autoscaler_node_types", lambda: types)
+    assert worker_shape() == GPU_WORKER  # the autoscaler can add GPU nodes
+    monkeypatch.setattr(workers, "autoscaler_node_types", lambda: None)
+    assert worker_shape() == CPU_WORKER
+    monkeypatch.setattr(workers.ray, "cluster_resources", lambda: {"CPU": 2.0, "GPU": 2.0})
+    assert worker_shape() == GPU_WORKER
+    assert worker_shape(use_gpu=False) == CPU_WORKER and worker_shape({"CPU": 2}) == {"CPU": 2}
     assert autoscaler_node_types(str(CLUSTER_YAML.with_name("no-such.yaml"))) is None
 
 

@@ -13,7 +13,7 @@ import sys  # noqa: E402
 from ray import cloudpickle, tune  # noqa: E402
 
 from trainables.profiling_trial import profile_cluster_size  # noqa: E402
-from tula_ray.cluster import DRIVER_RESOURCE, trial_resources, worker_resources  # noqa: E402
+from tula_ray.cluster import DRIVER_RESOURCE, trial_resources, worker_shape  # noqa: E402
 from tula_ray.training import measure  # noqa: E402
 from tula_ray.profile_table import PROFILE_COLUMNS, profile_frame, profile_row  # noqa: E402
 from tula_ray.workloads.workload import get_workload  # noqa: E402
@@ -104,7 +104,7 @@ def test_one_and_two_workers_report_every_field(rows):
     assert two["sync_time_s"] >= 0
     assert two["sync_time_s"] == pytest.approx(two["step_time_s"] - two["compute_time_s"], abs=1e-12)
     assert one["peak_mem_bytes"] > two["peak_mem_bytes"]  # b = 64 vs 32
-    assert one["cpus_per_worker"] == two["cpus_per_worker"] == 1.0  # min(1, 2 CPUs / N)
+    assert one["cpus_per_worker"] == two["cpus_per_worker"] == 1.0  # one core per worker
     assert len(profile_frame([one, two])) == 2  # the table the models fit from accepts them
 
 
@@ -158,7 +158,6 @@ def test_rows_and_resources_without_ray():
     row = profile_row(2, 64, error="x" * 5000)
     assert set(PROFILE_COLUMNS) <= set(row) and row["local_batch"] == 32
     assert len(row["error"]) == 2000  # a traceback's tail, not all of it
-    assert worker_resources(4, use_gpu=False, cpus_per_worker=0.5) == {"CPU": 0.5}
-    assert worker_resources(2, use_gpu=True) == {"CPU": 1.0, "GPU": 1.0}
-    with pytest.raises(ValueError, match="cpus_per_worker=0"):
-        worker_resources(2, use_gpu=False, cpus_per_worker=0)
+    assert worker_shape({"CPU": 0.5}) == {"CPU": 0.5}
+    assert worker_shape(use_gpu=True) == {"CPU": 1.0, "GPU": 1.0}
+    assert worker_shape(use_gpu=False) == {"CPU": 1.0}

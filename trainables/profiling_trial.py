@@ -31,7 +31,7 @@ from ray.tune.integration.ray_train import TuneReportCallback
 
 from trainables.profiling_loop import profile_loop_per_worker
 from tula_ray.cluster import (WORKER_GROUP_START_RETRIES, alive_node_resources, trial_resources,
-                              use_gpu_default, worker_resources, workers_that_fit)
+                              worker_shape, workers_that_fit)
 from tula_ray.failures import (FAILURE_INFRASTRUCTURE, FAILURE_OOM, FAILURE_USER_CODE,
                                UserCodeError, is_out_of_memory)
 from tula_ray.profile_table import STATUS_ERROR, STATUS_OOM, TRACEBACK_KEY, profile_row
@@ -40,7 +40,7 @@ from tula_ray.workloads.workload import resolve_workload
 logger = logging.getLogger(__name__)
 
 # Keys of a trial config read by the trial itself; the rest go to the worker loop.
-TRIAL_KEYS = ("num_workers", "use_gpu", "cpus_per_worker", "resources_per_worker", "storage_path",
+TRIAL_KEYS = ("num_workers", "use_gpu", "resources_per_worker", "storage_path",
               "provision_timeout_s")
 # How long a trial waits for a lost node to come back (an autoscaler replacing it) before
 # its cluster size is recorded as not placeable; the search's provision_timeout_s if shorter.
@@ -71,16 +71,13 @@ def build_trainer(config: dict[str, Any], callbacks: list | None = None) -> Torc
 
     config: num_workers, global_batches, workload, workload_options, use_gpu
     (default: the cluster has GPUs), resources_per_worker (one worker's, as in Ray's
-    ScalingConfig) or cpus_per_worker, warmup_steps, measure_steps, measure_seconds,
+    ScalingConfig; default `tula_ray.cluster.worker_shape`'s one device), warmup_steps, measure_steps, measure_seconds,
     device_memory_bytes, storage_path (default: Ray's, ~/ray_results), and the loop's
     other keys.
     """
     num_workers = int(config["num_workers"])
-    use_gpu = config.get("use_gpu")
-    if use_gpu is None:
-        use_gpu = use_gpu_default()
-    resources = worker_resources(num_workers, bool(use_gpu), config.get("cpus_per_worker"),
-                                 config.get("resources_per_worker"))
+    resources = worker_shape(config.get("resources_per_worker"), use_gpu=config.get("use_gpu"))
+    use_gpu = resources.get("GPU", 0) > 0
     loop_config = {k: v for k, v in config.items() if k not in TRIAL_KEYS}
     loop_config["cpus_per_worker"] = resources.get("CPU", 0.0)  # reported with the row
     name = f"profile-N{num_workers}-B{'-'.join(str(b) for b in batches_of(config))}"
@@ -170,9 +167,7 @@ def _cannot_place(num_workers: int, config: dict[str, Any]) -> str:
     hold them again (at most LOST_NODE_WAIT_S). The search checked that it did when it
     started (tula_ray.cluster.provision_workers); a node lost since then would leave the
     Train run waiting for its workers forever."""
-    use_gpu = config.get("use_gpu")
-    worker = worker_resources(num_workers, use_gpu_default() if use_gpu is None else bool(use_gpu),
-                              config.get("cpus_per_worker"), config.get("resources_per_worker"))
+    worker = worker_shape(config.get("resources_per_worker"), use_gpu=config.get("use_gpu"))
     wait_s = min(float(config.get("provision_timeout_s", LOST_NODE_WAIT_S)), LOST_NODE_WAIT_S)
     deadline = time.monotonic() + wait_s
     while (held := workers_that_fit(worker, alive_node_resources())) < num_workers:

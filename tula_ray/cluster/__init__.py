@@ -3,9 +3,11 @@ these from here, never from each other.
 
   session  starting or joining Ray for an entry point's run (loopback-only by default);
   workers  what one worker holds, provisioning N of them, a trial driver's resources;
-  storage  a storage path every node of a multi-node cluster reaches.
+  storage  a storage path every node of a multi-node cluster reaches;
+  lifetime `cluster_for_run`: the three above for the length of one entry point's run.
 """
 
+from tula_ray.cluster.lifetime import cluster_for_run
 from tula_ray.cluster.session import (ADDRESS_ENV, DRIVER_RESOURCE, DRIVER_SLOTS_DEFAULT,
                                       LOCAL_ADDRESS, LOCAL_NODE_IP, LOCAL_ONLY_ENV,
                                       check_address, check_runtime_env, ensure_ray,
@@ -17,18 +19,18 @@ from tula_ray.cluster.workers import (AUTOSCALING_CONFIG_ENV, AUTOSCALING_CONFIG
                                       RESOURCE_PRECISION, WORKER_GROUP_START_RETRIES, Workers,
                                       alive_node_resources, autoscaler_node_types,
                                       check_resources_per_worker, check_worker_request,
-                                      default_worker, node_memory_bytes, provision_workers,
+                                      node_memory_bytes, provision_workers,
                                       release_workers, task_options, trial_resources,
-                                      use_gpu_default, worker_resources, workers_that_fit)
+                                      use_gpu_default, worker_shape, workers_that_fit)
 
-__all__ = ['ADDRESS_ENV', 'AUTOSCALING_CONFIG_ENV', 'AUTOSCALING_CONFIG_PATH',
+__all__ = ['ADDRESS_ENV', 'cluster_for_run', 'AUTOSCALING_CONFIG_ENV', 'AUTOSCALING_CONFIG_PATH',
            'CPU_MEMORY_SHARE_DEFAULT', 'CPU_WORKER', 'DRIVER_RESOURCE',
            'DRIVER_SLOTS_DEFAULT', 'GPU_WORKER', 'LOCAL_ADDRESS', 'LOCAL_NODE_IP',
            'LOCAL_ONLY_ENV', 'PROVISION_POLL_S', 'PROVISION_TIMEOUT_S_DEFAULT',
            'RESOURCE_PRECISION', 'WORKER_GROUP_START_RETRIES', 'Workers',
            'alive_node_resources', 'autoscaler_node_types', 'check_address',
            'check_resources_per_worker', 'check_runtime_env', 'check_storage_path',
-           'check_worker_request', 'default_worker', 'ensure_ray', 'node_memory_bytes',
+           'check_worker_request', 'ensure_ray', 'node_memory_bytes',
            'nodes_not_seeing', 'provision_workers', 'ray_session', 'release_workers',
            'start_local_ray', 'task_options', 'trial_resources', 'use_gpu_default',
-           'worker_resources', 'workers_that_fit']
+           'worker_shape', 'workers_that_fit']

@@ -122,13 +122,23 @@ def autoscaler_node_types(path: str | None = None) -> list[tuple[dict[str, float
     return [(resources, count) for resources, count in types if count > 0]
 
 
-def default_worker(gpus_now: float, node_types: list[tuple[dict[str, float], int]] | None
-                   ) -> dict[str, float]:
-    """One device per worker: a GPU when the cluster has GPUs or its autoscaler can add GPU
-    nodes (those start at zero: cluster.yaml has min_workers 0), else a CPU."""
-    can_add_gpus = any(resources.get("GPU", 0) > 0 and count > 0
-                       for resources, count in node_types or [])
-    return dict(GPU_WORKER if gpus_now > 0 or can_add_gpus else CPU_WORKER)
+def worker_shape(resources_per_worker: dict[str, float] | None = None, *,
+                 use_gpu: bool | None = None) -> dict[str, float]:
+    """One worker's resources: the one answer for the search, training, tuning and the
+    trainables alike.
+
+    `resources_per_worker` (checked by `check_resources_per_worker`) when given; else one
+    device per worker: a GPU and a CPU to feed it when `use_gpu`, a CPU when not; with
+    `use_gpu` None, a GPU when the cluster has GPUs or its autoscaler can add GPU nodes
+    (those start at zero: cluster.yaml has min_workers 0).
+    """
+    if resources_per_worker is not None:
+        return dict(resources_per_worker)
+    if use_gpu is None:
+        can_add_gpus = any(resources.get("GPU", 0) > 0 and count > 0
+                           for resources, count in autoscaler_node_types() or [])
+        use_gpu = ray.cluster_resources().get("GPU", 0.0) > 0 or can_add_gpus
+    return dict(GPU_WORKER if use_gpu else CPU_WORKER)
 
 
 @dataclass(frozen=True)
@@ -145,8 +155,8 @@ def provision_workers(num_workers: int, resources_per_worker: dict[str, float] |
                       timeout_s: float = PROVISION_TIMEOUT_S_DEFAULT) -> Workers:
     """Make sure the cluster holds `num_workers` workers, asking its autoscaler for them.
 
-    The worker's shape: `resources_per_worker`, else one device (`default_worker`; or the
-    one `use_gpu` names). When the running nodes hold fewer such workers and this is an
+    The worker's shape: `worker_shape(resources_per_worker, use_gpu=use_gpu)`. When the
+    running nodes hold fewer such workers and this is an
     autoscaling cluster, the workers are requested from the autoscaler
     (`ray.autoscaler.sdk.request_resources`) and waited for, at most `timeout_s`: an
     autoscaler adds nodes only on demand, and the GPU nodes of cluster.yaml start at
@@ -154,12 +164,7 @@ def provision_workers(num_workers: int, resources_per_worker: dict[str, float] |
     autoscaler did not deliver in time; each names what is missing and what to do.
     """
     node_types = autoscaler_node_types()
-    if resources_per_worker is not None:
-        worker = dict(resources_per_worker)
-    elif use_gpu is not None:
-        worker = dict(GPU_WORKER if use_gpu else CPU_WORKER)
-    else:
-        worker = default_worker(ray.cluster_resources().get("GPU", 0.0), node_types)
+    worker = worker_shape(resources_per_worker, use_gpu=use_gpu)
     fits_now = workers_that_fit(worker, alive_node_resources())
     if fits_now >= num_workers:
         return Workers(worker, worker.get("GPU", 0) > 0, requested=False)
@@ -236,26 +241,3 @@ def trial_resources() -> dict[str, float]:
                        DRIVER_RESOURCE, DRIVER_RESOURCE)
         return {"CPU": 1}
     return {"CPU": 0, DRIVER_RESOURCE: 1}
-
-
-def worker_resources(num_workers: int, use_gpu: bool,
-                     cpus_per_worker: float | None = None,
-                     resources_per_worker: dict[str, float] | None = None) -> dict[str, float]:
-    """Resources of one Train worker.
-
-    `resources_per_worker` (checked by `check_resources_per_worker`) when given. Else
-    GPU: one GPU (ScalingConfig's default) and one CPU. CPU: the node's CPUs shared
-    out, at most one each: min(1, CPUs / N), so N = 4 workers run on 2 CPUs at 0.5
-    each (oversubscribed, measured to work).
-    """
-    if resources_per_worker is not None:
-        return dict(resources_per_worker)
-    if cpus_per_worker is None:
-        cpus_per_worker = 1.0 if use_gpu else min(
-            1.0, ray.cluster_resources().get("CPU", 1.0) / num_workers)
-    if cpus_per_worker <= 0:
-        raise ValueError(f"cpus_per_worker={cpus_per_worker!r}; it must be > 0")
-    resources = {"CPU": float(cpus_per_worker)}
-    if use_gpu:
-        resources["GPU"] = 1.0
-    return resources

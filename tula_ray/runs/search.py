@@ -19,9 +19,8 @@ from trainables.profiling_loop import (MEASURE_SECONDS_DEFAULT, MEASURE_STEPS_DE
                                       WARMUP_STEPS_DEFAULT)
 from tula_ray.models import memory as memory_model
 from tula_ray.cluster import (CPU_MEMORY_SHARE_DEFAULT, PROVISION_TIMEOUT_S_DEFAULT,
-                              check_runtime_env, check_storage_path, check_worker_request,
-                              ensure_ray, node_memory_bytes, provision_workers,
-                              release_workers)
+                              check_runtime_env, check_worker_request, cluster_for_run,
+                              node_memory_bytes)
 from tula_ray.failures import UserCodeError
 from tula_ray.models.perf import COLLECTIVES
 from tula_ray.planning.plan import Plan, build_plan, deprecated_mode
@@ -225,12 +224,9 @@ def search(
         training_strategy, dict(training_options or {}))
     _validate(request)
     resources = check_worker_request(resources_per_worker, provision_timeout_s)
-    started_ray = ensure_ray(address, runtime_env)
-    workers = None
-    try:
-        workers = provision_workers(request.cluster_sizes[-1], resources,
-                                    timeout_s=provision_timeout_s)
-        check_storage_path(request.storage_path)
+    with cluster_for_run(request.cluster_sizes[-1], resources, address=address,
+                         runtime_env=runtime_env, storage_path=request.storage_path,
+                         timeout_s=provision_timeout_s) as workers:
         use_gpu = workers.use_gpu
         name = experiment_name(request.name, request.workload.name)
         saved_at = experiment_path(request.storage_path, name)
@@ -275,10 +271,6 @@ def search(
             memory=probe["params"], max_local_batch=probe["max_local_batch"],
             weight_time=request.weight_time, collective=request.collective,
             workload=workload.name, meta=meta, untrainable=untrainable)
-    finally:
-        release_workers(workers)
-        if started_ray:
-            ray.shutdown()
 
 
 def _json_options(options: dict[str, Any]) -> dict[str, Any]:

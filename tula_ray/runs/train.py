@@ -24,7 +24,6 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
-import ray
 from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
 from ray.train.torch import TorchTrainer
 from torch import nn
@@ -34,8 +33,7 @@ from trainables.training_loop import load_checkpoint_state, train_loop_per_worke
 from tula_ray.arguments import (check_bool, check_int, check_mapping, check_number, check_text,
                                 named_arguments)
 from tula_ray.cluster import (PROVISION_TIMEOUT_S_DEFAULT, Workers, check_runtime_env,
-                              check_storage_path, check_worker_request, ensure_ray,
-                              provision_workers, release_workers)
+                              check_worker_request, cluster_for_run)
 from tula_ray.planning.plan import Plan
 from tula_ray.training.strategies import (TRAINING_STRATEGY_DEFAULT, TrainingStrategy,
                                           build_strategy, get_training_strategy)
@@ -154,23 +152,18 @@ def train(
     job = _job(plan, strategy, workload, workload_options, epochs, strategy_options)
     _check_run_arguments(job, max_failures, seed, lr, fail_at_epoch)
     _dry_run(job, plan.dataset_size)
-    started_ray = ensure_ray(address, runtime_env)
     marker_dir = tempfile.mkdtemp(prefix="tula-fail-") if fail_at_epoch is not None else None
-    workers = None
     try:
-        workers = provision_workers(job.num_workers, resources, use_gpu=use_gpu,
-                                    timeout_s=provision_timeout_s)
-        check_storage_path(storage_path)
-        job = _checked_job(job, workers)
-        trainer = _trainer(job, storage_path, name, max_failures, seed, workers.use_gpu, lr,
-                           fail_at_epoch, marker_dir, workers.resources)
-        result = trainer.fit()
+        with cluster_for_run(job.num_workers, resources, address=address,
+                             runtime_env=runtime_env, use_gpu=use_gpu, storage_path=storage_path,
+                             timeout_s=provision_timeout_s) as workers:
+            job = _checked_job(job, workers)
+            trainer = _trainer(job, storage_path, name, max_failures, seed, workers.use_gpu, lr,
+                               fail_at_epoch, marker_dir, workers.resources)
+            result = trainer.fit()
     finally:
-        release_workers(workers)
         if marker_dir is not None:
             shutil.rmtree(marker_dir, ignore_errors=True)
-        if started_ray:
-            ray.shutdown()
     if result.error is not None:  # V2 raises instead; kept for a V1 Result
         raise result.error
     return TrainResult(_metrics(result), None if result.checkpoint is None

@@ -24,16 +24,14 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
-import ray
 from ray import tune
 from ray.tune.schedulers import ASHAScheduler
 from ray.tune.search.optuna import OptunaSearch
 
 from trainables.tuning_trial import METRIC, tune_trial
 from tula_ray.arguments import check_bool, check_int, check_mapping, check_number, check_text
-from tula_ray.cluster import (PROVISION_TIMEOUT_S_DEFAULT, check_runtime_env,
-                              check_storage_path, ensure_ray, provision_workers,
-                              release_workers, trial_resources)
+from tula_ray.cluster import (alive_node_resources, check_runtime_env, cluster_for_run,
+                              trial_resources, workers_that_fit)
 from tula_ray.planning.plan import Plan
 from tula_ray.runs.train import _checked_job, _dry_run, _job  # one way to resolve a plan's job
 from tula_ray.training.strategies import (TRAINING_STRATEGY_DEFAULT, TrainingStrategy,
@@ -106,13 +104,10 @@ def tune_training(plan: Plan | str | Path,
         raise ValueError(f"grace_period={grace} exceeds the {job.epochs} epochs of a trial")
     space = _search_space(get_training_strategy(job.strategy), job.global_batch)
     _dry_run(job, plan.dataset_size)
-    started_ray = ensure_ray(address, runtime_env)
-    workers = None
-    try:
-        # Refuses a cluster too small for N (or asks its autoscaler), as `train` does.
-        workers = provision_workers(job.num_workers, use_gpu=use_gpu,
-                                    timeout_s=PROVISION_TIMEOUT_S_DEFAULT)
-        check_storage_path(storage_path)  # every trial's checkpoints must reach the driver
+    # Refuses a cluster too small for N (or asks its autoscaler), as `train` does; every
+    # trial's checkpoints must reach the driver (the storage check).
+    with cluster_for_run(job.num_workers, address=address, runtime_env=runtime_env,
+                         use_gpu=use_gpu, storage_path=storage_path) as workers:
         job = _checked_job(job, workers)
         fixed = {"workload": job.spec, "workload_options": job.options,
                  "num_workers": job.num_workers, "global_batch": job.global_batch,
@@ -121,10 +116,6 @@ def tune_training(plan: Plan | str | Path,
                  "validation_fraction": validation_fraction,
                  "use_gpu": workers.use_gpu, "resources": workers.resources}
         grid = _tuner(job, fixed, space, trials, grace, seed, storage_path, name).fit()
-    finally:
-        release_workers(workers)
-        if started_ray:
-            ray.shutdown()
     return _best(grid, job)
 
 
@@ -159,9 +150,10 @@ def _tuner(job: Any, fixed: dict[str, Any], space: dict[str, Any], trials: int, 
             search_alg=OptunaSearch(seed=seed),
             scheduler=ASHAScheduler(time_attr="training_iteration", max_t=job.epochs,
                                     grace_period=grace, reduction_factor=ASHA_REDUCTION_FACTOR),
-            # N workers per trial: as many trials at once as the devices allow, at least one.
-            max_concurrent_trials=max(1, int(ray.cluster_resources().get(
-                "GPU" if fixed["use_gpu"] else "CPU", 1)) // job.num_workers)),
+            # N workers per trial: as many trials at once as the cluster holds groups of N
+            # of the provisioned workers (the same shape every trial asks for), at least one.
+            max_concurrent_trials=max(1, workers_that_fit(
+                fixed["resources"], alive_node_resources()) // job.num_workers)),
         run_config=tune.RunConfig(name=name, storage_path=storage_path))
 
 
