@@ -32,7 +32,7 @@ from benchmarks.common import provenance, spawn_gloo, spread, write_result
 from tula_ray.ags import TulaOptimizer, backward_with_refresh, register_local_gradient_hook
 from tula_ray.training.ags_strategy import NOISE_SCALE_DEFAULTS
 from tula_ray.training.measure import synthetic_batch
-from tula_ray.workloads.workload import FashionCNN, sgd
+from tula_ray.workloads import FashionCNN, sgd
 
 GLOBAL_BATCH = 1024
 TRAIN_SUBSET = 10_000  # issue 4's accuracy setup

@@ -47,7 +47,7 @@ from benchmarks.memory_accuracy import (
     true_max_local_batch,
 )
 from tula_ray.models import memory
-from tula_ray.workloads.workload import Workload, get_workload
+from tula_ray.workloads import Workload, get_workload
 
 NAME = "batch_finder"
 WORKLOAD = "fashion-mnist-cnn"

@@ -53,7 +53,7 @@ DRIVER_ONLY_SCRIPT = textwrap.dedent('''\
     from torch.utils.data import TensorDataset
 
     import tula_ray
-    from tula_ray.workloads.workload import Workload
+    from tula_ray.workloads import Workload
 
     DRIVER_PID = os.getpid()
 

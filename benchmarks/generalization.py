@@ -65,7 +65,7 @@ RECIPE_VERSIONS = {"ags": 2, "ags-ns": 2}
 
 def _run_one(run: dict[str, Any], rank: int) -> dict[str, Any]:
     from tula_ray.training.run import evaluate, prepare_run, train_epoch
-    from tula_ray.workloads.workload import get_workload
+    from tula_ray.workloads import get_workload
 
     # The per-process setup `tula_ray.train()`'s workers and `fit` share.
     prepared = prepare_run(

@@ -37,7 +37,7 @@ from benchmarks.common import RESULTS_DIR, provenance, relative_errors, spread, 
 from tula_ray.models import memory
 from tula_ray.training.measure import peak_or_none, probe_peaks
 from tula_ray.space import MIN_BATCH_DEFAULT
-from tula_ray.workloads.workload import Workload, get_workload
+from tula_ray.workloads import Workload, get_workload
 
 NAME = "memory_accuracy"
 MIN_LOCAL_BATCH = MIN_BATCH_DEFAULT // 2  # the default search: min_batch 32, cluster sizes (1, 2)

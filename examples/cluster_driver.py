@@ -25,7 +25,7 @@ from torch import nn
 from torch.utils.data import TensorDataset
 
 import tula_ray
-from tula_ray.workloads.workload import Workload
+from tula_ray.workloads import Workload
 
 SAMPLE_SHAPE = (1, 8, 8)
 NUM_CLASSES = 4

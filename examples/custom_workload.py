@@ -25,7 +25,7 @@ from torch.utils.data import TensorDataset
 
 import tula_ray
 from tula_ray.cluster import ray_session
-from tula_ray.workloads.workload import Workload
+from tula_ray.workloads import Workload
 
 NUM_CLASSES = 3  # red, green or blue dominates
 IMAGE_SIZE = 16

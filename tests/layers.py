@@ -19,7 +19,8 @@ PACKAGES = ("tula_ray", "searchers", "trainables")
 LAYERS: list[tuple[str, list[list[str]]]] = [
     ("command", [["tula_ray.cli"]]),
     ("entry points", [["tula_ray.runs.search", "tula_ray.runs.search_experiment"],
-                      ["tula_ray.runs.train", "tula_ray.runs.tune_training"],
+                      ["tula_ray.runs.train", "tula_ray.runs.tune_training",
+                       "tula_ray.runs.training_job"],
                       ["tula_ray.runs"]]),
     ("ray-facing adapters", [["searchers"], ["trainables"]]),
     ("cluster", [["tula_ray.cluster"]]),

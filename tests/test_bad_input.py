@@ -248,7 +248,7 @@ def test_train_refuses_a_workload_without_test_data(plan):
     """A search needs no test set; training scores one every epoch: refused before Ray."""
     import dataclasses
 
-    from tula_ray.workloads.workload import get_workload
+    from tula_ray.workloads import get_workload
 
     no_test = dataclasses.replace(get_workload("fashion-mnist-cnn", data="fake", fake_size=1000),
                                   test_dataset_fn=None)

@@ -23,7 +23,7 @@ import torch
 
 from tula_ray.workloads import datasets
 from tula_ray.workloads import fashion_mnist_files as files
-from tula_ray.workloads.workload import get_workload
+from tula_ray.workloads import get_workload
 
 REAL_DEBIAN_FETCH = files.fetch_debian_package  # `places` switches the downloads off
 

@@ -17,7 +17,7 @@ from torch.utils.data import TensorDataset
 import tula_ray
 from tula_ray.failures import UserCodeError
 from tula_ray.runs.search_experiment import saved_search
-from tula_ray.workloads.workload import Workload
+from tula_ray.workloads import Workload
 
 pytestmark = pytest.mark.ray
 

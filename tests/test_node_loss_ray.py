@@ -22,7 +22,7 @@ from torch.utils.data import TensorDataset
 
 import tula_ray
 from tula_ray.cluster import DRIVER_RESOURCE
-from tula_ray.workloads.workload import Workload
+from tula_ray.workloads import Workload
 
 pytestmark = pytest.mark.ray
 

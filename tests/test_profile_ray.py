@@ -16,7 +16,7 @@ from trainables.profiling_trial import profile_cluster_size  # noqa: E402
 from tula_ray.cluster import DRIVER_RESOURCE, trial_resources, worker_shape  # noqa: E402
 from tula_ray.training import measure  # noqa: E402
 from tula_ray.profile_table import PROFILE_COLUMNS, profile_frame, profile_row  # noqa: E402
-from tula_ray.workloads.workload import get_workload  # noqa: E402
+from tula_ray.workloads import get_workload  # noqa: E402
 
 pytestmark = pytest.mark.ray
 cloudpickle.register_pickle_by_value(sys.modules[__name__])  # workers cannot import tests/

@@ -27,7 +27,7 @@ from torch import nn
 from torch.utils.data import TensorDataset
 
 import tula_ray
-from tula_ray.workloads.workload import Workload
+from tula_ray.workloads import Workload
 
 
 def data():

@@ -32,7 +32,7 @@ from tula_ray.profile_table import usable
 from tula_ray.planning.search_strategies import make_search_strategy
 from tula_ray.training.strategies import TRAINING_STRATEGY_DEFAULT
 from tula_ray.workloads.check import checked
-from tula_ray.workloads.workload import Workload
+from tula_ray.workloads import Workload
 
 pytestmark = pytest.mark.ray
 

@@ -12,7 +12,7 @@ from torch import nn
 from tula_ray.training.strategies import TRAINING_STRATEGIES, build_strategy
 from tula_ray.training.run import (COLUMNS, checkpoint_state, evaluate, fit, make_loaders,
                                optimizer_hyperparameters, restore_state, train_epoch)
-from tula_ray.workloads.workload import get_workload
+from tula_ray.workloads import get_workload
 
 FAKE_SIZE, BATCH = 128, 32  # 4 steps per epoch
 AGS_OPTIONS = {"small_batch": 8}  # the default 32 needs a local batch above 32

@@ -13,7 +13,7 @@ from tula_ray.training.strategies import (BASE_BATCH_DEFAULT, TRAINING_STRATEGIE
                                           BaseStrategy, StrategySetup, base_optimizer,
                                           build_strategy, get_training_strategy, linear_scaled_lr,
                                           register_training_strategy, unregister_training_strategy)
-from tula_ray.workloads.workload import FashionCNN, get_workload
+from tula_ray.workloads import FashionCNN, get_workload
 
 
 def _build(name, global_batch=512, steps_per_epoch=4, epochs=10, **kwargs):

@@ -22,7 +22,7 @@ from tula_ray import SearchSpace, build_plan
 from tula_ray.planning.synthetic import example_params, synthetic_profiles
 from tula_ray.training.run import split_validation
 from tula_ray.training.strategies import TRAINING_STRATEGIES
-from tula_ray.workloads.workload import Workload
+from tula_ray.workloads import Workload
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])  # Ray workers cannot import tests
 

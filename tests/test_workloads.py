@@ -12,7 +12,7 @@ from tula_ray.training import measure
 from tula_ray.failures import UserCodeError
 from tula_ray.workloads.check import checked, inspect_workload
 from tula_ray.workloads.check import complete as complete_workload
-from tula_ray.workloads.workload import WORKLOADS, FashionCNN, Workload, get_workload, resolve_workload
+from tula_ray.workloads import WORKLOADS, FashionCNN, Workload, get_workload, resolve_workload
 
 
 # ----------------------------------------------------------------- registry

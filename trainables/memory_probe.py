@@ -23,7 +23,7 @@ from tula_ray.cluster import task_options
 from tula_ray.failures import UserCodeError
 from tula_ray.training.measure import Example
 from tula_ray.workloads.check import complete, inspect_workload
-from tula_ray.workloads.workload import Workload, resolve_workload
+from tula_ray.workloads import Workload, resolve_workload
 
 
 def _device(use_gpu: bool) -> str:

@@ -47,7 +47,7 @@ from trainables.strategy_cost import strategy_batch, strategy_extra_s
 from tula_ray.failures import is_out_of_memory, workload_code
 from tula_ray.training.measure import memtracker_peak_bytes, train_step
 from tula_ray.profile_table import MAX_ERROR_CHARS, STATUS_OK, STATUS_OOM, profile_row
-from tula_ray.workloads.workload import resolve_workload
+from tula_ray.workloads import resolve_workload
 
 logger = logging.getLogger(__name__)
 

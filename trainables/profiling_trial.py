@@ -35,7 +35,7 @@ from tula_ray.cluster import (WORKER_GROUP_START_RETRIES, alive_node_resources, 
 from tula_ray.failures import (FAILURE_INFRASTRUCTURE, FAILURE_OOM, FAILURE_USER_CODE,
                                UserCodeError, is_out_of_memory)
 from tula_ray.profile_table import STATUS_ERROR, STATUS_OOM, TRACEBACK_KEY, profile_row
-from tula_ray.workloads.workload import resolve_workload
+from tula_ray.workloads import resolve_workload
 
 logger = logging.getLogger(__name__)
 

@@ -25,7 +25,7 @@ import ray.train.torch
 import torch
 
 from tula_ray.training.run import checkpoint_state, evaluate, prepare_run, restore_state, train_epoch
-from tula_ray.workloads.workload import resolve_workload
+from tula_ray.workloads import resolve_workload
 
 logger = logging.getLogger(__name__)
 

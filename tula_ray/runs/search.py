@@ -31,8 +31,9 @@ from tula_ray.planning.search_strategies import (SEARCH_STRATEGIES, make_search_
                                                  with_plan_context)
 from tula_ray.space import MIN_BATCH_DEFAULT, SearchSpace, check_positive_ints
 from tula_ray.training.strategy_base import TrainingStrategy, check_option_names
-from tula_ray.training.strategies import TRAINING_STRATEGY_DEFAULT, get_training_strategy, refusals
-from tula_ray.workloads.workload import Workload, resolve_workload
+from tula_ray.training.strategies import (TRAINING_STRATEGY_DEFAULT, get_training_strategy,
+                                          portable_training_strategy, refusals)
+from tula_ray.workloads import Workload, portable_workload, resolve_workload
 from tula_ray.arguments import (check_bool, check_choice, check_int, check_mapping, check_number,
                                 check_text, named_arguments)
 from tula_ray.runs.search_experiment import (check_same_search, context_of, experiment_name,
@@ -214,9 +215,9 @@ def search(
     # once Ray is up: the driver may lack the data the workers read.
     resolved = named_arguments(resolve_workload, "workload", "workload_options")(
         workload, options)
-    spec = resolved if isinstance(workload, Workload) else workload
+    spec, sent_options = portable_workload(workload, options, resolved)
     request = _Request(
-        spec, options, resolved, tuple(sorted(set(cluster_sizes))),
+        spec, sent_options, resolved, tuple(sorted(set(cluster_sizes))),
         min_batch, max_batch, objective, strategy, dict(strategy_options or {}),
         named_arguments(parse_pricing, "pricing")(pricing), weight_time,
         device_memory_gb, headroom, collective, warmup_steps, measure_steps, storage_path, name,
@@ -257,7 +258,7 @@ def search(
                 "ray_version": ray.__version__, "experiment_path": path,
                 "resumed": saved is not None,
                 "memory_probe": probe["rows"], "errors": searcher.errors,
-                "workload_options": _json_options(request.options),
+                "workload_options": _json_options(options),
                 "training_strategy": request.training_strategy_name,
                 "training_options": _json_options(request.training_options)}
         workload = request.workload
@@ -287,8 +288,8 @@ def _json_options(options: dict[str, Any]) -> dict[str, Any]:
 def _checked(request: _Request, workload: Workload) -> _Request:
     """The request with its workload completed by the check on a worker: a user's
     Workload travels to the trials completed, so no worker looks at its data again."""
-    request = replace(request, workload=workload,
-                      spec=workload if isinstance(request.spec, Workload) else request.spec)
+    spec, options = portable_workload(request.spec, request.options, workload)
+    request = replace(request, workload=workload, spec=spec, options=options)
     _check_dataset_size(request)
     return request
 
@@ -376,7 +377,9 @@ def _profile(request: _Request, space: SearchSpace, use_gpu: bool, device_bytes:
                  "measure_seconds": request.measure_seconds, "device_memory_bytes": device_bytes,
                  "resources_per_worker": resources,
                  "provision_timeout_s": request.provision_timeout_s,
-                 "epochs": request.epochs, "training_strategy": request.training_strategy,
+                 "epochs": request.epochs,
+                 "training_strategy": None if request.training_strategy is None
+                 else portable_training_strategy(request.training_strategy),
                  "training_options": request.training_options}
     # Above the memory probe's checked bound a candidate is infeasible: the plan says so,
     # and no worker group is launched to learn it again.

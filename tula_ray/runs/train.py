@@ -14,11 +14,10 @@ starts; a cluster too small for N is refused before any worker is launched.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import shutil
 import tempfile
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -26,25 +25,20 @@ from typing import Any
 import pandas as pd
 from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
 from ray.train.torch import TorchTrainer
-from torch import nn
 
-from trainables.memory_probe import check_workload
 from trainables.training_loop import load_checkpoint_state, train_loop_per_worker
-from tula_ray.arguments import (check_bool, check_int, check_mapping, check_number, check_text,
-                                named_arguments)
-from tula_ray.cluster import (PROVISION_TIMEOUT_S_DEFAULT, Workers, check_runtime_env,
+from tula_ray.arguments import check_bool, check_int, check_mapping, check_number, check_text
+from tula_ray.cluster import (PROVISION_TIMEOUT_S_DEFAULT, check_runtime_env,
                               check_worker_request, cluster_for_run)
 from tula_ray.planning.plan import Plan
-from tula_ray.training.strategies import (TRAINING_STRATEGY_DEFAULT, TrainingStrategy,
-                                          build_strategy, get_training_strategy)
-from tula_ray.training.strategies import logger as strategies_logger
-from tula_ray.workloads.workload import Workload, resolve_workload
+from tula_ray.runs.training_job import Job, checked_on_worker, dry_run, resolve_job
+from tula_ray.training.strategies import TRAINING_STRATEGY_DEFAULT, TrainingStrategy
+from tula_ray.workloads import Workload
 
 logger = logging.getLogger(__name__)
 
 MAX_FAILURES_DEFAULT = 2  # worker-group restarts from the last checkpoint before giving up
 UNLIMITED_FAILURES = -1  # Ray's FailureConfig value for "retry forever"
-PLAN_OPTIONS_KEY = "workload_options"  # where a plan's meta may record the workload's options
 
 
 @dataclass
@@ -73,25 +67,6 @@ class TrainResult:
             raise FileNotFoundError("the run kept no checkpoint")
         with checkpoint.as_directory() as directory:  # fetched first when storage is remote
             return load_checkpoint_state(directory)
-
-
-@dataclass(frozen=True)
-class _Job:
-    """The validated arguments of one `train` call."""
-
-    spec: str | Workload  # what workers rebuild the workload from
-    options: dict[str, Any]
-    workload: Workload
-    num_workers: int
-    global_batch: int
-    epochs: int
-    strategy: str | TrainingStrategy  # what workers resolve: a registered name or the object
-    strategy_options: dict[str, Any]
-    notes: tuple[str, ...]
-
-    @property
-    def strategy_name(self) -> str:
-        return get_training_strategy(self.strategy).name
 
 
 def train(
@@ -149,15 +124,15 @@ def train(
     resources = check_worker_request(resources_per_worker, provision_timeout_s, use_gpu)
     check_runtime_env(runtime_env)
     plan = plan if isinstance(plan, Plan) else Plan.from_json(plan)
-    job = _job(plan, strategy, workload, workload_options, epochs, strategy_options)
-    _check_run_arguments(job, max_failures, seed, lr, fail_at_epoch)
-    _dry_run(job, plan.dataset_size)
+    job = resolve_job(plan, strategy, workload, workload_options, epochs, strategy_options)
+    _check_fail_at_epoch(job, fail_at_epoch)
+    dry_run(job, plan.dataset_size)
     marker_dir = tempfile.mkdtemp(prefix="tula-fail-") if fail_at_epoch is not None else None
     try:
         with cluster_for_run(job.num_workers, resources, address=address,
                              runtime_env=runtime_env, use_gpu=use_gpu, storage_path=storage_path,
                              timeout_s=provision_timeout_s) as workers:
-            job = _checked_job(job, workers)
+            job = checked_on_worker(job, workers)
             trainer = _trainer(job, storage_path, name, max_failures, seed, workers.use_gpu, lr,
                                fail_at_epoch, marker_dir, workers.resources)
             result = trainer.fit()
@@ -169,52 +144,6 @@ def train(
     return TrainResult(_metrics(result), None if result.checkpoint is None
                        else result.checkpoint.path, result, job.num_workers,
                        job.global_batch, job.strategy_name, list(job.notes))
-
-
-def _job(plan: Plan, strategy: str | TrainingStrategy, workload: str | Workload | None,
-         workload_options: dict[str, Any] | None, epochs: int | None,
-         strategy_options: dict[str, Any] | None) -> _Job:
-    resolved_strategy = get_training_strategy(strategy)
-    if workload is None:
-        spec = plan.workload
-        options = dict(plan.meta.get(PLAN_OPTIONS_KEY) or {})
-        if workload_options is not None:
-            options.update(workload_options)
-        try:
-            resolved = resolve_workload(spec, options)
-        except ValueError as exc:
-            if workload_options:  # the options the user added are what failed
-                raise ValueError(f"workload_options={workload_options!r}: {exc}") from exc
-            raise ValueError(
-                f"the plan does not record a workload this run can rebuild (it names "
-                f"{spec!r}: {exc}); pass workload= (a built-in name or a "
-                f"tula_ray.workloads.Workload)") from exc
-    else:
-        spec, options = workload, dict(workload_options or {})
-        resolved = named_arguments(resolve_workload, "workload", "workload_options")(spec, options)
-        if resolved.name != plan.workload:
-            logger.warning("training %s although the plan was made for %s: its (N, B) "
-                           "choice may not fit this workload", resolved.name, plan.workload)
-    if resolved.test_dataset_fn is None:  # optional for a search, which never evaluates
-        raise ValueError(f"workload {resolved.name!r} has no test_dataset_fn: tula_ray.train "
-                         "scores the test set after every epoch; give the Workload a "
-                         "test_dataset_fn")
-    if epochs is None:
-        epochs = resolved.epochs if "epochs" in options else plan.epochs
-    if isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 1:
-        raise ValueError(f"epochs={epochs!r}; it must be an integer >= 1")
-    n, b = plan.choice.num_workers, plan.choice.global_batch
-    if b % n:
-        raise ValueError(f"the plan's choice B={b} is not divisible by N={n}; B must be a "
-                         "multiple of N (was the plan edited by hand?)")
-    if resolved.train_size is not None:  # known without data (a built-in): refuse before Ray
-        _check_batch_fits(b, resolved)
-    # The strategy's own option and N/B checks (e.g. AGS's sub-batch < B/N), in the driver.
-    strategy_options, notes = named_arguments(resolved_strategy.check, "strategy_options")(
-        n, b, dict(strategy_options or {}))
-    for note in notes:
-        logger.warning("%s", note)
-    return _Job(spec, options, resolved, n, b, epochs, strategy, strategy_options, tuple(notes))
 
 
 def _check_arguments(*, workload_options: Any, epochs: Any, strategy_options: Any,
@@ -232,56 +161,13 @@ def _check_arguments(*, workload_options: Any, epochs: Any, strategy_options: An
     check_number("lr", lr, low=0.0, low_open=True, optional=True)
 
 
-def _check_run_arguments(job: _Job, max_failures: int, seed: int, lr: float | None,
-                         fail_at_epoch: int | None) -> None:
+def _check_fail_at_epoch(job: Job, fail_at_epoch: int | None) -> None:
     if fail_at_epoch is not None and not 0 <= fail_at_epoch < job.epochs:
         raise ValueError(f"fail_at_epoch={fail_at_epoch!r}; it must be within [0, "
                          f"{job.epochs}) for a run of {job.epochs} epochs")
 
 
-def _check_batch_fits(global_batch: int, workload: Workload) -> None:
-    if global_batch > workload.dataset_size:
-        raise ValueError(f"the plan's global batch B={global_batch} is larger than the "
-                         f"training set of {workload.name} ({workload.dataset_size} samples); "
-                         "pass workload_options with a larger train_subset or fake_size")
-
-
-def _checked_job(job: _Job, workers: Workers) -> _Job:
-    """The job with its workload checked on one worker (`trainables.memory_probe`) and
-    completed; a user's Workload travels to the workers completed."""
-    workload = check_workload(job.spec, job.options, resources=workers.resources,
-                              use_gpu=workers.use_gpu)
-    _check_batch_fits(job.global_batch, workload)
-    return replace(job, workload=workload,
-                   spec=workload if isinstance(job.spec, Workload) else job.spec)
-
-
-def _dry_run(job: _Job, dataset_size: int) -> None:
-    """Build the strategy once on a stand-in model, so a bad option value fails here and
-    not in every worker, max_failures + 1 times over. dataset_size: the plan's, for the
-    steps per epoch a scheduler is built with (the workload's data are not read here)."""
-    options = dict(job.strategy_options)
-    if options.get("source") == "local":  # needs DDP workers: check the rest as "sub-batch"
-        options.update(source="sub-batch",
-                       small_batch=options.get("small_batch", job.global_batch // job.num_workers))
-    steps = max(1, dataset_size // job.global_batch)
-    # Its notes describe one process, not the job's N workers: the workers log the real ones.
-    with _quiet(strategies_logger):
-        named_arguments(build_strategy, "strategy_options")(get_training_strategy(job.strategy), nn.Linear(1, 1), global_batch=job.global_batch,
-                       steps_per_epoch=steps, epochs=job.epochs, options=options)
-
-
-@contextlib.contextmanager
-def _quiet(log: logging.Logger):
-    previous = log.level
-    log.setLevel(logging.ERROR)
-    try:
-        yield
-    finally:
-        log.setLevel(previous)
-
-
-def _trainer(job: _Job, storage_path: str | None, name: str | None, max_failures: int,
+def _trainer(job: Job, storage_path: str | None, name: str | None, max_failures: int,
              seed: int, use_gpu: bool, lr: float | None, fail_at_epoch: int | None,
              marker_dir: str | None, resources: dict[str, float]) -> TorchTrainer:
     config: dict[str, Any] = {

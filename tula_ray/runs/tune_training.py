@@ -33,10 +33,10 @@ from tula_ray.arguments import check_bool, check_int, check_mapping, check_numbe
 from tula_ray.cluster import (alive_node_resources, check_runtime_env, cluster_for_run,
                               trial_resources, workers_that_fit)
 from tula_ray.planning.plan import Plan
-from tula_ray.runs.train import _checked_job, _dry_run, _job  # one way to resolve a plan's job
+from tula_ray.runs.training_job import checked_on_worker, dry_run, resolve_job
 from tula_ray.training.strategies import (TRAINING_STRATEGY_DEFAULT, TrainingStrategy,
                                           get_training_strategy)
-from tula_ray.workloads.workload import Workload
+from tula_ray.workloads import Workload
 
 logger = logging.getLogger(__name__)
 
@@ -97,18 +97,18 @@ def tune_training(plan: Plan | str | Path,
         check_text(label, value, optional=True)
     check_runtime_env(runtime_env)
     plan = plan if isinstance(plan, Plan) else Plan.from_json(plan)
-    job = _job(plan, strategy, workload, workload_options, epochs, {})
+    job = resolve_job(plan, strategy, workload, workload_options, epochs, {})
     grace = max(1, job.epochs // 4) if grace_period is None else grace_period
     check_int("grace_period", grace, minimum=1)
     if grace > job.epochs:
         raise ValueError(f"grace_period={grace} exceeds the {job.epochs} epochs of a trial")
     space = _search_space(get_training_strategy(job.strategy), job.global_batch)
-    _dry_run(job, plan.dataset_size)
+    dry_run(job, plan.dataset_size)
     # Refuses a cluster too small for N (or asks its autoscaler), as `train` does; every
     # trial's checkpoints must reach the driver (the storage check).
     with cluster_for_run(job.num_workers, address=address, runtime_env=runtime_env,
                          use_gpu=use_gpu, storage_path=storage_path) as workers:
-        job = _checked_job(job, workers)
+        job = checked_on_worker(job, workers)
         fixed = {"workload": job.spec, "workload_options": job.options,
                  "num_workers": job.num_workers, "global_batch": job.global_batch,
                  "epochs": job.epochs, "strategy": job.strategy,

@@ -30,7 +30,7 @@ from tula_ray.ags import (SMALL_BATCH_DEFAULT, TulaOptimizer, backward_with_refr
                           register_local_gradient_hook)
 from tula_ray.distributed import world_size
 from tula_ray.training.strategy_base import BaseStrategy, StrategySetup, check_option_names
-from tula_ray.workloads.workload import sgd
+from tula_ray.workloads import sgd
 
 logger = logging.getLogger(__name__)
 
@@ -81,6 +81,16 @@ class AdaptiveGradientScaling(BaseStrategy):
                 "delta": ("choice", [0.25, 0.5, 1.0, 2.0, None]),
                 "gain_exponent": ("uniform", 0.5, 1.0),
                 "s_max": ("loguniform", 1.0, global_batch / SMALL_BATCH_DEFAULT)}
+
+    def one_process_options(self, num_workers: int, global_batch: int,
+                            options: dict[str, Any]) -> dict[str, Any]:
+        """Source "local" reads each DDP worker's gradient, which one process has not: build
+        the rest as source "sub-batch" of the same small batch (default B / N)."""
+        options = dict(options)
+        if options.get("source") == "local":
+            options.update(source="sub-batch",
+                           small_batch=options.get("small_batch", global_batch // num_workers))
+        return options
 
     def check(self, num_workers: int, global_batch: int,
               options: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:

@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from tula_ray.failures import is_out_of_memory
-from tula_ray.workloads.workload import Workload
+from tula_ray.workloads import Workload
 
 MEMORY_STEPS_DEFAULT = 2  # step 1 creates the optimizer state; step 2 runs at steady state
 

@@ -29,7 +29,7 @@ from tula_ray.training.measure import StepTimer
 from tula_ray.training.strategies import (TRAINING_STRATEGY_DEFAULT, StrategySetup,
                                           TrainingStrategy, base_optimizer, build_strategy,
                                           get_training_strategy)
-from tula_ray.workloads.workload import (LR_DEFAULT, MOMENTUM_DEFAULT, WEIGHT_DECAY_DEFAULT, Workload,
+from tula_ray.workloads import (LR_DEFAULT, MOMENTUM_DEFAULT, WEIGHT_DECAY_DEFAULT, Workload,
                                 resolve_workload)
 
 logger = logging.getLogger(__name__)

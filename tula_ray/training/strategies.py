@@ -36,7 +36,7 @@ from tula_ray.training.ags_strategy import AdaptiveGradientScaling, NoiseScaleAG
 from tula_ray.distributed import world_size
 from tula_ray.training.strategy_base import (BaseStrategy, StrategySetup, TrainingStrategy,
                                              check_int, check_option_names)
-from tula_ray.workloads.workload import LR_DEFAULT, MOMENTUM_DEFAULT, WEIGHT_DECAY_DEFAULT, sgd
+from tula_ray.workloads import LR_DEFAULT, MOMENTUM_DEFAULT, WEIGHT_DECAY_DEFAULT, sgd
 
 logger = logging.getLogger(__name__)
 
@@ -306,7 +306,20 @@ def _polo(model: nn.Module, local: torch.optim.Optimizer, steps_per_epoch: int, 
 for _strategy in (AdaptiveGradientScaling(), NoiseScaleAGS(), LargeBatchTraining(),
                   LinearScaling("lrs"), LinearScaling("lars"), PostLocalSGD()):
     register_training_strategy(_strategy)
+BUILT_IN_TRAINING_STRATEGIES = frozenset(TRAINING_STRATEGIES)  # every process knows these
 
-__all__ = ["BASE_BATCH_DEFAULT", "TRAINING_STRATEGIES", "BaseStrategy", "StrategySetup",
-           "TrainingStrategy", "base_optimizer", "build_strategy", "get_training_strategy",
-           "linear_scaled_lr", "register_training_strategy", "unregister_training_strategy", "warmup_scheduler"]
+
+def portable_training_strategy(strategy: str | TrainingStrategy) -> str | TrainingStrategy:
+    """What to send Ray workers for a strategy: a built-in's name (they resolve it), else
+    the strategy object (a user's, or what a name registered in this process stands for:
+    the workers have not run the module that registered it)."""
+    if isinstance(strategy, str) and strategy in BUILT_IN_TRAINING_STRATEGIES:
+        return strategy
+    return get_training_strategy(strategy)
+
+
+__all__ = ["BASE_BATCH_DEFAULT", "BUILT_IN_TRAINING_STRATEGIES", "TRAINING_STRATEGIES",
+           "BaseStrategy", "StrategySetup", "TrainingStrategy", "base_optimizer",
+           "build_strategy", "get_training_strategy", "linear_scaled_lr",
+           "portable_training_strategy", "register_training_strategy",
+           "unregister_training_strategy", "warmup_scheduler"]

@@ -107,6 +107,13 @@ class BaseStrategy:
     def build(self, model: nn.Module, **kwargs: Any) -> StrategySetup:
         raise NotImplementedError
 
+    def one_process_options(self, num_workers: int, global_batch: int,
+                            options: dict[str, Any]) -> dict[str, Any]:
+        """The options to build this strategy with in one process, on a stand-in model, for
+        a job of `num_workers` at `global_batch`: the driver builds it once so that a bad
+        option value fails there, not in every worker. Default: the options as they are."""
+        return dict(options)
+
     def __repr__(self) -> str:
         return f"{type(self).__name__}(name={self.name!r})"
 

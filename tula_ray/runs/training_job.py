@@ -1,0 +1,140 @@
+"""One training job, as `train` runs it and `tune_training` runs each trial: the plan's
+(N, B), the workload and the strategy resolved and checked in the driver before any worker
+starts (`resolve_job`, `dry_run`), then the workload checked where the workers run
+(`checked_on_worker`). Ray-facing (the check is a Ray task); the training entry's own module.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from dataclasses import dataclass, replace
+from typing import Any
+
+from torch import nn
+
+from trainables.memory_probe import check_workload
+from tula_ray.arguments import named_arguments
+from tula_ray.cluster import Workers
+from tula_ray.planning.plan import Plan
+from tula_ray.training.strategies import (TrainingStrategy, build_strategy,
+                                          get_training_strategy, portable_training_strategy)
+from tula_ray.training.strategies import logger as strategies_logger
+from tula_ray.workloads import Workload, portable_workload, resolve_workload
+
+logger = logging.getLogger(__name__)
+
+PLAN_OPTIONS_KEY = "workload_options"  # where a plan's meta may record the workload's options
+
+
+@dataclass(frozen=True)
+class Job:
+    """The validated arguments of one training job (`train`, and each trial of `tune_training`)."""
+
+    spec: str | Workload  # what workers rebuild the workload from
+    options: dict[str, Any]
+    workload: Workload
+    num_workers: int
+    global_batch: int
+    epochs: int
+    strategy: str | TrainingStrategy  # what workers resolve: a registered name or the object
+    strategy_options: dict[str, Any]
+    notes: tuple[str, ...]
+
+    @property
+    def strategy_name(self) -> str:
+        return get_training_strategy(self.strategy).name
+
+
+
+def resolve_job(plan: Plan, strategy: str | TrainingStrategy, workload: str | Workload | None,
+         workload_options: dict[str, Any] | None, epochs: int | None,
+         strategy_options: dict[str, Any] | None) -> Job:
+    resolved_strategy = get_training_strategy(strategy)
+    if workload is None:
+        spec = plan.workload
+        options = dict(plan.meta.get(PLAN_OPTIONS_KEY) or {})
+        if workload_options is not None:
+            options.update(workload_options)
+        try:
+            resolved = resolve_workload(spec, options)
+        except ValueError as exc:
+            if workload_options:  # the options the user added are what failed
+                raise ValueError(f"workload_options={workload_options!r}: {exc}") from exc
+            raise ValueError(
+                f"the plan does not record a workload this run can rebuild (it names "
+                f"{spec!r}: {exc}); pass workload= (a built-in name or a "
+                f"tula_ray.workloads.Workload)") from exc
+    else:
+        spec, options = workload, dict(workload_options or {})
+        resolved = named_arguments(resolve_workload, "workload", "workload_options")(spec, options)
+        if resolved.name != plan.workload:
+            logger.warning("training %s although the plan was made for %s: its (N, B) "
+                           "choice may not fit this workload", resolved.name, plan.workload)
+    if resolved.test_dataset_fn is None:  # optional for a search, which never evaluates
+        raise ValueError(f"workload {resolved.name!r} has no test_dataset_fn: tula_ray.train "
+                         "scores the test set after every epoch; give the Workload a "
+                         "test_dataset_fn")
+    if epochs is None:
+        epochs = resolved.epochs if "epochs" in options else plan.epochs
+    if isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 1:
+        raise ValueError(f"epochs={epochs!r}; it must be an integer >= 1")
+    n, b = plan.choice.num_workers, plan.choice.global_batch
+    if b % n:
+        raise ValueError(f"the plan's choice B={b} is not divisible by N={n}; B must be a "
+                         "multiple of N (was the plan edited by hand?)")
+    if resolved.train_size is not None:  # known without data (a built-in): refuse before Ray
+        check_batch_fits(b, resolved)
+    # The strategy's own option and N/B checks (e.g. AGS's sub-batch < B/N), in the driver.
+    strategy_options, notes = named_arguments(resolved_strategy.check, "strategy_options")(
+        n, b, dict(strategy_options or {}))
+    for note in notes:
+        logger.warning("%s", note)
+    spec, options = portable_workload(spec, options, resolved)
+    return Job(spec, options, resolved, n, b, epochs, portable_training_strategy(strategy),
+               strategy_options, tuple(notes))
+
+
+def check_batch_fits(global_batch: int, workload: Workload) -> None:
+    if global_batch > workload.dataset_size:
+        raise ValueError(f"the plan's global batch B={global_batch} is larger than the "
+                         f"training set of {workload.name} ({workload.dataset_size} samples); "
+                         "pass workload_options with a larger train_subset or fake_size")
+
+
+def checked_on_worker(job: Job, workers: Workers) -> Job:
+    """The job with its workload checked on one worker (`trainables.memory_probe`) and
+    completed; a user's Workload travels to the workers completed."""
+    workload = check_workload(job.spec, job.options, resources=workers.resources,
+                              use_gpu=workers.use_gpu)
+    check_batch_fits(job.global_batch, workload)
+    spec, options = portable_workload(job.spec, job.options, workload)
+    return replace(job, workload=workload, spec=spec, options=options)
+
+
+def dry_run(job: Job, dataset_size: int) -> None:
+    """Build the strategy once on a stand-in model, so a bad option value fails here and
+    not in every worker, max_failures + 1 times over. dataset_size: the plan's, for the
+    steps per epoch a scheduler is built with (the workload's data are not read here)."""
+    strategy = get_training_strategy(job.strategy)
+    # What one process can build of a job of N workers (e.g. AGS's "local" source needs
+    # DDP workers): the strategy says (BaseStrategy.one_process_options).
+    one_process = getattr(strategy, "one_process_options", None)
+    options = dict(job.strategy_options) if one_process is None else one_process(
+        job.num_workers, job.global_batch, dict(job.strategy_options))
+    steps = max(1, dataset_size // job.global_batch)
+    # Its notes describe one process, not the job's N workers: the workers log the real ones.
+    with _quiet(strategies_logger):
+        named_arguments(build_strategy, "strategy_options")(
+            strategy, nn.Linear(1, 1), global_batch=job.global_batch, steps_per_epoch=steps,
+            epochs=job.epochs, options=options)
+
+
+@contextlib.contextmanager
+def _quiet(log: logging.Logger):
+    previous = log.level
+    log.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        log.setLevel(previous)
