@@ -29,6 +29,7 @@ import torch.distributed as dist
 from torch import nn
 
 from benchmarks.common import provenance, spawn_gloo, spread, write_result
+from benchmarks.markdown import markdown_table
 from tula_ray.ags import TulaOptimizer, backward_with_refresh, register_local_gradient_hook
 from tula_ray.training.ags_strategy import NOISE_SCALE_DEFAULTS
 from tula_ray.training.measure import synthetic_batch
@@ -126,8 +127,10 @@ def _markdown(r: dict) -> str:
     for setup, key in (("N=1", "n1"), ("N=2", "n2")):
         base = statistics.median(r[key]["epoch_seconds"]["base"])
         for kind, ratios in r["overhead"][setup].items():
-            rows.append(f"| {setup} (b={r[key]['local_batch']}) | {kind} | {base:.2f} | "
-                        f"{spread(ratios)} |")
+            rows.append([f"{setup} (b={r[key]['local_batch']})", kind, f"{base:.2f}",
+                         spread(ratios)])
+    table = markdown_table(
+        ["setup", "source / granularity", "base epoch (s, median)", "overhead"], rows)
     return f"""### AGS step-time overhead (issues 4 and 12)
 
 `{r['command']}` — commit {r['commit']}, {r['date']}, {r['machine']}
@@ -138,7 +141,5 @@ Small CNN, B={r['global_batch']}, SGD momentum 0.9, refresh once per epoch of
 process(es). Overhead = AGS epoch / base epoch - 1, median [min, max] over rounds.
 Goal: <= 3 % (issue 12: for AGS-NS, "ags-ns/local", refreshed every step).
 
-| setup | source / granularity | base epoch (s, median) | overhead |
-|---|---|---|---|
-{chr(10).join(rows)}
+{table}
 """

@@ -37,6 +37,7 @@ import warnings
 import torch
 
 from benchmarks.common import provenance, write_result
+from benchmarks.markdown import markdown_table
 from benchmarks.memory_accuracy import (
     DEVICE_MEMORY_BYTES,
     MIN_LOCAL_BATCH,
@@ -144,9 +145,8 @@ def run(quick: bool = False) -> dict:
 def _markdown(r: dict) -> str:
     true_b = r["truth"]["bound"]
 
-    def row(finder: str, trials: int, wall_s: float, bound: int, note: str) -> str:
-        return (f"| {finder} | {trials} | {wall_s:.1f} | {bound} | {bound / true_b - 1:+.1%} | "
-                f"{note} |")
+    def row(finder: str, trials: int, wall_s: float, bound: int, note: str) -> list:
+        return [finder, trials, f"{wall_s:.1f}", bound, f"{bound / true_b - 1:+.1%}", note]
 
     tula = r["tula"]
     probes = ", ".join(map(str, tula["probe_trials"]))
@@ -164,6 +164,8 @@ def _markdown(r: dict) -> str:
                 else f"{untested}tried {tried}")
         rows.append(row(f"Lightning `scale_batch_size` ({label})", run["num_trials"], run["wall_s"],
                         run["bound"], note))
+    table = markdown_table(["finder", "trials", "wall time (s)", "bound found", "vs true b", "notes"],
+                           rows)
     return f"""### Max-batch discovery: memory probe vs Lightning's BatchSizeFinder (issue 5)
 
 `{r['command']}` — commit {r['commit']}, {r['date']}, {r['machine']}; load average
@@ -179,7 +181,5 @@ and once more with an OOM emulated above the true b (binsearch, default 5 % marg
 emulated OOM fails before any compute, cheaper than a real one).
 Trials = local batches run; wall time excludes imports and Trainer construction.
 
-| finder | trials | wall time (s) | bound found | vs true b | notes |
-|---|---|---|---|---|---|
-{chr(10).join(rows)}
+{table}
 """

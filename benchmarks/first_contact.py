@@ -33,6 +33,7 @@ import time
 from pathlib import Path
 
 from benchmarks.common import RESULTS_DIR, provenance, write_result
+from benchmarks.markdown import markdown_table
 
 NAME = "first_contact"
 ROOT = Path(__file__).resolve().parents[1]
@@ -224,33 +225,35 @@ def _seconds(values: list[float]) -> str:
 
 
 def report(result: dict) -> str:
-    parts = result["parts"]
-    lines = [f"## First contact (issue 22): a bare machine, a dataset the workers cannot read",
-             "", f"`{result['command']}` at commit {result['commit']}, {result['date']}, "
-             f"{result['machine']}. Each run is a fresh process with its own local Ray, one "
-             "after the other; median [min, max] over the runs.", "",
-             "| what | goal | measured | met |", "|---|---|---|---|"]
+    parts, rows = result["parts"], []
     fresh = parts.get("fresh_clone")
     if fresh and "skipped" not in fresh:
-        lines.append(f"| README's main command in a fresh clone (HEAD {fresh['commit']}), empty "
-                     f"home, no dataset package | ends with a plan | exit {fresh['exit_code']}, "
-                     f"{fresh['wall_s']:.0f} s install included, plan written: "
-                     f"{fresh['plan_written']} | {'yes' if fresh['met'] else 'no'} |")
+        rows.append([f"README's main command in a fresh clone (HEAD {fresh['commit']}), empty "
+                     "home, no dataset package", "ends with a plan",
+                     f"exit {fresh['exit_code']}, {fresh['wall_s']:.0f} s install included, "
+                     f"plan written: {fresh['plan_written']}", "yes" if fresh["met"] else "no"])
     means = parts.get("no_means", {})
     if "skipped" not in means:
-        lines.append(f"| `tula-ray demo`, no data and no network: seconds to stop, saying what "
-                     f"to do | <= {GOAL_NO_MEANS_S:.0f} s | {_seconds(means['seconds'])}, exit "
-                     f"{sorted({o['exit_code'] for o in means['outcomes']})} | "
-                     f"{'yes' if means['met'] else 'no'} |")
+        rows.append(["`tula-ray demo`, no data and no network: seconds to stop, saying what to do",
+                     f"<= {GOAL_NO_MEANS_S:.0f} s",
+                     f"{_seconds(means['seconds'])}, exit "
+                     f"{sorted({o['exit_code'] for o in means['outcomes']})}",
+                     "yes" if means["met"] else "no"])
     driver = parts.get("driver_only_data", {})
     if driver:
         named = all(o.get("cause_named") for o in driver["outcomes"])
         trials = max(o.get("trial_dirs", -1) for o in driver["outcomes"])
-        lines.append(f"| `search()`, data only the driver reads (B = 32-256): seconds to raise, "
-                     f"cause in the exception | <= {GOAL_DRIVER_ONLY_S:.0f} s (before: "
-                     f"{BEFORE_DRIVER_ONLY_S:.0f} s, 4 trials, no cause) | "
+        rows.append(["`search()`, data only the driver reads (B = 32-256): seconds to raise, "
+                     "cause in the exception",
+                     f"<= {GOAL_DRIVER_ONLY_S:.0f} s (before: {BEFORE_DRIVER_ONLY_S:.0f} s, "
+                     "4 trials, no cause)",
                      f"{_seconds(driver['seconds'])}, cause named: {named}, trials started: "
-                     f"{trials} | {'yes' if driver['met'] else 'no'} |")
+                     f"{trials}", "yes" if driver["met"] else "no"])
+    lines = [f"## First contact (issue 22): a bare machine, a dataset the workers cannot read",
+             "", f"`{result['command']}` at commit {result['commit']}, {result['date']}, "
+             f"{result['machine']}. Each run is a fresh process with its own local Ray, one "
+             "after the other; median [min, max] over the runs.", "",
+             markdown_table(["what", "goal", "measured", "met"], rows)]
     if fresh and "skipped" not in fresh:
         lines += ["", f"- Main command: `{fresh['command']}`.",
                   f"- It printed: `{fresh['data_source']}`",

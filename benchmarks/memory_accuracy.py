@@ -34,6 +34,7 @@ import numpy as np
 import torch
 
 from benchmarks.common import RESULTS_DIR, provenance, relative_errors, spread, write_result
+from benchmarks.markdown import markdown_table
 from tula_ray.models import memory
 from tula_ray.training.measure import peak_or_none, probe_peaks
 from tula_ray.space import MIN_BATCH_DEFAULT
@@ -250,30 +251,38 @@ def _plot(models: dict, device_bytes: float, path: Path) -> None:
 
 def _markdown(r: dict) -> str:
     mb = 1e6
-    summary, rows = [], []
+    summary_rows, grid_rows = [], []
     for m in r["models"].values():
         p, bound = m["params"], m["max_local_batch"]
         checked = bound["checked"]
         held_out = m["held_out_median_rel_error"]
-        summary.append(
-            f"| {m['model']} | {', '.join(map(str, m['probe']['local_batches']))} | "
+        summary_rows.append([
+            m["model"], ", ".join(map(str, m["probe"]["local_batches"])),
             f"{p['static_bytes'] / mb:.1f} {p['overhead_bytes'] / mb:+.2f} + "
-            f"{(p['activation_bytes_per_sample'] + p['batch_bytes_per_sample']) / mb:.4f} b | "
-            f"{spread([row['rel_error'] for row in m['rows'] if row['rel_error'] is not None])} | "
-            f"{'-' if held_out is None else f'{held_out:.1%}'} | "
-            f"{bound['model_headroom']} / {bound['model_no_headroom']} | "
+            f"{(p['activation_bytes_per_sample'] + p['batch_bytes_per_sample']) / mb:.4f} b",
+            spread([row["rel_error"] for row in m["rows"] if row["rel_error"] is not None]),
+            "-" if held_out is None else f"{held_out:.1%}",
+            f"{bound['model_headroom']} / {bound['model_no_headroom']}",
             f"{checked['headroom']['bound']} / {checked['no_headroom']['bound']} "
-            f"({len(checked['headroom']['checks'])} / {len(checked['no_headroom']['checks'])}) | "
-            f"{bound['true']} | {m['refit']['median_rel_error']:.1%} | "
-            f"{m['probe']['wall_s']:.1f} + {checked['headroom']['wall_s']:.1f} |")
+            f"({len(checked['headroom']['checks'])} / {len(checked['no_headroom']['checks'])})",
+            bound["true"], f"{m['refit']['median_rel_error']:.1%}",
+            f"{m['probe']['wall_s']:.1f} + {checked['headroom']['wall_s']:.1f}"])
         for row in m["rows"]:
             probed = " (probe)" if row["probed"] else ""
             measured = ("out of memory" if row["peak_mem_bytes"] is None
                         else f"{row['peak_mem_bytes'] / mb:.1f}")
             error = "-" if row["rel_error"] is None else f"{row['rel_error']:.2%}"
-            rows.append(f"| {m['model']} | {row['local_batch']}{probed} | "
-                        f"{row['predicted_peak_mem_bytes'] / mb:.1f} | {measured} | {error} |")
-    device_mib = r["declared_device_memory_bytes"] / 2**20
+            grid_rows.append([m["model"], f"{row['local_batch']}{probed}",
+                         f"{row['predicted_peak_mem_bytes'] / mb:.1f}", measured, error])
+    device_mib, headroom = r["declared_device_memory_bytes"] / 2**20, f"{r['headroom']:.0%}"
+    summary = markdown_table(
+        ["model", "probe b", "fitted peak (MB) = static + overhead + per-sample x b",
+         "error median [min, max]", "error off the probe's b (median)",
+         f"max b: probe's fit ({headroom} / none)",
+         f"max b: checked ({headroom} / none) (checks)", "max b: true", "refit error",
+         "probe + check wall (s)"], summary_rows)
+    grid = markdown_table(["model", "local batch b", "predicted peak (MB)", "measured peak (MB)",
+                           "error"], grid_rows)
     return f"""### Memory model accuracy and max local batch (issue 5; paper eq. 3, Fig. 11a)
 
 `{r['command']}` — commit {r['commit']}, {r['date']}, {r['machine']}; load average
@@ -291,13 +300,9 @@ steps; number of checks in brackets), against the true largest b (largest local 
 whose measured peak fits, by bisection). "Refit error": eq. 3 refitted on the probe's and
 the checks' peaks (what the plan then predicts with), median over the grid.
 
-| model | probe b | fitted peak (MB) = static + overhead + per-sample x b | error median [min, max] | error off the probe's b (median) | max b: probe's fit ({r['headroom']:.0%} / none) | max b: checked ({r['headroom']:.0%} / none) (checks) | max b: true | refit error | probe + check wall (s) |
-|---|---|---|---|---|---|---|---|---|---|
-{chr(10).join(summary)}
+{summary}
 
 ![predicted vs measured peak memory](benchmarks/results/{r['plot']})
 
-| model | local batch b | predicted peak (MB) | measured peak (MB) | error |
-|---|---|---|---|---|
-{chr(10).join(rows)}
+{grid}
 """

@@ -10,10 +10,10 @@ Model accuracy, from its profiles:
                   Both models see the same measurements, so their difference is model
                   error only, not the ~15 % run-to-run noise between two searches.
 Selection (regret), per objective and pricing, by REPLAY: each strategy's rounds are run
-against the full grid's measurements (`replay`: the strategy proposes, the grid's row for
-each proposed candidate is handed back), and its plan chooses. So every strategy sees the
-same measurements and the regret is the strategy's, not run-to-run noise. The oracle is
-`policy.choose` on the measured grid. Regret = (measured metric of the choice - the
+against the full grid's measurements (`benchmarks.replay`: the strategy proposes, the grid's
+row for each proposed candidate is handed back), and its plan chooses. So every strategy
+sees the same measurements and the regret is the strategy's, not run-to-run noise. The
+oracle is `policy.choose` on the measured grid. Regret = (measured metric of the choice - the
 oracle's) / the oracle's; the metric is training time (time, knee) or cost; for the knee it
 is signed (a knee is not a minimum, so a choice can train faster than the oracle's knee).
 Search cost, LIVE (full run only): a partial and an adaptive search (the search's default
@@ -22,7 +22,8 @@ candidates, profiling wall time; seconds per extra candidate at an already-launc
 wall time inside the worker group less its own warm-up and timed steps); and the live
 searches' own choices, measured on the full grid.
 Writes prediction.{json,md}, and per workload prediction_<workload>.png and the full
-search's plan, prediction_<workload>.plan.json (`tula_ray.Plan.from_json`).
+search's plan, prediction_<workload>.plan.json (`tula_ray.Plan.from_json`); the figure,
+the goals and the markdown are `benchmarks.prediction_report`'s.
 """
 
 from __future__ import annotations
@@ -34,8 +35,11 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from benchmarks import prediction_report
 from benchmarks.common import (RESULTS_DIR, cross_search_errors, provenance,
                                relative_errors, spread, write_result)
+from benchmarks.replay import (KEY, OBJECTIVES, STRATEGIES, SearchContext, measured_at, metric_of,
+                               regret, replay)
 from tula_ray.models.pricing import (USD_PER_GB_HOUR_DEFAULT, USD_PER_NODE_HOUR_DEFAULT, FixedRate,
                               MemoryRate)
 
@@ -47,72 +51,12 @@ SEARCH = dict(cluster_sizes=(1, 2), min_batch=32)  # the demo's grid (NOTES-ENV:
 WORKLOADS = {"fashion-mnist-cnn": {"max_batch": 2048, "train_subset": 10000},
              "resnet18-fashion-mnist": {"max_batch": 1024, "train_subset": 10000}}
 QUICK_WORKLOADS = {"fashion-mnist-cnn": {"max_batch": 64, "train_subset": 2048}}
-OBJECTIVES = ("time", "cost", "knee")
 PRICINGS = {f"fixed ${USD_PER_NODE_HOUR_DEFAULT}/node-h": FixedRate(USD_PER_NODE_HOUR_DEFAULT),
             f"memory ${USD_PER_GB_HOUR_DEFAULT}/GB-h": MemoryRate(USD_PER_GB_HOUR_DEFAULT)}
-STRATEGIES = ("full", "partial", "adaptive")
 MODELS = ("full", "partial")  # the two fits compared candidate by candidate
-GOALS = {"partial_over_full": 0.25,  # paper: partial / full profiling wall time
-         "full_over_partial": 1.5,  # issue 11: full <= 1.5 x partial on the demo grid
-         "adaptive_over_full": 0.5,  # issue 11
-         "extra_candidate_s": 5.0,  # issue 11: beyond its own measured steps
-         "adaptive_regret": 0.03, "adaptive_knee_regret": 0.10,
-         "partial_median_error": 0.07, "cnn_off_corner_error": 0.10}
 # Of a search's Plan.meta; "trials" are worker-group launches (one per N and round).
 WALL_KEYS = ("trials", "probe_wall_s", "profiling_wall_s", "candidates_profiled", "rounds",
              "stop_reason")
-
-
-def _space(plan):
-    from tula_ray.space import SearchSpace
-
-    table = plan.table
-    return SearchSpace(tuple(sorted(table["num_workers"].unique().tolist())),
-                       tuple(sorted(table["global_batch"].unique().tolist())))
-
-
-def _plan_from(full_plan, rows: pd.DataFrame, strategy: str, objective: str, pricing):
-    """The plan a `strategy` search that measured `rows` makes, for this objective and
-    pricing, through `build_plan` (the product's path)."""
-    from tula_ray.planning.plan import build_plan
-
-    return build_plan(_space(full_plan), rows, epochs=full_plan.epochs,
-                      dataset_size=full_plan.dataset_size, strategy=strategy,
-                      objective=objective, pricing=pricing, memory=full_plan.memory,
-                      max_local_batch=full_plan.meta.get("max_local_batch"),
-                      collective=full_plan.perf.collective, workload=full_plan.workload)
-
-
-def replay(full_plan, strategy: str, objective: str = "knee", pricing=None):
-    """Run `strategy`'s rounds against the full grid's measurements: it proposes, the grid's
-    row for each proposed candidate is handed back (with that round's number), until it is
-    done. Returns (its plan, the rows it measured, its rounds, why it stopped)."""
-    from tula_ray.models.pricing import pricing_to_dict
-    from tula_ray.profile_table import profile_frame
-    from tula_ray.planning.search_strategies import make_search_strategy, with_plan_context
-
-    pricing = pricing or FixedRate()
-    options = with_plan_context(
-        strategy, {}, objective=objective, epochs=full_plan.epochs,
-        dataset_size=full_plan.dataset_size, pricing=pricing_to_dict(pricing),
-        collective=full_plan.perf.collective,
-        memory=None if full_plan.memory is None else full_plan.memory.to_dict(),
-        max_local_batch=full_plan.meta.get("max_local_batch"))
-
-    chooser = make_search_strategy(strategy, options)
-    profiles = profile_frame(full_plan.profiles.to_dict("records"))  # every column
-    measured = profiles.set_index(["num_workers", "global_batch"])
-    max_local = full_plan.meta.get("max_local_batch") or np.inf
-    grid = [c for c in _space(full_plan).candidates() if c.local_batch <= max_local]
-    rows = profiles.iloc[0:0].copy()
-    for round_ in range(1, 100):
-        proposal = chooser.propose(grid, rows)
-        if proposal.done:
-            break
-        picked = measured.loc[[(c.num_workers, c.global_batch) for c in proposal.candidates]]
-        rows = pd.concat([rows, picked.reset_index().assign(round=round_)], ignore_index=True)
-    plan = _plan_from(full_plan, rows, strategy, objective, pricing)
-    return plan, rows, round_ - 1, proposal.reason
 
 
 def measured_table(table: pd.DataFrame, pricing) -> pd.DataFrame:
@@ -132,7 +76,7 @@ def measured_table(table: pd.DataFrame, pricing) -> pd.DataFrame:
 
 def _measured_pick(indexed: pd.DataFrame, choice, metric: str) -> dict:
     return {"num_workers": choice.num_workers, "global_batch": choice.global_batch,
-            "measured": float(indexed.loc[(choice.num_workers, choice.global_batch), metric]),
+            "measured": measured_at(indexed, choice, metric),
             "knee_global_batch": choice.knee_global_batch, "ties": [list(t) for t in choice.ties]}
 
 
@@ -140,22 +84,23 @@ def _selection(full_plan) -> list[dict]:
     """Per objective and pricing: the oracle's pick and each strategy's (by replay)."""
     from tula_ray.planning.policy import choose
 
-    rows = []
+    context, rows = SearchContext.of_plan(full_plan), []
     for label, pricing in PRICINGS.items():
         oracle_table = measured_table(full_plan.table, pricing)
-        indexed = oracle_table.set_index(["num_workers", "global_batch"])
+        indexed = oracle_table.set_index(KEY)
         for objective in OBJECTIVES:
-            metric = "cost_usd" if objective == "cost" else "total_time_s"
+            metric = metric_of(objective)
             row = {"objective": objective, "pricing": label, "metric": metric,
                    "oracle": _measured_pick(indexed, choose(oracle_table, objective), metric)}
             for strategy in STRATEGIES:
-                plan, measured, rounds, reason = replay(full_plan, strategy, objective, pricing)
+                plan, measured, rounds, reason = replay(context, full_plan.profiles, strategy,
+                                                        objective, pricing)
                 row[strategy] = {**_measured_pick(indexed, plan.choice, metric),
                                  "candidates": len(measured), "rounds": rounds,
                                  "stop_reason": reason}
             best = row["oracle"]["measured"]
             for strategy in STRATEGIES:
-                row[f"{strategy}_regret"] = (row[strategy]["measured"] - best) / best
+                row[f"{strategy}_regret"] = regret(row[strategy]["measured"], best)
             rows.append(row)
     return rows
 
@@ -164,7 +109,8 @@ def _accuracy(full_plan) -> tuple[pd.DataFrame, dict]:
     """Per-candidate predictions of both models against the measurements, and a summary."""
     from tula_ray.planning.search_strategies import make_search_strategy
 
-    partial, _, _, _ = replay(full_plan, "partial", full_plan.objective)
+    partial, _, _, _ = replay(SearchContext.of_plan(full_plan), full_plan.profiles, "partial",
+                              full_plan.objective)
     table = full_plan.table.merge(
         partial.table[["num_workers", "global_batch", "step_time_s", "total_time_s"]],
         on=["num_workers", "global_batch"], suffixes=("_full", "_partial"))
@@ -204,15 +150,15 @@ def _live_cost(plan, full_plan) -> dict:
     from tula_ray.planning.policy import choose
 
     oracle = measured_table(full_plan.table, FixedRate())
-    indexed = oracle.set_index(["num_workers", "global_batch"])
+    indexed = oracle.set_index(KEY)
     best = choose(oracle, plan.objective)
     pick = _measured_pick(indexed, plan.choice, "total_time_s")
-    best_s = float(indexed.loc[(best.num_workers, best.global_batch), "total_time_s"])
+    best_s = measured_at(indexed, best, "total_time_s")
     extra = extra_candidate_seconds(plan.profiles)
     return {**{k: plan.meta[k] for k in WALL_KEYS}, "launch_wall_s":
             plan.profiles.groupby(["round", "num_workers"])["launch_wall_s"].max().tolist(),
             "extra_candidate_s": extra, "choice": pick, "choice_tie_break": plan.choice.tie_break,
-            "regret_vs_full_grid": (pick["measured"] - best_s) / best_s}
+            "regret_vs_full_grid": regret(pick["measured"], best_s)}
 
 
 def _saved_plans(name: str) -> dict:
@@ -258,7 +204,7 @@ def _one_workload(name: str, settings: dict, quick: bool, scratch: Path, full=No
         _, errors = cross_search_errors(live["partial"], full)
         cost["partial_vs_full_measured_spread"] = spread(errors)
     plot = f"{NAME}_{name}{suffix}.png"
-    _plot(full, table, RESULTS_DIR / plot)
+    prediction_report.plot(full, table, RESULTS_DIR / plot)
     columns = ["num_workers", "global_batch", "local_batch", "corner", "measured_step_time_s",
                "step_time_s_full", "step_time_s_partial", "measured_total_time_s",
                "total_time_s_full", "total_time_s_partial", "full_rel_error", "partial_rel_error"]
@@ -294,7 +240,7 @@ def run(quick: bool = False, full_plans: dict | None = None, from_saved: bool = 
                    for name, settings in workloads.items()}
     result = {**provenance(), "quick": quick, "workloads": results,
               "load_avg_1min": [load_before, os.getloadavg()[0]]}
-    markdown = _markdown(result)
+    markdown = prediction_report.markdown(result)
     write_result(NAME + ("_quick" if quick else ""), result, markdown)
     print(markdown)
     return result
@@ -313,189 +259,7 @@ def _reanalyse() -> dict:
     result = {**provenance(), "quick": False, "workloads": results, "reanalysed": True,
               "measured": first, "load_avg_1min": [first["load_avg_1min"][0],
                                                    last["load_avg_1min"][0]]}
-    markdown = _markdown(result)
+    markdown = prediction_report.markdown(result)
     write_result(NAME, result, markdown)
     print(markdown)
     return result
-
-
-def _plot(full_plan, table: pd.DataFrame, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    figure, axis = plt.subplots(figsize=(6.6, 4.4))
-    for n, rows in table.sort_values("global_batch").groupby("num_workers"):
-        line, = axis.plot(rows["global_batch"], rows["measured_total_time_s"], "o",
-                          label=f"N={n} measured")
-        for m, style in (("full", "-"), ("partial", "--")):
-            axis.plot(rows["global_batch"], rows[f"total_time_s_{m}"], style,
-                      color=line.get_color(), lw=1, label=f"N={n} {m} model")
-    axis.set_xscale("log", base=2)
-    axis.set(yscale="log", xlabel="global batch size B",
-             ylabel=f"training time (s), E={full_plan.epochs}, D={full_plan.dataset_size}",
-             title=f"{full_plan.workload}: measured vs predicted (eq. 2, 4a)")
-    axis.legend(fontsize=7)
-    figure.tight_layout()
-    figure.savefig(path, dpi=110)
-    plt.close(figure)
-
-
-def _pct(value) -> str:
-    return "n/a" if value is None else f"{value:.1%}"
-
-
-def _pick(p: dict, metric: str) -> str:
-    value = f"${p['measured']:.4g}" if metric == "cost_usd" else f"{p['measured']:.4g} s"
-    return f"N={p['num_workers']}, B={p['global_batch']}: {value}"
-
-
-def _live_markdown(cost: dict) -> str:
-    if not cost["live"]:
-        return "Live searches: not run (quick)."
-    rows = "\n".join(
-        f"| {s} | {c['trials']} | {c['candidates_profiled']} | {c['rounds']} | "
-        f"{c['probe_wall_s']:.0f} | {c['profiling_wall_s']:.0f} | "
-        f"{_seconds(c['launch_wall_s'])} | "
-        f"{_seconds(c['extra_candidate_s'])} | {_pick(c['choice'], 'total_time_s')} "
-        f"({c['regret_vs_full_grid']:+.1%}) | {c['stop_reason']} |"
-        for s, c in cost["live"].items())
-    r = cost["ratios"]
-    return f"""| live search | launches | candidates | rounds | probe (s) | profiling wall (s) | launch to first step (s): median [min, max] | s per extra candidate beyond its steps: median [min, max] | its knee choice, measured on the full grid (regret) | stop reason |
-|---|---|---|---|---|---|---|---|---|---|
-{rows}
-
-Profiling wall time: partial / full {r['partial_over_full']:.2f} (paper goal <= {GOALS['partial_over_full']}); full / partial {r['full_over_partial']:.2f} (goal <= {GOALS['full_over_partial']}); adaptive / full {r['adaptive_over_full']:.2f} (goal <= {GOALS['adaptive_over_full']}). The live partial search's predictions against this grid's measured step times (model error + run-to-run noise): {cost['partial_vs_full_measured_spread']}."""
-
-
-def _seconds(values) -> str:
-    if not len(values):
-        return "-"
-    values = np.asarray(values, float)
-    return f"{np.median(values):.1f} [{values.min():.1f}, {values.max():.1f}]"
-
-
-def _workload_markdown(w: dict) -> str:
-    a, cost = w["accuracy"], w["search_cost"]
-    rows = "\n".join(
-        f"| {c['num_workers']} | {c['global_batch']}{' (corner)' if c['corner'] else ''} | "
-        f"{c['measured_step_time_s'] * 1e3:.1f} | {c['step_time_s_full'] * 1e3:.1f} | "
-        f"{c['step_time_s_partial'] * 1e3:.1f} | {c['measured_total_time_s']:.1f} | "
-        f"{c['total_time_s_full']:.1f} | {c['total_time_s_partial']:.1f} | "
-        f"{c['full_rel_error']:.1%} | {c['partial_rel_error']:.1%} |" for c in w["per_candidate"])
-    selection = "\n".join(
-        f"| {s['objective']} | {s['pricing']} | {_pick(s['oracle'], s['metric'])} | "
-        + " | ".join(f"{_pick(s[m], s['metric'])} ({s[m]['candidates']} profiled) | "
-                     f"{s[f'{m}_regret']:+.1%}" for m in STRATEGIES) + " |"
-        for s in w["selection"])
-    full = cost["full"]
-    return f"""#### {w['workload']}
-
-train_subset {w['options']['train_subset']} (D = {w['dataset_size']}, E = {w['epochs']} epochs),
-N in {list(w['options']['cluster_sizes'])}, B in {w['batch_sizes']} (max local batch from the
-memory probe: {w['max_local_batch']}).
-![training time vs B, {w['workload']}](benchmarks/results/{w['plot']})
-
-| step / training-time error (eq. 2, 4a) | full model | partial model (corners only) |
-|---|---|---|
-| median [min, max] over every candidate | {a['full']['spread']} | {a['partial']['spread']} |
-| max | {a['full']['max_rel_error']:.1%} | {a['partial']['max_rel_error']:.1%} |
-| median off the partial model's corners (out of sample) | - | {_pct(a['partial']['median_rel_error_off_corners'])} |
-| leave-one-out error of the fit (median) | {_pct(a['full']['loo_median_rel_error'])} | {_pct(a['partial']['loo_median_rel_error'])} |
-| profiles fitted / form | {a['full']['num_profiles']} / {a['full']['form']} | {a['partial']['num_profiles']} / {a['partial']['form']} |
-
-| N | B | measured step (ms) | full step (ms) | partial step (ms) | measured T (s) | full T (s) | partial T (s) | full error | partial error |
-|---|---|---|---|---|---|---|---|---|---|
-{rows}
-
-Choices by replay on this grid's measurements (each strategy sees the same rows):
-
-| objective | pricing | oracle: measured grid | full: choice, measured | full regret | partial: choice, measured | partial regret | adaptive: choice, measured | adaptive regret |
-|---|---|---|---|---|---|---|---|---|
-{selection}
-
-Full search (the grid above): {full['trials']} launches, probe {full['probe_wall_s']:.0f} s, profiling {full['profiling_wall_s']:.0f} s.
-
-{_live_markdown(cost)}
-"""
-
-
-def goal_rows(r: dict) -> list[tuple[str, list, bool]]:
-    """(goal, value per workload, met on every workload) for the issue-11 goals."""
-    ws = list(r["workloads"].values())
-    out = []
-
-    def add(label, values, ok):
-        out.append((label, values, all(ok(v) for v in values if v is not None)))
-
-    sel = [{(s["objective"], s["pricing"]): s for s in w["selection"]} for w in ws]
-    worst = [max(s["adaptive_regret"] for k, s in d.items() if k[0] != "knee") for d in sel]
-    knee = [max(abs(s["adaptive_regret"]) for k, s in d.items() if k[0] == "knee") for d in sel]
-    add(f"adaptive regret, time and both costs, worst (goal <= {GOALS['adaptive_regret']:.0%})",
-        worst, lambda v: v <= GOALS["adaptive_regret"])
-    add(f"adaptive regret, knee, worst |signed| (goal <= {GOALS['adaptive_knee_regret']:.0%})",
-        knee, lambda v: v <= GOALS["adaptive_knee_regret"])
-    median = [w["accuracy"]["partial"]["median_rel_error"] for w in ws]
-    add(f"partial fit: median error over the grid (goal <= {GOALS['partial_median_error']:.0%})",
-        median, lambda v: v <= GOALS["partial_median_error"])
-    off = [w["accuracy"]["partial"]["median_rel_error_off_corners"]
-           if w["workload"] == "fashion-mnist-cnn" else None for w in ws]
-    add(f"partial fit: CNN median error off the corners (goal <= {GOALS['cnn_off_corner_error']:.0%})",
-        off, lambda v: v <= GOALS["cnn_off_corner_error"])
-    if all(w["search_cost"]["live"] for w in ws):
-        ratios = [w["search_cost"]["ratios"] for w in ws]
-        add(f"adaptive / full profiling wall (goal <= {GOALS['adaptive_over_full']})",
-            [x["adaptive_over_full"] for x in ratios], lambda v: v <= GOALS["adaptive_over_full"])
-        demo_grid = [x["full_over_partial"] if w["workload"] == "fashion-mnist-cnn" else None
-                     for x, w in zip(ratios, ws)]  # the goal is the demo's grid
-        add(f"full / partial profiling wall on the demo's grid (goal <= "
-            f"{GOALS['full_over_partial']})", demo_grid, lambda v: v <= GOALS["full_over_partial"])
-        extra = [max(max(c["extra_candidate_s"], default=0.0)
-                     for c in w["search_cost"]["live"].values()) for w in ws]
-        add(f"s per extra candidate beyond its own steps, worst (goal <= {GOALS['extra_candidate_s']:.0f})",
-            extra, lambda v: v <= GOALS["extra_candidate_s"])
-    return out
-
-
-def _goals_markdown(r: dict) -> str:
-    names = list(r["workloads"])
-    head = "| goal | " + " | ".join(names) + " | met |\n|---|" + "---|" * (len(names) + 1)
-
-    def fmt(label, v):
-        if v is None:
-            return "-"
-        return f"{v:.1f} s" if label.startswith("s per") else (
-            f"{v:.2f}" if "wall" in label else f"{v:.1%}")
-
-    body = "\n".join(f"| {label} | " + " | ".join(fmt(label, v) for v in values)
-                      + f" | {'yes' if ok else '**no**'} |" for label, values, ok in goal_rows(r))
-    return head + "\n" + body
-
-
-def _markdown(r: dict) -> str:
-    load = r["load_avg_1min"]
-    sections = "\n".join(_workload_markdown(w) for w in r["workloads"].values())
-    measured = r.get("measured")
-    origin = (f"`{r['command']}` — commit {r['commit']}, {r['date']}, {r['machine']}: the "
-              f"analysis of the plans that `{measured['command']}` measured and saved at commit "
-              f"{measured['commit']}, {measured['date']}" if measured else
-              f"`{r['command']}` — commit {r['commit']}, {r['date']}, {r['machine']}")
-    return f"""### Search strategies side by side: model accuracy, selection, cost (issues 5 and 11; paper Fig. 9, 11b, §IV-C)
-
-{origin}; 1-min load average {load[0]:.1f} {"when its first plan was saved" if measured else "before"},
-{load[1]:.1f} {"when its last was" if measured else "after"} (a shared machine: wall times depend on it).
-
-One full search per workload measures every candidate (the ground truth). The full model
-is fitted on all of them; the partial model on the same search's corner rows only (min/max
-N x min/max B), so both see the same measurements and the gap between them is model error,
-not the ~15 % run-to-run noise of step times between processes here (NOTES-ENV).
-Choices: each strategy is REPLAYED on the grid's measurements (it proposes, it is handed
-the grid's rows) and its plan chooses (`build_plan`); the oracle is `policy.choose` on the
-measured grid. Regret = (measured metric of the choice - oracle's) / oracle's; the metric
-is training time (time, knee) or cost; for the knee it is signed (a knee is not a minimum).
-Cost: a partial and an adaptive search run live right after the full one (same Ray).
-
-{_goals_markdown(r)}
-
-{sections}"""

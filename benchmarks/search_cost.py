@@ -18,6 +18,7 @@ from collections import Counter
 from pathlib import Path
 
 from benchmarks.common import provenance, write_result
+from benchmarks.markdown import markdown_table
 
 NAME = "search_cost"
 DEMO_MAX_BATCH = 2048  # the demo's default upper bound
@@ -100,14 +101,19 @@ def _markdown(r: dict) -> str:
     for strategy, runs in r["runs"].items():
         for i, x in enumerate(runs, 1):
             ties = ", ".join(f"N={n}, B={b}" for n, b in x["ties"]) or "none"
-            rows.append(f"| {strategy} | {i} | {_seconds(x['wall_s'])} | "
-                        f"{_seconds(x['probe_wall_s'])} | {_seconds(x['profiling_wall_s'])} | "
-                        f"{x['launches']} / {x['candidates']} / {x['rounds']} | "
-                        f"N={x['choice'][0]}, B={x['choice'][1]} | {ties} |")
-    verdicts = "\n".join(
-        f"| {s} | {'yes' if c['same_choice'] else 'no'} ({', '.join(f'{k}: {v}x' for k, v in c['choices'].items())}) | "
-        f"{'yes' if c['differences_named_as_ties'] else 'no'} | "
-        f"{'yes' if c['goal_met'] else '**no**'} |" for s, c in r["consistency"].items())
+            rows.append([strategy, i, _seconds(x["wall_s"]), _seconds(x["probe_wall_s"]),
+                         _seconds(x["profiling_wall_s"]),
+                         f"{x['launches']} / {x['candidates']} / {x['rounds']}",
+                         f"N={x['choice'][0]}, B={x['choice'][1]}", ties])
+    runs = markdown_table(["strategy", "run", "wall (s)", "probe (s)", "profiling (s)",
+                           "launches / candidates / rounds", "choice", "ties named"], rows)
+    verdicts = markdown_table(
+        ["strategy", "same choice every run", "a differing choice is among the ties named",
+         "goal met"],
+        [[s, f"{'yes' if c['same_choice'] else 'no'} "
+             f"({', '.join(f'{k}: {v}x' for k, v in c['choices'].items())})",
+          "yes" if c["differences_named_as_ties"] else "no",
+          "yes" if c["goal_met"] else "**no**"] for s, c in r["consistency"].items()])
     load = r["load_avg_1min"]
     return f"""### `tula-ray demo`: wall time and repeatability per search strategy (issue 11)
 
@@ -119,11 +125,7 @@ the runs one after another. Goal: profiling wall time <= {r['goal_profiling_s']:
 probe and Ray's start excluded); runs in a row choose the same candidate, or each names
 the tie it broke.
 
-| strategy | run | wall (s) | probe (s) | profiling (s) | launches / candidates / rounds | choice | ties named |
-|---|---|---|---|---|---|---|---|
-{chr(10).join(rows)}
+{runs}
 
-| strategy | same choice every run | a differing choice is among the ties named | goal met |
-|---|---|---|---|
 {verdicts}
 """

@@ -14,7 +14,9 @@ factor in [1 - noise, 1 + noise] and each row its own in [1 - noise/2, 1 + noise
 Profiling cost: LAUNCH_S per worker-group launch, and per profiled batch its warm-up and
 timed steps at the true step time plus BATCH_OVERHEAD_S. Regret: of each strategy's
 plan's choice, measured on the TRUE grid, against the choice on the true grid
-(`policy.choose`), per objective and pricing; for the knee it is signed (on time).
+(`policy.choose`), per objective and pricing; for the knee it is signed (on time). The
+search's context (grid, strategy options, `build_plan`) and the regret are those of
+`benchmarks.replay`, which the prediction benchmark's replay of recorded searches uses.
 """
 
 from __future__ import annotations
@@ -26,6 +28,8 @@ import numpy as np
 import pandas as pd
 
 from benchmarks.common import provenance, write_result
+from benchmarks.markdown import markdown_table
+from benchmarks.replay import OBJECTIVES, STRATEGIES, SearchContext, regret_on
 
 NAME = "strategy_simulation"
 CLUSTER_SIZES = (2, 4, 8, 16)  # paper §IV-B
@@ -38,8 +42,6 @@ BATCH_OVERHEAD_S = 2.0  # loader, memory check, per batch inside a launched grou
 WARMUP_STEPS, MEASURE_STEPS = 3, 8  # the profiling loop's defaults, two timed phases
 EPOCHS, DATASET = 100, 50_000  # CIFAR-10-sized training (eq. 4a)
 NOISES = (0.02, 0.05)
-STRATEGIES = ("full", "partial", "adaptive")
-OBJECTIVES = ("time", "cost", "knee")
 SEEDS = 20
 QUICK_SEEDS = 1
 
@@ -49,12 +51,13 @@ def true_step_s(n, b):
     return INTERCEPT_S + PER_SAMPLE_S * np.asarray(b, float) + SYNC_S * (1 - 1 / np.asarray(n, float))
 
 
-def _grid(cluster_sizes, batch_sizes):
+def _context(cluster_sizes, batch_sizes) -> SearchContext:
+    """The simulated searches' context: the grid, E and D, the memory probe's bound
+    (candidates above it are infeasible, not profiled)."""
     from tula_ray.space import SearchSpace
 
-    space = SearchSpace(tuple(cluster_sizes), tuple(batch_sizes))
-    # The memory probe's bound: candidates above it are infeasible, not profiled.
-    return space, [c for c in space.candidates() if c.local_batch <= MAX_LOCAL_BATCH]
+    return SearchContext(SearchSpace(tuple(cluster_sizes), tuple(batch_sizes)), EPOCHS, DATASET,
+                         MAX_LOCAL_BATCH)
 
 
 def _truth_table(space, pricing):
@@ -77,17 +80,13 @@ def simulate(strategy: str, cluster_sizes, batch_sizes, noise: float, seed: int,
     from ray.tune.search import Searcher
 
     from searchers import TulaSearcher
-    from tula_ray.planning.plan import build_plan
-    from tula_ray.models.pricing import FixedRate, pricing_to_dict
+    from tula_ray.models.pricing import FixedRate
     from tula_ray.profile_table import profile_frame
-    from tula_ray.planning.search_strategies import with_plan_context
 
     pricing = pricing or FixedRate()
-    space, grid = _grid(cluster_sizes, batch_sizes)
-    options = with_plan_context(strategy, {}, objective=objective, epochs=EPOCHS,
-                                dataset_size=DATASET, pricing=pricing_to_dict(pricing),
-                                max_local_batch=MAX_LOCAL_BATCH)
-    searcher = TulaSearcher(grid, strategy, options)
+    context = _context(cluster_sizes, batch_sizes)
+    searcher = TulaSearcher(context.grid(), strategy,
+                            context.strategy_options(strategy, objective, pricing))
     rng = np.random.default_rng(seed)
     seconds, launches = 0.0, 0
     for trial in range(1000):
@@ -111,21 +110,9 @@ def simulate(strategy: str, cluster_sizes, batch_sizes, noise: float, seed: int,
                 "peak_mem_bytes": STATIC_BYTES + BYTES_PER_SAMPLE * b / n})
         searcher.on_trial_complete(f"t{trial}")
     rows = profile_frame(searcher.profiles)
-    plan = build_plan(space, rows, epochs=EPOCHS, dataset_size=DATASET, strategy=strategy,
-                      objective=objective, pricing=pricing, max_local_batch=MAX_LOCAL_BATCH)
+    plan = context.plan(rows, strategy, objective, pricing)
     return {"plan": plan, "launches": launches, "profiling_s": seconds,
             "candidates": len(rows), "rounds": searcher.rounds}
-
-
-def _regret(plan, truth: pd.DataFrame, objective: str) -> float:
-    from tula_ray.planning.policy import choose
-
-    metric = "cost_usd" if objective == "cost" else "total_time_s"
-    oracle = choose(truth, objective)
-    indexed = truth.set_index(["num_workers", "global_batch"])
-    best = float(indexed.loc[(oracle.num_workers, oracle.global_batch), metric])
-    got = float(indexed.loc[(plan.choice.num_workers, plan.choice.global_batch), metric])
-    return (got - best) / best
 
 
 def run(quick: bool = False) -> dict:
@@ -142,10 +129,10 @@ def run(quick: bool = False) -> dict:
                 for label, pricing in pricings.items():
                     if objective != "cost" and label == "memory":
                         continue  # time and knee do not depend on the pricing
-                    truth = _truth_table(_grid(CLUSTER_SIZES, batches)[0], pricing)
+                    truth = _truth_table(_context(CLUSTER_SIZES, batches).space, pricing)
                     runs = [simulate(strategy, CLUSTER_SIZES, batches, noise, seed, objective,
                                      pricing) for seed in range(seeds)]
-                    regrets = [_regret(r["plan"], truth, objective) for r in runs]
+                    regrets = [regret_on(truth, r["plan"].choice, objective) for r in runs]
                     table.append({
                         "noise": noise, "strategy": strategy, "objective": objective,
                         "pricing": label, "launches": float(np.median([r["launches"] for r in runs])),
@@ -178,13 +165,17 @@ def run(quick: bool = False) -> dict:
 
 
 def _markdown(r: dict) -> str:
-    rows = "\n".join(
-        f"| {t['noise']:.0%} | {t['strategy']} | {t['objective']} | {t['pricing']} | "
-        f"{t['launches']:.0f} | {t['candidates']:.0f} | {t['profiling_s']:.0f} | "
-        f"{t['regret_median']:+.1%} | {t['regret_max_abs']:.1%} |" for t in r["table"])
-    growth = "\n".join(
-        f"| {g['cluster_sizes']} | {g['batch_sizes']} | {g['strategy']} | {g['launches']} | "
-        f"{g['candidates']} | {g['profiling_s']:.0f} |" for g in r["growth"])
+    table = markdown_table(
+        ["noise", "strategy", "objective", "pricing", "launches", "candidates profiled",
+         "profiling cost (s)", "regret median", "regret max abs"],
+        [[f"{t['noise']:.0%}", t["strategy"], t["objective"], t["pricing"],
+          f"{t['launches']:.0f}", f"{t['candidates']:.0f}", f"{t['profiling_s']:.0f}",
+          f"{t['regret_median']:+.1%}", f"{t['regret_max_abs']:.1%}"] for t in r["table"]])
+    growth = markdown_table(
+        ["cluster sizes", "batch sizes", "strategy", "launches", "candidates profiled",
+         "profiling cost (s)"],
+        [[g["cluster_sizes"], g["batch_sizes"], g["strategy"], g["launches"], g["candidates"],
+          f"{g['profiling_s']:.0f}"] for g in r["growth"]])
     m, grid = r["model"], r["grid"]
     return f"""### Search strategies on the paper's grid, by simulation (issue 11, item 6)
 
@@ -200,14 +191,10 @@ worker-group launch and {m['batch_overhead_s']:.0f} s per batch inside it, fed t
 Regret of the plan's choice on the true grid against the true grid's choice: median and
 largest absolute over seeds (knee: signed, on training time).
 
-| noise | strategy | objective | pricing | launches | candidates profiled | profiling cost (s) | regret median | regret max abs |
-|---|---|---|---|---|---|---|---|---|
-{rows}
+{table}
 
 How the cost grows with the grid (knee, 5 % noise, one seed):
 
-| cluster sizes | batch sizes | strategy | launches | candidates profiled | profiling cost (s) |
-|---|---|---|---|---|---|
 {growth}
 """
 

@@ -35,7 +35,7 @@ TUNED_SUFFIX = " tuned"  # label of a strategy's runs with its tuned configurati
 def tuning_plan(world_size: int, global_batch: int, train_subset: int, epochs: int):
     """A plan whose choice is (world_size, global_batch) for the benchmark's CNN and
     subset: `tune_training` tunes at a plan's choice. Its step times are synthetic
-    (`tula_ray.synthetic`): tuning reads only the workload, its options, N, B and E."""
+    (`tula_ray.planning.synthetic`): tuning reads only the workload, its options, N, B and E."""
     from tula_ray.planning.plan import build_plan
     from tula_ray.planning.policy import Choice
     from tula_ray.space import SearchSpace

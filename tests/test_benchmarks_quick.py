@@ -92,13 +92,13 @@ def test_batch_finder_quick():
 def test_generalization_quick():
     """Two gloo workers (torch.multiprocessing), one seed, one epoch, every strategy."""
     from benchmarks import generalization
+    from benchmarks.generalization_runs import QUICK, REFERENCE_BATCH, STRATEGY_RUNS
 
     result = generalization.run(quick=True)
-    labels = {"reference", *generalization.STRATEGY_RUNS}
+    labels = {"reference", *STRATEGY_RUNS}
     assert {(row["global_batch"], row["label"]) for row in result["summary"]} == (
-        {(generalization.REFERENCE_BATCH, "reference")}
-        | {(b, label) for b in generalization.QUICK["batches"]
-           for label in generalization.STRATEGY_RUNS})
+        {(REFERENCE_BATCH, "reference")}
+        | {(b, label) for b in QUICK["batches"] for label in STRATEGY_RUNS})
     for run in result["runs"]:
         assert run["label"] in labels and len(run["history"]) == 1
         assert 0.0 <= run["test_accuracy"] <= 1.0

@@ -6,7 +6,7 @@ from types import SimpleNamespace
 
 import pandas as pd
 
-from benchmarks import generalization, tuning
+from benchmarks import generalization_report, generalization_runs, tuning
 
 STRATEGIES = {"lrs": ("lrs", {}), "lars": ("lars", {"trust": 0.02})}
 
@@ -46,8 +46,8 @@ def test_the_tuning_plan_names_the_benchmarks_workload_and_batch():
 def test_tuned_configurations_are_run_at_every_batch_and_a_retuning_is_not_reused():
     record = {"label": "lrs", "strategy": "lrs", "lr": 0.02, "strategy_options": {},
               "global_batch": 1024}
-    runs = generalization._plan_runs(1000, 2, (0, 1), (512, 1024, 2048),
-                                     tuned={"lrs": record})
+    runs = generalization_runs.plan_runs(1000, 2, (0, 1), (512, 1024, 2048),
+                                         tuned={"lrs": record})
     tuned = [r for r in runs if r["label"] == "lrs tuned"]
     # Batch by batch, the tuning's batch first, every seed of a batch before the next.
     assert [(r["global_batch"], r["seed"]) for r in tuned] == [
@@ -55,10 +55,11 @@ def test_tuned_configurations_are_run_at_every_batch_and_a_retuning_is_not_reuse
     assert all(r["lr"] == 0.02 and r["tuned_at"] == 1024 for r in tuned)
     recipe = [r for r in runs if r["label"] == "lrs"]
     assert recipe and all("lr" not in r for r in recipe)  # the recipe's own LR
-    again = generalization._plan_runs(1000, 2, (0,), (512,),
-                                      tuned={"lrs": {**record, "lr": 0.03}})
-    old_keys = {generalization._key(r) for r in tuned}
-    assert not old_keys & {generalization._key(r) for r in again if r["label"] == "lrs tuned"}
+    again = generalization_runs.plan_runs(1000, 2, (0,), (512,),
+                                          tuned={"lrs": {**record, "lr": 0.03}})
+    old_keys = {generalization_runs.run_key(r) for r in tuned}
+    assert not old_keys & {generalization_runs.run_key(r) for r in again
+                           if r["label"] == "lrs tuned"}
 
 
 def _row(batch, label, accuracy, seeds=3, diverged=0):
@@ -75,14 +76,14 @@ def test_the_goals_compare_the_best_ags_with_the_best_rival_and_skip_unfinished_
                _row(2048, "ags-ns", 0.79, diverged=1),
                *[_row(2048, label, 0.70) for label in ("lbt", "lrs", "lars", "polo")]]
     goals = {(g["goal"].split(":")[0].split(",")[0], g["global_batch"]): g
-             for g in generalization._goals(summary, (1024, 2048), seeds=3)}
+             for g in generalization_report._goals(summary, (1024, 2048), seeds=3)}
     untuned = goals["untuned", 1024]
     assert (untuned["ags"], untuned["rival"], untuned["met"]) == ("ags-ns", "lrs", True)
     assert goals["tuned", 1024]["met"] is None  # polo tuned has 2 of 3 seeds
     assert goals["untuned", 2048]["met"] is False  # better than every baseline, but diverged
     near = goals["best AGS", 1024]
     assert (near["ags"], near["rival"], near["met"]) == ("ags-ns", "reference", True)
-    assert "not finished" in generalization._goals_markdown(list(goals.values()))
+    assert "not finished" in generalization_report._goals_markdown(list(goals.values()))
 
 
 def test_the_safest_strategy_has_no_diverged_seed_and_the_smallest_worst_shortfall():
@@ -90,8 +91,8 @@ def test_the_safest_strategy_has_no_diverged_seed_and_the_smallest_worst_shortfa
                _row(512, "ags-ns", 0.86), _row(2048, "ags-ns", 0.78),
                _row(512, "lars", 0.82), _row(2048, "lars", 0.79),
                _row(512, "polo", 0.90, seeds=2), _row(2048, "polo", 0.90)]  # not finished
-    ranked = generalization._shortfalls(summary, (512, 2048), 3,
-                                        ["lrs", "ags-ns", "lars", "polo"])
+    ranked = generalization_report._shortfalls(summary, (512, 2048), 3,
+                                               ["lrs", "ags-ns", "lars", "polo"])
     assert [r["label"] for r in ranked] == ["ags-ns", "lars", "lrs"]
     assert abs(ranked[0]["worst_shortfall"] - 0.02) < 1e-9  # 0.80 - 0.78 at 2048
     assert abs(ranked[1]["worst_shortfall"] - 0.05) < 1e-9  # 0.87 - 0.82 at 512
@@ -99,9 +100,9 @@ def test_the_safest_strategy_has_no_diverged_seed_and_the_smallest_worst_shortfa
 
 
 def test_the_ablation_runs_beside_the_recipes_but_not_in_quick_mode():
-    runs = generalization._plan_runs(1000, 2, (0,), (512,))
+    runs = generalization_runs.plan_runs(1000, 2, (0,), (512,))
     ablation = [r for r in runs if r["label"] == "ags-ns p=1/2"]
     assert [(r["strategy"], r["options"], r["global_batch"]) for r in ablation] == [
         ("ags-ns", {"gain_exponent": 0.5}, 512)]
-    quick = generalization._plan_runs(1000, 2, (0,), (512,), quick=True)
-    assert {r["label"] for r in quick} == {"reference", *generalization.STRATEGY_RUNS}
+    quick = generalization_runs.plan_runs(1000, 2, (0,), (512,), quick=True)
+    assert {r["label"] for r in quick} == {"reference", *generalization_runs.STRATEGY_RUNS}
