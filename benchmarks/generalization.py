@@ -39,7 +39,8 @@ from benchmarks.generalization_runs import (EPOCHS, LARGE_BATCHES, STRATEGY_RUNS
                                             WORLD_SIZE, read_runs, run_key, variant)
 
 def _run_one(run: dict[str, Any], rank: int) -> dict[str, Any]:
-    from tula_ray.training.run import evaluate, prepare_run, train_epoch
+    from tula_ray.training.epochs import evaluate, train_epoch
+    from tula_ray.training.run import prepare_run
     from tula_ray.workloads import get_workload
 
     # The per-process setup `tula_ray.train()`'s workers and `fit` share.

@@ -48,8 +48,7 @@ class SearchContext:
         from tula_ray.space import SearchSpace
 
         table = plan.table
-        space = SearchSpace(tuple(sorted(table["num_workers"].unique().tolist())),
-                            tuple(sorted(table["global_batch"].unique().tolist())))
+        space = SearchSpace.of_pairs(table["num_workers"], table["global_batch"])
         return cls(space, plan.epochs, plan.dataset_size, plan.meta.get("max_local_batch"),
                    plan.perf.collective, plan.memory, plan.workload)
 

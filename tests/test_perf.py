@@ -6,7 +6,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 from tula_ray.models import perf
 from tula_ray.profile_table import profile_frame
 from tula_ray.planning.search_strategies import make_search_strategy
-from tula_ray.space import SearchSpace
+from tula_ray.space import SearchSpace, corners
 from paper_profiles import paper_profiles as synthetic_profiles
 
 SPACE = SearchSpace.build((1, 2, 4, 8), min_batch=32, max_batch=2048)
@@ -68,7 +68,7 @@ def test_convex_compute_takes_the_power_form():
     """On 2 CPU cores a step costs ~b^1.12 (NOTES-ENV: 10x the time for 8x the data)."""
     curves = {n: perf.ComputeCurve(0.0, 3e-4, 1.12) for n in SPACE.cluster_sizes}
     true = perf.PerfParams(curves, curves[1], 0.01, "ring")
-    fitted = perf.fit(synthetic_profiles(SPACE.extremes(), true, noise=0.0))
+    fitted = perf.fit(synthetic_profiles(corners(SPACE.candidates()), true, noise=0.0))
     assert fitted.compute[1].exponent == pytest.approx(1.12)
     grid = synthetic_profiles(SPACE.candidates(), true, noise=0.0)
     assert median_rel_error(fitted, grid) < 1e-6
@@ -77,7 +77,7 @@ def test_convex_compute_takes_the_power_form():
 def test_sync_that_grows_with_the_batch_is_recovered():
     true = perf.PerfParams({}, perf.ComputeCurve(2e-3, 2e-4), 0.004, "ring",
                            sync_per_unit_per_sample_s=5e-5)
-    fitted = perf.fit(synthetic_profiles(SPACE.extremes(), true, noise=0.0))
+    fitted = perf.fit(synthetic_profiles(corners(SPACE.candidates()), true, noise=0.0))
     assert fitted.sync_per_unit_s == pytest.approx(0.004, rel=1e-6)
     assert fitted.sync_per_unit_per_sample_s == pytest.approx(5e-5, rel=1e-6)
 
@@ -94,8 +94,8 @@ def test_partial_fit_from_extremes_predicts_the_grid(true, seed):
 def test_partial_uses_only_the_corner_rows():
     profiles = synthetic_profiles(SPACE.candidates(), truth(2e-3, 1e-4, 0.01, 0.3), seed=1)
     partial, full = make_search_strategy("partial"), make_search_strategy("full")
-    corners = partial.fit_rows(profiles)
-    assert sorted(zip(corners["num_workers"], corners["global_batch"])) == [
+    fitted_rows = partial.fit_rows(profiles)
+    assert sorted(zip(fitted_rows["num_workers"], fitted_rows["global_batch"])) == [
         (1, 32), (1, 2048), (8, 32), (8, 2048)]
     # Moving any non-corner row must not change a partial fit.
     moved = profiles.copy()

@@ -5,7 +5,7 @@ import pandas as pd
 import pytest
 
 from tula_ray.planning.plan import Plan, build_plan
-from tula_ray.space import SearchSpace
+from tula_ray.space import SearchSpace, corners
 from paper_profiles import paper_profiles as synthetic_profiles
 from tula_ray.planning.synthetic import example_params
 
@@ -13,7 +13,7 @@ SPACE = SearchSpace.build((1, 2), min_batch=32, max_batch=1024)
 
 
 def make_plan(**kwargs):
-    profiles = synthetic_profiles(SPACE.extremes(), example_params(), seed=2)
+    profiles = synthetic_profiles(corners(SPACE.candidates()), example_params(), seed=2)
     options = dict(epochs=5, dataset_size=10000, strategy="partial", objective="knee")
     options.update(kwargs)
     return build_plan(SPACE, profiles, **options)
@@ -229,7 +229,7 @@ def test_training_times_include_the_strategys_measured_cost_per_step():
     """Issue 14, item 7: strategy_extra_s, measured once per worker group, is added to
     every step of that N (eq. 4a with t_step + extra); an N where it was not measured
     takes the nearest measured N's; a negative difference (noise) adds nothing."""
-    profiles = synthetic_profiles(SPACE.extremes(), example_params(), seed=2)
+    profiles = synthetic_profiles(corners(SPACE.candidates()), example_params(), seed=2)
     first = (profiles["num_workers"] == 2) & (profiles["global_batch"] == 32)
     profiles.loc[first, "strategy_extra_s"] = 0.004
     plain = build_plan(SPACE, profiles.drop(columns="strategy_extra_s"), epochs=5,

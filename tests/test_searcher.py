@@ -9,7 +9,7 @@ from searchers import TulaSearcher
 from tula_ray.planning import search_strategies
 from tula_ray.profile_table import profile_frame
 from tula_ray.planning.search_strategies import SEARCH_STRATEGIES, Proposal, make_search_strategy, register_search_strategy
-from tula_ray.space import Candidate, SearchSpace
+from tula_ray.space import Candidate, SearchSpace, corners
 
 SPACE = SearchSpace.build((1, 2, 4), min_batch=32, max_batch=256)
 
@@ -173,10 +173,10 @@ def test_a_fourth_strategy_is_one_registration(diagonal):
 def test_partial_fit_rows_are_the_corners_of_what_was_measured():
     rows = profile_frame([ok_row(n, b) for n in (1, 2, 4) for b in (32, 64, 128)]
                          + [{**ok_row(1, 256), "status": "oom", "step_time_s": None}])
-    corners = make_search_strategy("partial").fit_rows(rows)
-    assert sorted(zip(corners["num_workers"], corners["global_batch"])) == [
+    fitted = make_search_strategy("partial").fit_rows(rows)
+    assert sorted(zip(fitted["num_workers"], fitted["global_batch"])) == [
         (1, 32), (1, 128), (4, 32), (4, 128)]
-    assert SPACE.extremes() == [Candidate(1, 32), Candidate(1, 256), Candidate(4, 32),
+    assert corners(SPACE.candidates()) == [Candidate(1, 32), Candidate(1, 256), Candidate(4, 32),
                                 Candidate(4, 256)]
 
 

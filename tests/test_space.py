@@ -1,7 +1,7 @@
 import pytest
 from hypothesis import given, strategies as st
 
-from tula_ray.space import Candidate, SearchSpace, geometric, powers_of_two
+from tula_ray.space import Candidate, SearchSpace, geometric, powers_of_two, corners
 
 
 def test_defaults_are_powers_of_two_and_geometric_batches():
@@ -14,7 +14,7 @@ def test_defaults_are_powers_of_two_and_geometric_batches():
 
 def test_extremes_are_the_corners():
     space = SearchSpace.build((2, 4, 8), batch_sizes=(32, 64, 128))
-    assert space.extremes() == [Candidate(2, 32), Candidate(2, 128), Candidate(8, 32),
+    assert corners(space.candidates()) == [Candidate(2, 32), Candidate(2, 128), Candidate(8, 32),
                                 Candidate(8, 128)]
 
 

@@ -13,7 +13,7 @@ import tula_ray
 from tula_ray import SearchSpace, build_plan
 from tula_ray.training.strategies import build_strategy
 from tula_ray.planning.synthetic import example_params, synthetic_profiles
-from tula_ray.training.run import restore_state
+from tula_ray.training.checkpoints import restore_state
 from tula_ray.workloads import get_workload
 
 pytestmark = pytest.mark.ray

@@ -10,8 +10,10 @@ import torch
 from torch import nn
 
 from tula_ray.training.strategies import TRAINING_STRATEGIES, build_strategy
-from tula_ray.training.run import (COLUMNS, checkpoint_state, evaluate, fit, make_loaders,
-                               optimizer_hyperparameters, restore_state, train_epoch)
+from tula_ray.training.run import COLUMNS, fit, optimizer_hyperparameters
+from tula_ray.training.checkpoints import checkpoint_state, restore_state
+from tula_ray.training.epochs import evaluate, train_epoch
+from tula_ray.training.data import make_loaders
 from tula_ray.workloads import get_workload
 
 FAKE_SIZE, BATCH = 128, 32  # 4 steps per epoch

@@ -232,8 +232,9 @@ def _polo_steps(model, setup, data: torch.Generator, steps: int) -> list[torch.T
 
 
 def _two_rank_worker(rank: int, out_dir: str) -> None:
-    from tula_ray.training.run import (checkpoint_state, evaluate, make_loaders, restore_state,
-                                   train_epoch)
+    from tula_ray.training.checkpoints import checkpoint_state, restore_state
+    from tula_ray.training.epochs import evaluate, train_epoch
+    from tula_ray.training.data import make_loaders
 
     # PoLo: synchronous for 1 epoch of 4 steps, then local, averaging every 2 steps.
     polo_kwargs = {"global_batch": 16, "steps_per_epoch": 4, "epochs": 3,

@@ -20,7 +20,7 @@ from torch.utils.data import TensorDataset
 import tula_ray
 from tula_ray import SearchSpace, build_plan
 from tula_ray.planning.synthetic import example_params, synthetic_profiles
-from tula_ray.training.run import split_validation
+from tula_ray.training.data import split_validation
 from tula_ray.training.strategies import TRAINING_STRATEGIES
 from tula_ray.workloads import Workload
 

@@ -71,7 +71,8 @@ def build_trainer(config: dict[str, Any], callbacks: list | None = None) -> Torc
 
     config: num_workers, global_batches, workload, workload_options, use_gpu
     (default: the cluster has GPUs), resources_per_worker (one worker's, as in Ray's
-    ScalingConfig; default `tula_ray.cluster.worker_shape`'s one device), warmup_steps, measure_steps, measure_seconds,
+    ScalingConfig; default `tula_ray.cluster.worker_shape`'s one device), warmup_steps,
+    measure_steps, measure_seconds,
     device_memory_bytes, storage_path (default: Ray's, ~/ray_results), and the loop's
     other keys.
     """

@@ -24,7 +24,9 @@ import ray.train
 import ray.train.torch
 import torch
 
-from tula_ray.training.run import checkpoint_state, evaluate, prepare_run, restore_state, train_epoch
+from tula_ray.training.checkpoints import checkpoint_state, restore_state
+from tula_ray.training.epochs import evaluate, train_epoch
+from tula_ray.training.run import prepare_run
 from tula_ray.workloads import resolve_workload
 
 logger = logging.getLogger(__name__)

@@ -233,8 +233,7 @@ def _replay(args: argparse.Namespace) -> None:
         epochs, dataset_size = old.epochs, old.dataset_size
         for key in ("training_strategy", "training_options"):
             meta[key] = old.meta.get(key)
-        space = SearchSpace(tuple(old.table["num_workers"].unique().tolist()),
-                            tuple(old.table["global_batch"].unique().tolist()))
+        space = SearchSpace.of_pairs(old.table["num_workers"], old.table["global_batch"])
         if "trainable" in old.table:  # what the plan's training strategy cannot train
             refused = old.table[~old.table["trainable"].astype(bool)]
             untrainable = {(int(n), int(b)): reason.removeprefix(UNTRAINABLE) for n, b, reason
@@ -243,8 +242,7 @@ def _replay(args: argparse.Namespace) -> None:
     else:
         profiles = pd.read_csv(args.profiles, keep_default_na=False, na_values=[""])
         workload, epochs, dataset_size = args.profiles.stem, args.epochs, args.dataset_size
-        space = SearchSpace(tuple(profiles["num_workers"].astype(int).unique().tolist()),
-                            tuple(profiles["global_batch"].astype(int).unique().tolist()))
+        space = SearchSpace.of_pairs(profiles["num_workers"], profiles["global_batch"])
     plan = build_plan(space, profiles, epochs=epochs, dataset_size=dataset_size,
                       strategy=args.search_strategy, objective=args.objective,
                       pricing=args.pricing,

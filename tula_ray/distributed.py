@@ -11,6 +11,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch import nn
 
 
 def is_distributed() -> bool:
@@ -69,3 +70,9 @@ def average_tensors_over_ranks(tensors: list[torch.Tensor], process_group: Any =
     for tensor in tensors:
         dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=process_group)
         tensor.div_(world)
+
+
+def unwrapped(model: nn.Module) -> nn.Module:
+    """The model inside a DistributedDataParallel wrapper (the model itself otherwise): what
+    a checkpoint saves and a plain, collective-free forward runs."""
+    return model.module if isinstance(model, nn.parallel.DistributedDataParallel) else model

@@ -132,12 +132,15 @@ class SearchSpace:
             batch_sizes = geometric(min_batch, max_batch, growth)
         return cls(tuple(cluster_sizes), tuple(batch_sizes))
 
+    @classmethod
+    def of_pairs(cls, num_workers: Iterable[int], global_batches: Iterable[int]) -> "SearchSpace":
+        """The space spanned by recorded (N, B) pairs (e.g. a profile table's columns): every
+        N and every B they name."""
+        return cls(tuple(sorted({int(n) for n in num_workers})),
+                   tuple(sorted({int(b) for b in global_batches})))
+
     def candidates(self) -> list[Candidate]:
         return [Candidate(n, b) for n in self.cluster_sizes for b in self.batch_sizes]
-
-    def extremes(self) -> list[Candidate]:
-        """The corners (min/max N) x (min/max B): what partial search profiles (paper §III-A2)."""
-        return corners(self.candidates())
 
     def bounded(self, max_local_batch: int, max_global_batch: int | None = None) -> "SearchSpace":
         """Drop batch sizes no cluster size can run: B > max N x max local batch.

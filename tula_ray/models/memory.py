@@ -293,9 +293,3 @@ def _secant_bound(peaks: dict[int, float | None], limit: float, last: int) -> in
     while bound > 0 and p2 + slope * (bound - b2) > aim:
         bound -= 1
     return bound
-
-
-def relative_errors(params: MemoryParams, local_batches, peak_bytes) -> np.ndarray:
-    """|predicted - measured| / measured for each measured peak."""
-    measured = np.asarray(peak_bytes, dtype=float)
-    return np.abs(predict_peak_bytes(params, local_batches) - measured) / measured

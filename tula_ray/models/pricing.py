@@ -128,20 +128,21 @@ def pricing_from_dict(data: dict[str, Any]) -> Pricing:
 
 
 def parse_pricing(spec: Pricing | dict | str) -> Pricing:
-    """A Pricing from an object, a dict, or "fixed", "fixed:2.48", "memory", "memory:0.15"."""
+    """A Pricing from an object, a dict, or a string: a registered kind, alone or with its
+    first parameter after a colon: "fixed", "fixed:2.48" (USD per node-hour), "memory",
+    "memory:0.15" (USD per GB-hour), "per-second", or a kind `register_pricing` added."""
     if isinstance(spec, dict):
         return pricing_from_dict(spec)
     if isinstance(spec, str):
         kind, _, rate = spec.partition(":")
+        if kind not in PRICINGS:
+            raise ValueError(f"pricing {spec!r} is not understood; use 'fixed', "
+                             "'fixed:USD_PER_NODE_HOUR', 'memory' or 'memory:USD_PER_GB_HOUR', "
+                             f"another registered kind ({sorted(PRICINGS)}), or a Pricing object")
         try:
-            if kind == "fixed":
-                return FixedRate(float(rate)) if rate else FixedRate()
-            if kind == "memory":
-                return MemoryRate(float(rate)) if rate else MemoryRate()
+            return PRICINGS[kind](float(rate)) if rate else PRICINGS[kind]()
         except ValueError as error:
             raise ValueError(f"pricing {spec!r}: {error}") from None
-        raise ValueError(f"pricing {spec!r} is not understood; use 'fixed', 'fixed:USD_PER_NODE_HOUR',"
-                         " 'memory' or 'memory:USD_PER_GB_HOUR', or a Pricing object")
     if isinstance(spec, Pricing):
         return spec
     raise ValueError(f"pricing {spec!r} is not a Pricing, a dict or a string")

@@ -81,8 +81,8 @@ class AdaptiveSearch:
         corners = self._corners.propose(grid, rows)
         if not corners.done:
             return Proposal(corners.candidates, "adaptive search, first round: " + corners.reason)
-        space = SearchSpace(tuple(sorted({c.num_workers for c in grid})),
-                            tuple(sorted({c.global_batch for c in grid})))
+        space = SearchSpace.of_pairs([c.num_workers for c in grid],
+                                     [c.global_batch for c in grid])
         memory = None if self.memory is None else memory_model.MemoryParams.from_dict(self.memory)
         plan = build_plan(space, rows, strategy=self.name, memory=memory, **self.context)
         choice = plan.choice

@@ -156,8 +156,9 @@ def register_search_strategy(name: str, factory: Callable[..., SearchStrategy]) 
 def make_search_strategy(name: str, options: dict[str, Any] | None = None) -> SearchStrategy:
     """The registered strategy `name`, built with `options`; a clear error otherwise."""
     if name not in SEARCH_STRATEGIES:
-        raise ValueError(f"search strategy {name!r} is unknown; use one of {sorted(SEARCH_STRATEGIES)} "
-                         "(or add one with tula_ray.planning.search_strategies.register_search_strategy)")
+        raise ValueError(f"search strategy {name!r} is unknown; use one of "
+                         f"{sorted(SEARCH_STRATEGIES)} (or add one with "
+                         "tula_ray.register_search_strategy)")
     try:
         return SEARCH_STRATEGIES[name](**dict(options or {}))
     except TypeError as exc:

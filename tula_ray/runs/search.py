@@ -79,7 +79,8 @@ def _check_arguments(a: dict[str, Any]) -> None:
 def _validate(r: "_Request") -> None:
     """What depends on several arguments or on the workload."""
     # An unknown name or option fails here.
-    named_arguments(make_search_strategy, "strategy", "strategy_options")(r.strategy, r.strategy_options)
+    named_arguments(make_search_strategy, "strategy", "strategy_options")(
+        r.strategy, r.strategy_options)
     if r.training_strategy is not None:
         strategy = named_arguments(get_training_strategy, "training_strategy")(r.training_strategy)
         named_arguments(check_option_names, "training_options")(strategy, r.training_options)
@@ -339,7 +340,8 @@ def _bounded_space(request: _Request, resources: dict[str, float], use_gpu: bool
             f"min_batch={request.min_batch} does not fit: the memory model allows at most a "
             f"local batch of {max_local} ({device_bytes / 1e9:.3g} GB device memory, headroom "
             f"{request.headroom:.0%}), so B <= {bound}; lower min_batch or declare more memory")
-    space = SearchSpace.build(sizes, min_batch=request.min_batch, max_batch=bound)
+    space = SearchSpace.build(sizes, min_batch=request.min_batch, max_batch=largest).bounded(
+        max_local, largest)
     return request, space, probe, device_bytes
 
 

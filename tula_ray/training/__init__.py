@@ -3,7 +3,10 @@
   strategy_base  the protocol every training strategy follows, and its setup;
   strategies     the registry and the paper's baselines (LBT, LRS, LARS, PoLo);
   ags_strategy   AGS and AGS-NS as training strategies over tula_ray.ags;
-  run            loaders, the epoch loop, evaluation, checkpoints, `fit` (one process);
+  data           loaders and the validation split;
+  epochs         one epoch of a strategy, one evaluation pass;
+  checkpoints    save and resume a run exactly;
+  run            a run assembled (`prepare_run`), and `fit`: one run in this process;
   measure        one step, its time and its peak memory (what profiling measures).
 
 Core: no Ray; the Ray Train worker loops in trainables/ call these.

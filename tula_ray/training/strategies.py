@@ -88,7 +88,8 @@ def get_training_strategy(strategy: str | TrainingStrategy) -> TrainingStrategy:
     """A registered strategy by name, or the object itself."""
     if isinstance(strategy, str):
         if strategy not in TRAINING_STRATEGIES:
-            raise ValueError(f"strategy {strategy!r} is unknown; use one of {tuple(TRAINING_STRATEGIES)}")
+            raise ValueError(f"strategy {strategy!r} is unknown; use one of "
+                             f"{tuple(TRAINING_STRATEGIES)}")
         return TRAINING_STRATEGIES[strategy]
     if isinstance(strategy, TrainingStrategy):
         return strategy

@@ -1,0 +1,68 @@
+"""The data of a training run: its loaders (one shard per rank under torch.distributed)
+and a validation split held out of the training set (what tuning is judged on). The order
+depends on (seed, epoch) only: the sampler's `set_epoch(epoch)` reshuffles
+deterministically, so a resumed run sees the same batches. No Ray here (core module).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch.utils.data import DataLoader, DistributedSampler, Subset
+
+from tula_ray.workloads import Workload
+
+
+EVAL_BATCH = 1000  # test-set batch: no gradients are kept, so it can exceed the training batch
+
+
+# The held-out validation split (tuning) is drawn with its own fixed seed, not the run's:
+# every trial of a tuning run, whatever its seed, is judged on the same samples.
+VALIDATION_SPLIT_SEED = 0
+
+
+def make_loaders(workload: Workload, batch: int, *, seed: int, num_replicas: int = 1,
+                 rank: int = 0, pin_memory: bool = False, validation_fraction: float = 0.0
+                 ) -> tuple[DataLoader, DataLoader]:
+    """(train, test) loaders for replica `rank` of `num_replicas`, `batch` samples per step each.
+
+    validation_fraction > 0: a split of that share of the TRAINING set (drawn with
+    `VALIDATION_SPLIT_SEED`) is held out and served instead of the test set, which
+    stays untouched (tuning: `tula_ray.tune_training`); training uses the rest.
+
+    Training: shuffled by a DistributedSampler seeded with `seed` (its `set_epoch`,
+    called by `train_epoch`, makes the order a function of (seed, epoch)); the last
+    incomplete batch is dropped. Test: this replica's contiguous share of the whole
+    test set, unshuffled, so `evaluate`'s all-reduced sums cover every sample once.
+    pin_memory: page-locked batches, for faster copies to a CUDA device (`prepare_run`
+    sets it when training on CUDA).
+    """
+    train_set = workload.train_dataset_fn()
+    if validation_fraction:
+        train_set, test_set = split_validation(train_set, validation_fraction)
+    else:
+        test_set = workload.test_dataset_fn()
+    if len(train_set) < batch * num_replicas:  # type: ignore[arg-type]
+        raise ValueError(f"batch={batch} x {num_replicas} replicas exceeds the training set "
+                         f"({len(train_set)} samples): no full batch")  # type: ignore[arg-type]
+    sampler = DistributedSampler(train_set, num_replicas=num_replicas, rank=rank, shuffle=True,
+                                 seed=seed, drop_last=True)
+    # The generator keeps the loader from drawing its base seed from the global RNG.
+    train = DataLoader(train_set, batch_size=batch, sampler=sampler, drop_last=True,
+                       generator=torch.Generator().manual_seed(seed), pin_memory=pin_memory)
+    share = Subset(test_set, range(rank, len(test_set), num_replicas))  # type: ignore[arg-type]
+    return train, DataLoader(share, batch_size=EVAL_BATCH, shuffle=False, pin_memory=pin_memory)
+
+
+def split_validation(dataset: Any, fraction: float) -> tuple[Subset, Subset]:
+    """(training part, validation part) of `dataset`: `fraction` of it, at least one sample,
+    drawn at random with `VALIDATION_SPLIT_SEED` (a dataset sorted by label still splits fairly)."""
+    if not 0 < fraction < 1:
+        raise ValueError(f"validation_fraction={fraction!r}: need 0 < fraction < 1")
+    size = len(dataset)
+    held_out = max(1, int(round(size * fraction)))
+    if held_out >= size:
+        raise ValueError(f"validation_fraction={fraction} leaves no training sample of {size}")
+    order = torch.randperm(size, generator=torch.Generator().manual_seed(VALIDATION_SPLIT_SEED))
+    return Subset(dataset, order[held_out:].tolist()), Subset(dataset, order[:held_out].tolist())
