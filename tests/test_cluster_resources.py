@@ -17,11 +17,20 @@ CLUSTER_YAML = Path(__file__).parents[1] / "cluster.yaml"
 
 
 @pytest.mark.parametrize("resources", [
-    [("CPU", 4)], {}, {"CPU": 0}, {"CPU": -1}, {"CPU": True}, {"CPU": "4"},
-    {"CPU": float("nan")}, {"CPU": float("inf")}, {"GPU": 1.5}, {1: 2}, {"": 1},
-    {"CPU": 0.00001}])
+    {}, {"CPU": 0}, {"CPU": -1}, {"CPU": float("nan")}, {"CPU": float("inf")}, {"GPU": 1.5},
+    {"": 1}, {"CPU": 0.00001}])
 def test_bad_worker_resources_are_named(resources):
     with pytest.raises(ValueError, match="resources_per_worker"):
+        check_resources_per_worker(resources)
+
+
+@pytest.mark.parametrize("resources, message", [
+    ([("CPU", 4)], r"resources_per_worker=\[\('CPU', 4\)\]; it must be a dict"),
+    ({"CPU": True}, r"resources_per_worker\['CPU'\]=True; it must be a number"),
+    ({"CPU": "4"}, r"resources_per_worker\['CPU'\]='4'; it must be a number"),
+    ({1: 2}, "resources_per_worker has the key 1; keys must be strings")])
+def test_worker_resources_of_the_wrong_type_are_named(resources, message):
+    with pytest.raises(TypeError, match=message):
         check_resources_per_worker(resources)
 
 
@@ -32,14 +41,16 @@ def test_worker_resources_as_ray_takes_them():
     assert check_resources_per_worker({"GPU": 2}) == {"GPU": 2.0}
 
 
-@pytest.mark.parametrize("resources, timeout_s, use_gpu, message", [
-    ({"CPU": 2}, -1, None, "provision_timeout_s=-1"),
-    ({"CPU": 2}, "soon", None, "provision_timeout_s='soon'"),
-    ({"CPU": 2}, 10, True, "use_gpu=True contradicts"),
-    ({"CPU": 1, "GPU": 1}, 10, False, "use_gpu=False contradicts")])
-def test_worker_request_is_checked(resources, timeout_s, use_gpu, message):
-    with pytest.raises(ValueError, match=message):
+@pytest.mark.parametrize("resources, timeout_s, use_gpu, error, message", [
+    ({"CPU": 2}, -1, None, ValueError, r"provision_timeout_s=-1.0; .* \[0.0, inf\] \(seconds"),
+    ({"CPU": 2}, "soon", None, TypeError, "provision_timeout_s='soon'; it must be a number"),
+    ({"CPU": 2}, 10, True, ValueError, "use_gpu=True contradicts"),
+    ({"CPU": 1, "GPU": 1}, 10, False, ValueError, "use_gpu=False contradicts")])
+def test_worker_request_is_checked(resources, timeout_s, use_gpu, error, message):
+    with pytest.raises(error, match=message):
         check_worker_request(resources, timeout_s, use_gpu)
+    assert check_worker_request(resources, float("inf"), None) == {  # no time limit
+        name: float(amount) for name, amount in resources.items()}
 
 
 def test_bad_worker_resources_fail_before_ray_starts(tmp_path):

@@ -18,14 +18,18 @@ def test_extremes_are_the_corners():
                                 Candidate(8, 128)]
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    (dict(cluster_sizes=(), batch_sizes=(32,)), "cluster_sizes is empty"),
-    (dict(cluster_sizes=(0, 2), batch_sizes=(32,)), "contains 0"),
-    (dict(cluster_sizes=(2,), batch_sizes=(-32,)), "contains -32"),
-    (dict(cluster_sizes=(3,), batch_sizes=(32,)), "32 is not divisible by cluster size 3"),
+@pytest.mark.parametrize("kwargs, error, message", [
+    (dict(cluster_sizes=(), batch_sizes=(32,)), ValueError, "cluster_sizes is empty"),
+    (dict(cluster_sizes=(0, 2), batch_sizes=(32,)), ValueError,
+     r"cluster_sizes\[0\]=0; it must be an integer >= 1"),
+    (dict(cluster_sizes=(2,), batch_sizes=(-32,)), ValueError, r"batch_sizes\[0\]=-32"),
+    (dict(cluster_sizes=(2, 4.0), batch_sizes=(32,)), TypeError,
+     r"cluster_sizes\[1\]=4.0; it must be an integer"),
+    (dict(cluster_sizes=(3,), batch_sizes=(32,)), ValueError,
+     "32 is not divisible by cluster size 3"),
 ])
-def test_bad_spaces_name_the_value(kwargs, message):
-    with pytest.raises(ValueError, match=message):
+def test_bad_spaces_name_the_value(kwargs, error, message):
+    with pytest.raises(error, match=message):
         SearchSpace(**kwargs)
 
 

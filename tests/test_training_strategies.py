@@ -104,11 +104,8 @@ def test_ags_options_reach_the_optimizer():
     ("lbt", {"options": {"warmup_epochs": 1}}, r"option 'warmup_epochs' .* allowed: none"),
     ("ags", {"options": {"warmup_epochs": 1}},
      "option 'warmup_epochs' is unknown for strategy 'ags'"),
-    ("ags", {"options": [("delta", 0.5)]}, "options must be a dict"),
-    ("lbt", {"global_batch": 0}, "global_batch=0: must be an integer >= 1"),
-    ("lbt", {"global_batch": 64.0}, "global_batch=64.0"),
+    ("lbt", {"global_batch": 0}, "global_batch=0; it must be an integer >= 1"),
     ("lbt", {"steps_per_epoch": 0}, "steps_per_epoch=0"),
-    ("lbt", {"epochs": True}, "epochs=True"),
     ("lbt", {"lr": 0.0}, "lr=0.0"),
     ("lrs", {"options": {"base_batch": 0}}, "base_batch=0"),
     ("lrs", {"options": {"warmup_epochs": -1}}, "warmup_epochs=-1"),
@@ -120,6 +117,19 @@ def test_ags_options_reach_the_optimizer():
 ])
 def test_bad_inputs_name_the_value_and_what_is_allowed(name, kwargs, message):
     with pytest.raises(ValueError, match=message):
+        _build(name, **kwargs)
+
+
+@pytest.mark.parametrize("name, kwargs, message", [
+    ("lbt", {"global_batch": 64.0}, "global_batch=64.0; it must be an integer >= 1"),
+    ("lbt", {"epochs": True}, "epochs=True; it must be an integer >= 1"),
+    ("lbt", {"lr": "0.1"}, "lr='0.1'; it must be a number"),
+    ("lrs", {"options": {"base_batch": 32.0}}, "base_batch=32.0; it must be an integer"),
+    ("ags", {"options": [("delta", 0.5)]},
+     r"options=\[\('delta', 0.5\)\]; it must be a dict or None \(the options of strategy 'ags'"),
+])
+def test_inputs_of_the_wrong_type_are_a_type_error(name, kwargs, message):
+    with pytest.raises(TypeError, match=message):
         _build(name, **kwargs)
 
 

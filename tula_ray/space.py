@@ -11,6 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
+from tula_ray.arguments import check_int
+
 MIN_BATCH_DEFAULT = 32  # paper §IV-B
 BATCH_GROWTH_DEFAULT = 2  # paper §IV-B: batches grow exponentially
 
@@ -39,16 +41,14 @@ def check_positive_ints(name: str, values: Iterable[int]) -> tuple[int, ...]:
     values = tuple(values)
     if not values:
         raise ValueError(f"{name} is empty; give at least one positive integer")
-    for value in values:
-        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-            raise ValueError(f"{name} contains {value!r}; only positive integers are allowed")
+    for index, value in enumerate(values):
+        check_int(f"{name}[{index}]", value, minimum=1)
     return tuple(sorted(set(values)))
 
 
 def _check_range(name: str, low: int, high: int) -> None:
     for label, value in ((f"min_{name}", low), (f"max_{name}", high)):
-        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-            raise ValueError(f"{label}={value!r}; it must be a positive integer")
+        check_int(label, value, minimum=1)
     if low > high:
         raise ValueError(
             f"min_{name}={low} is larger than max_{name}={high}; min must be <= max"
@@ -58,8 +58,7 @@ def _check_range(name: str, low: int, high: int) -> None:
 def geometric(low: int, high: int, growth: int = BATCH_GROWTH_DEFAULT) -> tuple[int, ...]:
     """low, low*growth, low*growth^2, ... while <= high."""
     _check_range("batch", low, high)
-    if isinstance(growth, bool) or not isinstance(growth, int) or growth < 2:
-        raise ValueError(f"growth={growth!r}; it must be an integer >= 2")
+    check_int("growth", growth, minimum=2)
     values = [low]
     while values[-1] * growth <= high:
         values.append(values[-1] * growth)

@@ -65,6 +65,7 @@ from tula_ray.ags.equations import (DELTA_DEFAULT, EMA_DECAY_DEFAULT, EPS_DEFAUL
                                     GAIN_EXPONENT_PAPER, GRANULARITIES, REFRESH_EPOCH,
                                     SMALL_BATCH_DEFAULT, SOURCES, gain_ratio,
                                     gradient_variability, max_scale, scale_factor)
+from tula_ray.arguments import check_choice, check_int
 from tula_ray.distributed import average_tensors_over_ranks, world_size
 
 # In every param group (a scheduler may set them); delta None: the gate off.
@@ -373,14 +374,16 @@ def _validate(base_optimizer: Any, large_batch: int, small_batch: int, refresh_e
                         f"not {type(base_optimizer).__name__}")
     if isinstance(base_optimizer, TulaOptimizer):
         raise TypeError("base_optimizer is already a TulaOptimizer; wrap the plain optimizer once")
-    if not (isinstance(small_batch, int) and isinstance(large_batch, int)
-            and 0 < small_batch < large_batch):
-        raise ValueError(f"small_batch={small_batch!r}, large_batch={large_batch!r}: need integers "
-                         "with 0 < small_batch < large_batch")
-    if refresh_every != REFRESH_EPOCH and not (isinstance(refresh_every, int)
-                                               and refresh_every >= 1):
-        raise ValueError(f"refresh_every={refresh_every!r}: use {REFRESH_EPOCH!r} or a number "
-                         "of steps >= 1")
+    check_int("small_batch", small_batch, minimum=1)
+    check_int("large_batch", large_batch, minimum=1)
+    if not small_batch < large_batch:
+        raise ValueError(f"small_batch={small_batch!r}, large_batch={large_batch!r}: need "
+                         "0 < small_batch < large_batch")
+    if isinstance(refresh_every, str):
+        check_choice("refresh_every", refresh_every, (REFRESH_EPOCH,),
+                     hint="or a number of steps >= 1")
+    else:
+        check_int("refresh_every", refresh_every, minimum=1, hint=f"or {REFRESH_EPOCH!r}")
     if granularity not in GRANULARITIES:
         raise ValueError(f"granularity={granularity!r} is unknown; use one of {GRANULARITIES}")
     if source not in SOURCES:

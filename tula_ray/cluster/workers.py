@@ -15,6 +15,7 @@ from typing import Any
 import ray
 import yaml
 
+from tula_ray.arguments import check_mapping, check_number
 from tula_ray.cluster.session import DRIVER_RESOURCE
 
 logger = logging.getLogger(__name__)
@@ -66,16 +67,15 @@ def check_resources_per_worker(resources: Any) -> dict[str, float] | None:
         return None
     allowed = ("a dict of resource name -> positive number, e.g. {'CPU': 4} or "
                "{'CPU': 8, 'GPU': 1} (None: one GPU, or one CPU, per worker)")
-    if not isinstance(resources, dict) or not resources:
+    check_mapping("resources_per_worker", resources, hint=allowed)
+    if not resources:
         raise ValueError(f"resources_per_worker={resources!r}; it must be {allowed}")
     checked = {}
     for name, amount in resources.items():
-        if not isinstance(name, str) or not name:
+        if not name:
             raise ValueError(f"resources_per_worker has the key {name!r}; it must be {allowed}")
-        if (isinstance(amount, bool) or not isinstance(amount, (int, float))
-                or not math.isfinite(amount) or amount < RESOURCE_PRECISION):
-            raise ValueError(f"resources_per_worker[{name!r}]={amount!r}; each amount must be "
-                             f"a number >= {RESOURCE_PRECISION} (Ray's resolution)")
+        check_number(f"resources_per_worker[{name!r}]", amount, low=RESOURCE_PRECISION,
+                     hint="Ray's resolution")
         if name == "GPU" and amount > 1 and amount != int(amount):
             raise ValueError(f"resources_per_worker['GPU']={amount!r}; more than one GPU per "
                              "worker must be a whole number (fractions only below 1)")
@@ -88,10 +88,8 @@ def check_worker_request(resources_per_worker: Any, provision_timeout_s: Any,
     """Check the worker arguments of `search`/`train` before Ray starts; returns the
     checked `resources_per_worker`."""
     resources = check_resources_per_worker(resources_per_worker)
-    if (isinstance(provision_timeout_s, bool) or not isinstance(provision_timeout_s, (int, float))
-            or not provision_timeout_s >= 0):
-        raise ValueError(f"provision_timeout_s={provision_timeout_s!r}; it must be a number of "
-                         "seconds >= 0 (how long to wait for the autoscaler's nodes)")
+    check_number("provision_timeout_s", provision_timeout_s, low=0.0, high=math.inf,
+                 hint="seconds to wait for the autoscaler's nodes")
     if use_gpu is not None and resources is not None and use_gpu != (resources.get("GPU", 0) > 0):
         raise ValueError(f"use_gpu={use_gpu!r} contradicts resources_per_worker={resources!r}; "
                          "give GPU in resources_per_worker exactly when use_gpu is True (or "

@@ -14,6 +14,8 @@ from typing import TYPE_CHECKING, Callable, Iterable
 
 import numpy as np
 
+from tula_ray.arguments import check_int
+
 if TYPE_CHECKING:
     import torch
 
@@ -176,8 +178,7 @@ def device_budget_bytes(device_bytes: float, *, grad_bytes: float, num_workers: 
     """
     if not device_bytes > 0:
         raise ValueError(f"device_bytes={device_bytes!r}; it must be positive")
-    if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 1:
-        raise ValueError(f"num_workers={num_workers!r}; it must be an integer >= 1")
+    check_int("num_workers", num_workers, minimum=1)
     for name, value in (("grad_bytes", grad_bytes), ("in_use_bytes", in_use_bytes),
                         ("nccl_buffer_bytes", nccl_buffer_bytes)):
         if not value >= 0:

@@ -7,11 +7,12 @@ saved Plan.
 
 from __future__ import annotations
 
-import math
 from dataclasses import asdict, dataclass
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
+
+from tula_ray.arguments import check_number
 
 SECONDS_PER_HOUR = 3600.0
 BYTES_PER_GB = 1e9  # the paper prices "per GB" of device memory
@@ -27,11 +28,6 @@ class Pricing(Protocol):
     def cost_usd(self, time_s, num_workers, peak_mem_bytes) -> np.ndarray: ...
 
     def to_dict(self) -> dict[str, Any]: ...
-
-
-def _positive(name: str, value: float) -> None:
-    if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
-        raise ValueError(f"{name}={value!r}; it must be a positive finite number")
 
 
 def fixed_rate_cost_usd(time_s, num_workers, usd_per_node_hour: float) -> np.ndarray:
@@ -53,7 +49,7 @@ class FixedRate:
     usd_per_node_hour: float = USD_PER_NODE_HOUR_DEFAULT
 
     def __post_init__(self) -> None:
-        _positive("usd_per_node_hour", self.usd_per_node_hour)
+        check_number("usd_per_node_hour", self.usd_per_node_hour, low=0.0, low_open=True)
 
     def cost_usd(self, time_s, num_workers, peak_mem_bytes=None) -> np.ndarray:
         return fixed_rate_cost_usd(time_s, num_workers, self.usd_per_node_hour)
@@ -69,7 +65,7 @@ class MemoryRate:
     usd_per_gb_hour: float = USD_PER_GB_HOUR_DEFAULT
 
     def __post_init__(self) -> None:
-        _positive("usd_per_gb_hour", self.usd_per_gb_hour)
+        check_number("usd_per_gb_hour", self.usd_per_gb_hour, low=0.0, low_open=True)
 
     def cost_usd(self, time_s, num_workers, peak_mem_bytes) -> np.ndarray:
         return memory_rate_cost_usd(time_s, num_workers, peak_mem_bytes, self.usd_per_gb_hour)
@@ -89,9 +85,8 @@ class PerSecondBilling:
     minimum_s: float = MINIMUM_BILLED_S_DEFAULT
 
     def __post_init__(self) -> None:
-        _positive("usd_per_node_hour", self.usd_per_node_hour)
-        if not (math.isfinite(self.minimum_s) and self.minimum_s >= 0):
-            raise ValueError(f"minimum_s={self.minimum_s!r}; it must be >= 0")
+        check_number("usd_per_node_hour", self.usd_per_node_hour, low=0.0, low_open=True)
+        check_number("minimum_s", self.minimum_s, low=0.0)
 
     def cost_usd(self, time_s, num_workers, peak_mem_bytes=None) -> np.ndarray:
         billed_s = np.maximum(np.ceil(np.asarray(time_s, dtype=float)), self.minimum_s)

@@ -7,10 +7,12 @@ strategy registered from its own module, as a user's would be.
 
 from __future__ import annotations
 
+import math
 from typing import Any, Sequence
 
 import pandas as pd
 
+from tula_ray.arguments import check_int, check_number
 from tula_ray.models import memory as memory_model
 from tula_ray.planning.plan import build_plan
 from tula_ray.planning.search_strategies import (PartialSearch, Proposal, candidate_key,
@@ -52,11 +54,9 @@ class AdaptiveSearch:
                  pricing: Any = "fixed", weight_time: float = 0.5, collective: str = "ring",
                  memory: dict | None = None, max_local_batch: int | None = None) -> None:
         for label, value in (("max_rounds", max_rounds), ("max_launches", max_launches)):
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int)
-                                      or value < 1):
-                raise ValueError(f"{label}={value!r}; it must be an integer >= 1 or None")
-        if max_seconds is not None and not max_seconds > 0:
-            raise ValueError(f"max_seconds={max_seconds!r}; it must be > 0 or None")
+            check_int(label, value, minimum=1, optional=True)
+        check_number("max_seconds", max_seconds, low=0.0, low_open=True, high=math.inf,
+                     optional=True)
         self.max_rounds, self.max_launches, self.max_seconds = max_rounds, max_launches, max_seconds
         self.context = dict(objective=objective, epochs=epochs, dataset_size=dataset_size,
                             pricing=pricing, weight_time=weight_time, collective=collective,

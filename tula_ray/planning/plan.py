@@ -19,6 +19,7 @@ from typing import Any, Mapping
 import numpy as np
 import pandas as pd
 
+from tula_ray.arguments import check_int
 from tula_ray.models import memory as memory_model
 from tula_ray.models import perf
 from tula_ray.failures import describe_errors
@@ -235,8 +236,7 @@ def build_plan(
     """
     strategy = deprecated_mode(strategy, mode)
     for name, value in (("epochs", epochs), ("dataset_size", dataset_size)):
-        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value <= 0:
-            raise ValueError(f"{name}={value!r}; it must be a positive integer")
+        check_int(name, value, minimum=1, numpy=True)
     pricing = parse_pricing(pricing)
     profiles = profile_frame(profiles.to_dict("records"))
     params = perf.fit(make_search_strategy(strategy).fit_rows(profiles), collective=collective,

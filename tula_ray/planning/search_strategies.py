@@ -22,6 +22,7 @@ from typing import Any, Callable, Protocol, Sequence
 
 import pandas as pd
 
+from tula_ray.arguments import check_text
 from tula_ray.profile_table import STATUS_OK, oom_local_batch, usable
 from tula_ray.space import Candidate, corners
 
@@ -148,8 +149,7 @@ def with_plan_context(name: str, options: dict[str, Any] | None,
 def register_search_strategy(name: str, factory: Callable[..., SearchStrategy]) -> None:
     """Add a search strategy: `factory(**options)` returns an object with `name`,
     `propose(grid, rows)` and `fit_rows(rows)` (see `SearchStrategy`)."""
-    if not isinstance(name, str) or not name:
-        raise ValueError(f"strategy name {name!r}; it must be a non-empty string")
+    check_text("name", name, hint="the search strategy's name")
     SEARCH_STRATEGIES[name] = factory
 
 

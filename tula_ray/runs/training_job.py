@@ -14,7 +14,7 @@ from typing import Any
 from torch import nn
 
 from trainables.memory_probe import check_workload
-from tula_ray.arguments import named_arguments
+from tula_ray.arguments import check_int, named_arguments
 from tula_ray.cluster import Workers
 from tula_ray.planning.plan import Plan
 from tula_ray.training.strategies import (TrainingStrategy, build_strategy,
@@ -58,9 +58,11 @@ def resolve_job(plan: Plan, strategy: str | TrainingStrategy, workload: str | Wo
             options.update(workload_options)
         try:
             resolved = resolve_workload(spec, options)
-        except ValueError as exc:
+        except (ValueError, TypeError) as exc:
             if workload_options:  # the options the user added are what failed
-                raise ValueError(f"workload_options={workload_options!r}: {exc}") from exc
+                raise type(exc)(f"workload_options={workload_options!r}: {exc}") from exc
+            if isinstance(exc, TypeError):
+                raise
             raise ValueError(
                 f"the plan does not record a workload this run can rebuild (it names "
                 f"{spec!r}: {exc}); pass workload= (a built-in name or a "
@@ -77,8 +79,7 @@ def resolve_job(plan: Plan, strategy: str | TrainingStrategy, workload: str | Wo
                          "test_dataset_fn")
     if epochs is None:
         epochs = resolved.epochs if "epochs" in options else plan.epochs
-    if isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 1:
-        raise ValueError(f"epochs={epochs!r}; it must be an integer >= 1")
+    check_int("epochs", epochs, minimum=1)
     n, b = plan.choice.num_workers, plan.choice.global_batch
     if b % n:
         raise ValueError(f"the plan's choice B={b} is not divisible by N={n}; B must be a "

@@ -18,6 +18,7 @@ from typing import Callable
 import torch
 from torch import nn
 
+from tula_ray.arguments import check_int
 from tula_ray.failures import is_out_of_memory
 from tula_ray.workloads import Workload
 
@@ -103,8 +104,7 @@ def peak_memory_bytes(
     below num_classes (the workload's, or given). device: default CUDA when available.
     Raises torch.OutOfMemoryError when a CUDA device runs out.
     """
-    if isinstance(local_batch, bool) or not isinstance(local_batch, int) or local_batch <= 0:
-        raise ValueError(f"local_batch={local_batch!r}; it must be a positive integer")
+    check_int("local_batch", local_batch, minimum=1)
     if steps < 1:
         raise ValueError(f"steps={steps!r}; at least one step is needed to see a peak")
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))

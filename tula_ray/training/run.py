@@ -17,6 +17,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader
 
+from tula_ray.arguments import check_int
 from tula_ray.training.data import make_loaders
 from tula_ray.training.epochs import evaluate, train_epoch
 from tula_ray.training.strategies import (TRAINING_STRATEGY_DEFAULT, StrategySetup,
@@ -82,8 +83,7 @@ def prepare_run(workload: str | Workload, *, global_batch: int,
     """
     workload = resolve_workload(workload)
     epochs = workload.epochs if epochs is None else epochs
-    if isinstance(global_batch, bool) or not isinstance(global_batch, int) or global_batch < 1:
-        raise ValueError(f"global_batch={global_batch!r}: must be an integer >= 1")
+    check_int("global_batch", global_batch, minimum=1)
     if global_batch % num_replicas:
         raise ValueError(f"global_batch={global_batch} is not divisible by num_workers="
                          f"{num_replicas}; B must be a multiple of N")

@@ -32,10 +32,11 @@ from typing import Any, Iterable
 import torch
 from torch import nn
 
+from tula_ray.arguments import check_int, check_number, check_text
 from tula_ray.training.ags_strategy import AdaptiveGradientScaling, NoiseScaleAGS
 from tula_ray.distributed import world_size
 from tula_ray.training.strategy_base import (BaseStrategy, StrategySetup, TrainingStrategy,
-                                             check_int, check_option_names)
+                                             check_option_names)
 from tula_ray.workloads import LR_DEFAULT, MOMENTUM_DEFAULT, WEIGHT_DECAY_DEFAULT, sgd
 
 logger = logging.getLogger(__name__)
@@ -70,8 +71,7 @@ def register_training_strategy(strategy: TrainingStrategy) -> TrainingStrategy:
     if not isinstance(strategy, TrainingStrategy):
         raise TypeError(f"{strategy!r} is not a TrainingStrategy: it needs name, options, "
                         "check() and build()")
-    if not isinstance(strategy.name, str) or not strategy.name:
-        raise ValueError(f"strategy name {strategy.name!r}: must be a non-empty string")
+    check_text("strategy.name", strategy.name, hint="the name it is registered under")
     if strategy.name in TRAINING_STRATEGIES:
         raise ValueError(f"a strategy named {strategy.name!r} is registered already; "
                          "unregister_training_strategy it first")
@@ -127,14 +127,14 @@ def build_strategy(name: str | TrainingStrategy, model: nn.Module, *, global_bat
         options: strategy-specific, see each strategy's `options`.
     Raises:
         ValueError: unknown strategy or option, or a value out of range.
+        TypeError: a value of the wrong type (e.g. global_batch=64.0).
     """
     strategy = get_training_strategy(name)
     options = check_option_names(strategy, options)
     for label, value in (("global_batch", global_batch), ("steps_per_epoch", steps_per_epoch),
                          ("epochs", epochs)):
         check_int(label, value, minimum=1)
-    if not lr > 0:
-        raise ValueError(f"lr={lr!r}: the learning rate must be > 0")
+    check_number("lr", lr, low=0.0, low_open=True, hint="the learning rate")
     setup = strategy.build(model, global_batch=global_batch, steps_per_epoch=steps_per_epoch,
                            epochs=epochs, lr=lr, momentum=momentum, weight_decay=weight_decay,
                            options=options)
@@ -230,9 +230,8 @@ class LinearScaling(BaseStrategy):
             from pytorch_optimizer import LARS  # here: only this baseline pays for its import
 
             trust = options.get("trust_coefficient", LARS_TRUST_COEFFICIENT_DEFAULT)
-            if not trust > 0:
-                raise ValueError(f"trust_coefficient={trust!r}: must be > 0 "
-                                 f"(default {LARS_TRUST_COEFFICIENT_DEFAULT})")
+            check_number("trust_coefficient", trust, low=0.0, low_open=True,
+                         hint=f"default {LARS_TRUST_COEFFICIENT_DEFAULT}")
             optimizer = LARS(model.parameters(), lr=scaled, momentum=momentum,
                              weight_decay=weight_decay, trust_coefficient=trust)
         scheduler = warmup_scheduler(optimizer, warmup_steps=warmup_steps,

@@ -12,6 +12,8 @@ from typing import Any, Callable, Protocol, runtime_checkable
 import torch
 from torch import nn
 
+from tula_ray.arguments import check_mapping
+
 
 # --------------------------------------------------------------------------- the protocol
 
@@ -120,21 +122,12 @@ class BaseStrategy:
 
 # --------------------------------------------------------------------------- helpers
 
-def check_int(label: str, value: Any, *, minimum: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"{label}={value!r}: must be an integer >= {minimum}")
-
-
 def check_option_names(strategy: TrainingStrategy, options: dict[str, Any] | None
                        ) -> dict[str, Any]:
     """A copy of `options`, refused if it is not a dict or names an option `strategy` lacks."""
-    if options is None:
-        return {}
-    if not isinstance(options, dict):
-        raise ValueError(f"options must be a dict of {strategy.name} options, "
-                         f"not {type(options).__name__}")
+    options = check_mapping("options", options, hint=f"the options of strategy {strategy.name!r}")
     unknown = sorted(set(options) - set(strategy.options))
     if unknown:
         raise ValueError(f"option {unknown[0]!r} is unknown for strategy {strategy.name!r}; "
                          f"allowed: {list(strategy.options) or 'none'}")
-    return dict(options)
+    return options

@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 from torch.utils.data import TensorDataset
 
+from tula_ray.arguments import check_int
 from tula_ray.workloads.fashion_mnist_files import cache_dir, locate
 
 logger = logging.getLogger(__name__)
@@ -90,9 +91,9 @@ def fashion_mnist(train: bool = True, root: str | None = None, train_subset: int
 
 
 def check_subset(size: int, k: int) -> None:
-    """Raise ValueError unless k is a valid subset size of a dataset of `size` samples."""
-    if isinstance(k, bool) or not isinstance(k, int) or not 0 < k <= size:
-        raise ValueError(f"train_subset={k!r}; it must be an integer in [1, {size}]")
+    """Raise TypeError (not an integer) or ValueError (out of range) unless k is a valid
+    subset size of a dataset of `size` samples."""
+    check_int("train_subset", k, minimum=1, maximum=size)
 
 
 def _subset_indices(size: int, k: int, seed: int | None) -> torch.Tensor:

@@ -20,6 +20,7 @@ import torch
 from torch import nn
 from torch.utils.data import Dataset
 
+from tula_ray.arguments import check_text
 from tula_ray.workloads.datasets import (
     FAKE_SIZE_DEFAULT,
     FASHION_MNIST_TRAIN_SIZE,
@@ -202,8 +203,7 @@ def register_workload(name: str, factory: Callable[..., Workload]) -> None:
     workers receive the Workload the factory built, not the name (they have not run the
     module that registered it), so it must pickle as any workload a driver defines.
     """
-    if not isinstance(name, str) or not name:
-        raise ValueError(f"workload name {name!r}; it must be a non-empty string")
+    check_text("name", name, hint="the workload's name")
     if name in BUILT_IN_WORKLOADS:
         raise ValueError(f"workload {name!r} is built in; register yours under another name")
     if not callable(factory):
