@@ -47,18 +47,18 @@ def test_bad_pricing_is_a_clear_error(tmp_path, capsys):
 
 
 def test_train_arguments_are_parsed():
-    from tula_ray.cli import _parser
+    from tula_ray.cli import build_parser
 
-    args = _parser().parse_args(["train", "plan/plan.json", "--strategy", "lrs", "--epochs", "3",
+    args = build_parser().parse_args(["train", "plan/plan.json", "--strategy", "lrs", "--epochs", "3",
                                  "--storage-path", "runs", "--out", "metrics"])
     assert (args.plan.name, args.strategy, args.epochs) == ("plan.json", "lrs", 3)
     assert (args.storage_path, str(args.out), args.max_failures) == (
         str(Path("runs").resolve()), "metrics", None)
-    cloud = _parser().parse_args(["demo", "--storage-path", "s3://bucket/tula", "--address", "auto"])
+    cloud = build_parser().parse_args(["demo", "--storage-path", "s3://bucket/tula", "--address", "auto"])
     assert (cloud.storage_path, cloud.address) == ("s3://bucket/tula", "auto")  # URI kept as is
-    defaults = _parser().parse_args(["demo", "--train"])
+    defaults = build_parser().parse_args(["demo", "--train"])
     assert defaults.train and defaults.epochs is None
-    tune = _parser().parse_args(["tune", "plan/plan.json"])
+    tune = build_parser().parse_args(["tune", "plan/plan.json"])
     # The CLI's defaults are the library's (it repeats the name to keep torch out of start-up).
     assert defaults.strategy == tune.strategy == TRAINING_STRATEGY_DEFAULT
 
@@ -137,16 +137,16 @@ def test_search_resume_flag_continues_the_named_search(tmp_path, monkeypatch, ca
 def test_runtime_env_json_is_parsed_for_every_command_that_starts_ray(capsys):
     import pytest
 
-    from tula_ray.cli import _parser
+    from tula_ray.cli import build_parser
 
     runtime_env = '{"py_modules": ["my_models"], "env_vars": {"NCCL_DEBUG": "INFO"}}'
     for command in (["demo"], ["search", "s.yaml"], ["train", "p.json"], ["tune", "p.json"]):
-        args = _parser().parse_args([*command, "--runtime-env-json", runtime_env])
+        args = build_parser().parse_args([*command, "--runtime-env-json", runtime_env])
         assert args.runtime_env == {"py_modules": ["my_models"],
                                     "env_vars": {"NCCL_DEBUG": "INFO"}}
     for bad in ("{not json", '["my_models"]'):
         with pytest.raises(SystemExit):
-            _parser().parse_args(["demo", "--runtime-env-json", bad])
+            build_parser().parse_args(["demo", "--runtime-env-json", bad])
         assert "--runtime-env-json" in capsys.readouterr().err
 
 

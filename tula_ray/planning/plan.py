@@ -40,7 +40,7 @@ class Plan:
     """Result of a search: profiles, fitted models, one row per candidate, and the choice."""
 
     workload: str
-    strategy: str  # the search strategy (tula_ray.search_strategies) that chose the fitted rows
+    strategy: str  # the search strategy (tula_ray.planning.search_strategies) that chose the fitted rows
     objective: str
     epochs: int
     dataset_size: int

@@ -1,0 +1,179 @@
+"""What each `tula-ray` command runs. Ray and torch are imported only here, when a
+command runs, so `tula-ray --help` stays fast."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+from pathlib import Path
+from typing import Any, Iterator
+
+import pandas as pd
+
+from tula_ray.cli.options import METRICS_FILE, SHOWN_COLUMNS, TUNED_FILE
+from tula_ray.planning.plan import UNTRAINABLE, Plan, build_plan
+from tula_ray.space import SearchSpace
+
+
+def write_plan(plan: Plan, out: Path) -> None:
+    print(plan.summary())
+    plan.to_json(out / "plan.json")
+    figures = plan.plot(out)
+    print(f"wrote {out / 'plan.json'} and {', '.join(str(f) for f in figures)}")
+
+
+def run_tune(args: argparse.Namespace) -> None:
+    """`tula-ray tune`: the plan file must exist before Ray is started."""
+    import json
+
+    if not args.plan.is_file():
+        raise FileNotFoundError(f"plan file {args.plan} does not exist; write one with "
+                                "`tula-ray demo` or `tula-ray replay`")
+    from tula_ray.runs.tune_training import tune_training  # imports ray
+
+    trials = {} if args.trials is None else {"trials": args.trials}
+    best = tune_training(args.plan, args.strategy, epochs=args.epochs, workload=args.workload,
+                         storage_path=args.storage_path, address=args.address,
+                         runtime_env=args.runtime_env, **trials)
+    print(f"best of {len(best.trials)} trials: validation accuracy {best.val_accuracy:.4f} "
+          f"with {best.config}")
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / TUNED_FILE).write_text(json.dumps(best.config, indent=1))
+    print(f"wrote {args.out / TUNED_FILE}; train it with "
+          f"`tula-ray train {args.plan} --config {args.out / TUNED_FILE}`")
+
+
+def run_train(args: argparse.Namespace) -> None:
+    """`tula-ray train`: the plan file must exist before Ray is started."""
+    if not args.plan.is_file():
+        raise FileNotFoundError(f"plan file {args.plan} does not exist; write one with "
+                                "`tula-ray demo` or `tula-ray replay`")
+    train_andwrite_plan(args.plan, args, workload=args.workload)
+
+
+def train_andwrite_plan(plan: Any, args: argparse.Namespace, workload: str | None = None) -> None:
+    """Train `plan` (a Plan or a path), print the per-epoch table, write the metrics CSV."""
+    from tula_ray.runs.train import train  # imports ray
+
+    storage = args.storage_path
+    retries = {} if args.max_failures is None else {"max_failures": args.max_failures}
+    tuned = _tuned_config(getattr(args, "config", None)) or {"strategy": args.strategy}
+    result = train(plan, workload=workload, epochs=args.epochs, storage_path=storage,
+                   address=args.address, runtime_env=args.runtime_env, **tuned, **retries)
+    shown = [c for c in SHOWN_COLUMNS if c in result.metrics.columns]
+    print(f"trained N={result.num_workers}, B={result.global_batch} with {result.strategy}:")
+    print(result.metrics[shown].to_string(index=False, float_format=lambda v: f"{v:.4g}"))
+    args.out.mkdir(parents=True, exist_ok=True)
+    result.metrics.to_csv(args.out / METRICS_FILE, index=False)
+    print(f"wrote {args.out / METRICS_FILE}; last checkpoint {result.checkpoint_path}")
+
+
+def _tuned_config(path: Path | None) -> dict[str, Any] | None:
+    """The train() keywords a `tula-ray tune` run wrote (strategy, lr, strategy_options)."""
+    import json
+
+    if path is None:
+        return None
+    if not path.is_file():
+        raise FileNotFoundError(f"config file {path} does not exist; write one with "
+                                "`tula-ray tune`")
+    config = json.loads(path.read_text())
+    if not isinstance(config, dict) or set(config) - {"strategy", "lr", "strategy_options"}:
+        raise ValueError(f"{path}: expected the keys strategy, lr, strategy_options that "
+                         f"`tula-ray tune` writes, got {sorted(config) if isinstance(config, dict) else config!r}")
+    return config
+
+
+@contextlib.contextmanager
+def _ray_for(enabled: bool, address: str | None,
+             runtime_env: dict[str, Any] | None) -> Iterator[None]:
+    """One Ray for several steps (demo: search then train) instead of one each."""
+    if not enabled:
+        yield
+        return
+    from tula_ray.cluster import ray_session  # imports ray
+
+    with ray_session(address, runtime_env):
+        yield
+
+
+def run_replay(args: argparse.Namespace) -> None:
+    meta: dict = {"source": "replay"}
+    untrainable: dict = {}
+    if args.synthetic:
+        from tula_ray.planning.synthetic import example_params, synthetic_profiles
+
+        space = SearchSpace.build((1, 2), min_batch=32, max_batch=2048)
+        profiles = synthetic_profiles(space.candidates(), example_params(), seed=args.seed)
+        workload, epochs, dataset_size = "synthetic", args.epochs, args.dataset_size
+    elif args.profiles is None:
+        raise SystemExit("replay needs PROFILES (a CSV of profile rows or a plan.json) "
+                         "or --synthetic")
+    elif args.profiles.suffix == ".json":
+        old = Plan.from_json(args.profiles)
+        profiles, workload = old.profiles, old.workload
+        epochs, dataset_size = old.epochs, old.dataset_size
+        for key in ("training_strategy", "training_options"):
+            meta[key] = old.meta.get(key)
+        space = SearchSpace.of_pairs(old.table["num_workers"], old.table["global_batch"])
+        if "trainable" in old.table:  # what the plan's training strategy cannot train
+            refused = old.table[~old.table["trainable"].astype(bool)]
+            untrainable = {(int(n), int(b)): reason.removeprefix(UNTRAINABLE) for n, b, reason
+                           in zip(refused["num_workers"], refused["global_batch"],
+                                  refused["infeasible_reason"])}
+    else:
+        profiles = pd.read_csv(args.profiles, keep_default_na=False, na_values=[""])
+        workload, epochs, dataset_size = args.profiles.stem, args.epochs, args.dataset_size
+        space = SearchSpace.of_pairs(profiles["num_workers"], profiles["global_batch"])
+    plan = build_plan(space, profiles, epochs=epochs, dataset_size=dataset_size,
+                      strategy=args.search_strategy, objective=args.objective,
+                      pricing=args.pricing,
+                      workload=workload, meta=meta, untrainable=untrainable)
+    write_plan(plan, args.out)
+
+
+def run_demo(args: argparse.Namespace) -> None:
+    from tula_ray.workloads.fashion_mnist_files import locate
+
+    # Before Ray and torch: a machine with no means to get the data stops in seconds.
+    print(f"Fashion-MNIST: {locate().source}", flush=True)
+    from tula_ray.runs.search import search  # imports ray: only for the commands that run it
+
+    # With --train, one Ray for the search and the training.
+    with _ray_for(args.train, args.address, args.runtime_env):
+        plan = search("fashion-mnist-cnn", cluster_sizes=tuple(args.cluster_sizes),
+                      min_batch=args.min_batch, max_batch=args.max_batch,
+                      strategy=args.search_strategy, objective=args.objective,
+                      pricing=args.pricing, address=args.address,
+                      storage_path=args.storage_path, training_strategy=args.strategy,
+                      runtime_env=args.runtime_env)
+        write_plan(plan, args.out)
+        meta = plan.meta
+        print(f"memory probe {meta['probe_wall_s']:.0f} s, profiling "
+              f"{meta['profiling_wall_s']:.0f} s: {meta['candidates_profiled']} candidates in "
+              f"{meta['launches']} worker-group launches, {meta['rounds']} rounds "
+              f"({meta['stop_reason']})")
+        if args.train:
+            train_andwrite_plan(plan, args)
+
+
+def run_search_file(args: argparse.Namespace) -> None:
+    import inspect
+
+    import yaml
+
+    from tula_ray.runs.search import search
+
+    config = yaml.safe_load(args.config.read_text()) or {}
+    if not isinstance(config, dict):
+        raise ValueError(f"{args.config}: expected a mapping of tula_ray.search() arguments")
+    allowed = set(inspect.signature(search).parameters)
+    unknown = sorted(set(config) - allowed)
+    if unknown:
+        raise ValueError(f"{args.config}: unknown key {unknown[0]!r}; allowed: {sorted(allowed)}")
+    for key in ("address", "runtime_env"):  # the command line wins over the file
+        if getattr(args, key) is not None:
+            config[key] = getattr(args, key)
+    if args.resume:
+        config["resume"] = True
+    write_plan(search(**config), args.out)

@@ -1,0 +1,97 @@
+"""The options the `tula-ray` commands share, and the names of what they write."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+from tula_ray.planning.policy import OBJECTIVES
+from tula_ray.planning.search_strategies import SEARCH_STRATEGIES
+
+METRICS_FILE = "train_metrics.csv"
+# tula_ray.training.strategies.TRAINING_STRATEGY_DEFAULT, repeated: importing it would
+# import torch at start-up (tests/test_cli.py holds the two equal).
+STRATEGY_DEFAULT = "ags-ns"
+TUNED_FILE = "tuned.json"  # `tula-ray tune`'s best configuration: `tula-ray train --config`
+SHOWN_COLUMNS = ("epoch", "resumed_from", "train_loss", "train_accuracy", "test_loss",
+                 "test_accuracy", "lr", "seconds", "scaled_fraction")
+
+
+def add_plan_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--search-strategy", "--mode", dest="search_strategy",
+                        choices=sorted(SEARCH_STRATEGIES), default="partial",
+                        help="which candidates to profile and fit from: the extremes "
+                             "(partial, the default), all (full), or the extremes and then "
+                             "the choice and its contenders (adaptive); --mode is the former "
+                             "name")
+    parser.add_argument("--objective", choices=OBJECTIVES, default="knee")
+    parser.add_argument("--pricing", default="fixed",
+                        help="fixed[:USD_PER_NODE_HOUR] or memory[:USD_PER_GB_HOUR]")
+    parser.add_argument("--out", type=Path, default=Path("plan"),
+                        help="directory for plan.json and the PNG figures")
+
+
+def storage_location(value: str) -> str:
+    """`--storage-path`: a cloud URI (s3://..., gs://...) as given, a local path made absolute."""
+    return value if "://" in value else str(Path(value).resolve())
+
+
+def runtime_env_json(value: str) -> dict[str, Any]:
+    """`--runtime-env-json`: a JSON object, as Ray's own CLI takes it."""
+    try:
+        runtime_env = json.loads(value)
+    except json.JSONDecodeError as exc:
+        raise argparse.ArgumentTypeError(f"not JSON ({exc}): {value!r}") from exc
+    if not isinstance(runtime_env, dict):
+        raise argparse.ArgumentTypeError(f"a JSON object is needed, e.g. "
+                                         f'\'{{"env_vars": {{"NCCL_DEBUG": "INFO"}}}}\', not {value!r}')
+    return runtime_env
+
+
+def add_address_option(parser: argparse.ArgumentParser) -> None:
+    """`--address`: the Ray cluster to run on (tula_ray.cluster.ensure_ray), and
+    `--runtime-env-json`: the Ray runtime environment of the job."""
+    parser.add_argument("--address", default=None,
+                        help="Ray cluster to join: host:port, or 'auto' for the cluster this "
+                             "machine belongs to (e.g. on the head of `ray up`); default "
+                             "$RAY_ADDRESS, else a new local Ray on loopback")
+    parser.add_argument("--runtime-env-json", dest="runtime_env", type=runtime_env_json,
+                        default=None,
+                        help="the Ray runtime environment every trial and worker inherits, as "
+                             "JSON (as Ray's CLI takes it), e.g. '{\"py_modules\": "
+                             "[\"my_models\"], \"env_vars\": {\"NCCL_DEBUG\": \"INFO\"}}'")
+
+
+def add_train_options(parser: argparse.ArgumentParser) -> None:
+    """Options shared by `train` and `demo --train`."""
+    parser.add_argument("--strategy", default=STRATEGY_DEFAULT,
+                        help=f"{STRATEGY_DEFAULT} (default: AGS-NS, README), ags (the paper's "
+                             "literal AGS) or a baseline: lbt, lrs, lars, polo "
+                             "(tula_ray.training.strategies.TRAINING_STRATEGIES)")
+    parser.add_argument("--epochs", type=int, default=None,
+                        help="epochs to train (default: the plan's)")
+    parser.add_argument("--max-failures", type=int, default=None,
+                        help="restarts from the last checkpoint after a worker failure "
+                             "(default: tula_ray.train's)")
+
+
+def add_job_options(parser: argparse.ArgumentParser, storage_help: str, out: Path,
+                     written: str) -> None:
+    """What `train` and `tune` share: the workload, the Ray storage, the output directory."""
+    parser.add_argument("--workload", default=None,
+                        help="a built-in workload name, when the plan records none")
+    parser.add_argument("--storage-path", type=storage_location, default=None,
+                        help=f"{storage_help} (default ~/ray_results)")
+    parser.add_argument("--out", type=Path, default=out, help=f"directory for {written}")
+
+
+def add_import_option(parser: argparse.ArgumentParser) -> None:
+    """`--import`: the user's extension modules (tula_ray.cli.extensions)."""
+    parser.add_argument("--import", dest="imports", action="append", default=[],
+                        metavar="MODULE_OR_FILE",
+                        help="import a module (a dotted name, from the working directory "
+                             "too) or a .py file first: the search strategies, training "
+                             "strategies, pricings, compute forms and workloads it registers "
+                             "are then known to the command; repeatable")
