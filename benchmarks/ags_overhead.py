@@ -30,8 +30,9 @@ from torch import nn
 
 from benchmarks.common import provenance, spawn_gloo, spread, write_result
 from benchmarks.markdown import markdown_table
-from tula_ray.ags import TulaOptimizer, backward_with_refresh, register_local_gradient_hook
-from tula_ray.training.ags_strategy import NOISE_SCALE_DEFAULTS
+from tula_ray.ags import TulaOptimizer, register_local_gradient_hook
+from tula_ray.training.ags_strategy import NOISE_SCALE_DEFAULTS, AGSSetup
+from tula_ray.training.strategy_base import StrategySetup
 from tula_ray.training.measure import synthetic_batch
 from tula_ray.workloads import FashionCNN, sgd
 
@@ -62,16 +63,17 @@ def _variant(kind: str, model: nn.Module, local_batch: int) -> torch.optim.Optim
 
 
 def _epoch_seconds(model: nn.Module, optimizer: torch.optim.Optimizer, batches) -> float:
+    """One epoch of the training step every loop takes (`StrategySetup.train_step`), under
+    AGS's hooks for a TulaOptimizer (the "ags" strategy's setup), plain otherwise."""
     loss_fn = nn.CrossEntropyLoss()
-    if isinstance(optimizer, TulaOptimizer):
-        optimizer.start_epoch()
+    setup = (AGSSetup("ags", optimizer) if isinstance(optimizer, TulaOptimizer)
+             else StrategySetup("base", optimizer))
+    setup.start_epoch(0)
     if dist.is_initialized():
         dist.barrier()
     started = time.perf_counter()
     for inputs, targets in batches:
-        optimizer.zero_grad(set_to_none=True)
-        backward_with_refresh(model, optimizer, loss_fn, inputs, targets)
-        optimizer.step()
+        setup.train_step(model, loss_fn, inputs, targets)
     return time.perf_counter() - started
 
 

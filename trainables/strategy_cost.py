@@ -75,9 +75,7 @@ def strategy_extra_s(sweep: Any) -> float:
     setup.start_epoch(0)
 
     def strategy_step(inputs, targets) -> None:
-        setup.optimizer.zero_grad(set_to_none=True)
-        setup.backward(model, sweep.loss_fn, inputs, targets)
-        setup.step()
+        setup.train_step(model, sweep.loss_fn, inputs, targets)
 
     # The first step builds the optimizer's state: untimed.
     seconds = timed(count + 1, batches, strategy_step, sweep.device)[1:]

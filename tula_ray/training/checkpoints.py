@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from tula_ray.distributed import unwrapped
-from tula_ray.training.strategies import StrategySetup, base_optimizer
+from tula_ray.training.strategy_base import StrategySetup, base_optimizer
 
 
 CHECKPOINT_KEYS = {"strategy", "epoch", "model", "optimizer", "scheduler", "comm_iter"}

@@ -14,7 +14,7 @@ from torch.utils.data import DataLoader
 
 from tula_ray.distributed import mean_over_ranks, sum_over_ranks, unwrapped
 from tula_ray.training.measure import StepTimer
-from tula_ray.training.strategies import StrategySetup, base_optimizer
+from tula_ray.training.strategies import StrategySetup
 
 
 def train_epoch(model: nn.Module, setup: StrategySetup, loss_fn: Callable, loader: DataLoader,
@@ -42,10 +42,7 @@ def train_epoch(model: nn.Module, setup: StrategySetup, loss_fn: Callable, loade
         for inputs, targets in loader:
             inputs = inputs.to(device, non_blocking=True)
             targets = targets.to(device, non_blocking=True)
-            setup.optimizer.zero_grad(set_to_none=True)
-            loss, outputs = setup.backward(model, loss_fn, inputs, targets)
-            lr = float(base_optimizer(setup.optimizer).param_groups[0]["lr"])  # this step's LR
-            setup.step()
+            loss, outputs, lr = setup.train_step(model, loss_fn, inputs, targets)
             telemetry.append(setup.step_telemetry())
             loss_sum += loss.detach().double() * len(targets)
             correct += (outputs.detach().argmax(dim=1) == targets).sum()

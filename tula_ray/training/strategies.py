@@ -36,6 +36,7 @@ from tula_ray.arguments import check_int, check_number, check_text
 from tula_ray.training.ags_strategy import AdaptiveGradientScaling, NoiseScaleAGS
 from tula_ray.distributed import world_size
 from tula_ray.training.strategy_base import (BaseStrategy, StrategySetup, TrainingStrategy,
+                                             base_optimizer,
                                              check_option_names)
 from tula_ray.workloads import LR_DEFAULT, MOMENTUM_DEFAULT, WEIGHT_DECAY_DEFAULT, sgd
 
@@ -166,15 +167,6 @@ def warmup_scheduler(optimizer: torch.optim.Optimizer, *, warmup_steps: int, glo
     start_factor = min(1.0, base_batch / global_batch)
     return torch.optim.lr_scheduler.LinearLR(optimizer, start_factor=start_factor, end_factor=1.0,
                                              total_iters=warmup_steps)
-
-
-def base_optimizer(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
-    """The optimizer inside a TulaOptimizer or PostLocalSGDOptimizer (else itself)."""
-    for attr in ("base", "optim"):  # TulaOptimizer.base, PostLocalSGDOptimizer.optim
-        inner = getattr(optimizer, attr, None)
-        if isinstance(inner, torch.optim.Optimizer):
-            return inner
-    return optimizer
 
 
 def _warmup(options: dict[str, Any], epochs: int, steps_per_epoch: int,

@@ -53,6 +53,18 @@ class StrategySetup:
         if self.scheduler is not None:
             self.scheduler.step()
 
+    def train_step(self, model: nn.Module, loss_fn: Callable, inputs: torch.Tensor,
+                   targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, float]:
+        """One training step under this strategy, the one every loop takes (an epoch, the
+        strategy's measured cost while profiling, the AGS overhead benchmark): gradients
+        zeroed, the strategy's backward, its step. Returns (loss, outputs, the LR the step
+        applied, read before the scheduler moves it)."""
+        self.optimizer.zero_grad(set_to_none=True)
+        loss, outputs = self.backward(model, loss_fn, inputs, targets)
+        lr = float(base_optimizer(self.optimizer).param_groups[0]["lr"])
+        self.step()
+        return loss, outputs, lr
+
     def step_telemetry(self) -> dict[str, Any]:
         """What this strategy records about the step just taken (default: nothing)."""
         return {}
@@ -131,3 +143,12 @@ def check_option_names(strategy: TrainingStrategy, options: dict[str, Any] | Non
         raise ValueError(f"option {unknown[0]!r} is unknown for strategy {strategy.name!r}; "
                          f"allowed: {list(strategy.options) or 'none'}")
     return options
+
+
+def base_optimizer(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
+    """The optimizer inside a TulaOptimizer or PostLocalSGDOptimizer (else itself)."""
+    for attr in ("base", "optim"):  # TulaOptimizer.base, PostLocalSGDOptimizer.optim
+        inner = getattr(optimizer, attr, None)
+        if isinstance(inner, torch.optim.Optimizer):
+            return inner
+    return optimizer
