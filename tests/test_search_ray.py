@@ -203,8 +203,8 @@ def _optimistic(probe_memory):
     batches sit where the optimizer step's peak dominates)."""
     def optimistic_probe(*args, **kwargs):
         probe = probe_memory(*args, **kwargs)
-        params = probe["params"]
-        probe["params"] = dataclasses.replace(
+        params = probe.params
+        probe.params = dataclasses.replace(
             params, activation_bytes_per_sample=params.activation_bytes_per_sample / 4)
         return probe
     return optimistic_probe
@@ -218,17 +218,17 @@ def test_the_bound_check_catches_an_optimistic_memory_model(ray_session):
     device = (low + high) / 2
     probe = _optimistic(probe_memory)(USER_WORKLOAD, {}, min_local_batch=16,
                                       resources={"CPU": 1.0}, use_gpu=False)
-    assert memory_model.max_local_batch(probe["params"], device, 0.0) >= 128  # overshoots
+    assert memory_model.max_local_batch(probe.params, device, 0.0) >= 128  # overshoots
     bounded = check_max_local_batch(probe, device, headroom=0.0, cap=128,
                                     resources={"CPU": 1.0}, use_gpu=False)
-    first = bounded["bound_checks"][0]
+    first = bounded.bound_checks[0]
     assert first["local_batch"] == 128 and first["peak_mem_bytes"] > device  # the cap, measured
-    bound = bounded["max_local_batch"]
+    bound = bounded.max_local_batch
     assert 64 < bound < 128 and _peaks(bound)[0] <= device
-    assert [row["bound_check"] for row in bounded["rows"]] == (
-        [False] * 3 + [True] * len([c for c in bounded["bound_checks"] if c["peak_mem_bytes"]]))
+    assert [row["bound_check"] for row in bounded.rows] == (
+        [False] * 3 + [True] * len([c for c in bounded.bound_checks if c["peak_mem_bytes"]]))
     # The refit on every measured peak predicts the checked batches' peaks closely.
-    for row in bounded["rows"]:
+    for row in bounded.rows:
         assert row["predicted_peak_mem_bytes"] == pytest.approx(row["peak_mem_bytes"], rel=0.05)
 
 
@@ -243,8 +243,7 @@ def test_out_of_memory_candidate_is_infeasible_and_the_search_goes_on(
     monkeypatch.setattr(search_module, "probe_memory", _optimistic(search_module.probe_memory))
 
     def unchecked(probe, device_bytes, *, headroom, **_):
-        probe["max_local_batch"] = memory_model.max_local_batch(probe["params"], device_bytes,
-                                                                headroom)
+        probe.max_local_batch = memory_model.max_local_batch(probe.params, device_bytes, headroom)
         return probe
 
     monkeypatch.setattr(search_module, "check_max_local_batch", unchecked)

@@ -12,18 +12,19 @@ is raised again in the driver as it is, before any worker group starts.
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import ray
 from ray.exceptions import RaySystemError, RayTaskError
 
-from tula_ray.training import measure
-from tula_ray.models import memory as memory_model
 from tula_ray.cluster import task_options
 from tula_ray.failures import UserCodeError
+from tula_ray.models import memory as memory_model
+from tula_ray.training import measure
 from tula_ray.training.measure import Example
-from tula_ray.workloads.check import complete, inspect_workload
 from tula_ray.workloads import Workload, resolve_workload
+from tula_ray.workloads.check import WorkloadFacts, complete, inspect_workload
 
 
 def _device(use_gpu: bool) -> str:
@@ -85,47 +86,58 @@ def check_workload(workload: str | Workload, options: dict[str, Any], *,
         workload, options, [], use_gpu), workload)["workload"]
 
 
-def probe_memory(workload: str | Workload, options: dict[str, Any], *, min_local_batch: int,
-                 resources: dict[str, float], use_gpu: bool) -> dict[str, Any]:
-    """Check the workload and measure peaks on one worker, then fit the memory model.
+@dataclass
+class MemoryProbe:
+    """What the memory probe learned (DESIGN step 1), one type for a fresh search and a
+    resumed one: a saved search restores `params`, `rows` and `max_local_batch`; the rest
+    belongs to the run that measured them (None after a restore)."""
 
-    Returns {"workload": the completed Workload, "facts": WorkloadFacts, "params":
-    MemoryParams, "rows": [{"local_batch", "peak_mem_bytes", "predicted_peak_mem_bytes"}],
-    "device_memory_bytes": the GPU's size or None on CPU, "device_in_use_bytes": what
-    the device holds besides the model (CUDA context, ...), "static",
-    "input_bytes_per_sample": what a refit needs}.
-    """
+    params: memory_model.MemoryParams  # eq. 3 on the probe's peaks (and the bound checks')
+    rows: list[dict[str, Any]]  # per local batch: peak_mem_bytes, predicted_peak_mem_bytes
+    max_local_batch: int | None = None  # the checked bound (`check_max_local_batch`)
+    bound_checks: list[dict[str, Any]] = field(default_factory=list)  # local_batch, peak
+    workload: Workload | None = None  # completed on the worker (shapes, dtype, size)
+    facts: WorkloadFacts | None = None
+    device_memory_bytes: float | None = None  # the GPU's size; None on CPU
+    device_in_use_bytes: float = 0.0  # what the device holds besides the model (CUDA context)
+    static: memory_model.StaticMemory | None = None  # eq. 3's static terms
+    input_bytes_per_sample: float | None = None  # what a refit needs
+
+
+def probe_memory(workload: str | Workload, options: dict[str, Any], *, min_local_batch: int,
+                 resources: dict[str, float], use_gpu: bool) -> MemoryProbe:
+    """Check the workload and measure peaks on one worker, then fit the memory model."""
     measured = _get(_on_one_worker(_check_and_measure, resources).remote(
         workload, options, memory_model.probe_batches(min_local_batch), use_gpu), workload)
-    probe = {key: measured[key] for key in ("workload", "facts", "device_memory_bytes",
-                                            "device_in_use_bytes", "static",
-                                            "input_bytes_per_sample")}
     points = list(zip(measured["local_batches"], measured["peaks"]))
-    probe["params"] = memory_model.fit_probe(points, probe["static"],
-                                             probe["input_bytes_per_sample"])
-    probe["rows"] = memory_model.peak_rows(probe["params"], points)
-    return probe
+    params = memory_model.fit_probe(points, measured["static"],
+                                    measured["input_bytes_per_sample"])
+    return MemoryProbe(params, memory_model.peak_rows(params, points),
+                       workload=measured["workload"], facts=measured["facts"],
+                       device_memory_bytes=measured["device_memory_bytes"],
+                       device_in_use_bytes=measured["device_in_use_bytes"],
+                       static=measured["static"],
+                       input_bytes_per_sample=measured["input_bytes_per_sample"])
 
 
-def check_max_local_batch(probe: dict, device_bytes: float, *, headroom: float,
+def check_max_local_batch(probe: MemoryProbe, device_bytes: float, *, headroom: float,
                           cap: int | None, resources: dict[str, float],
-                          use_gpu: bool) -> dict[str, Any]:
+                          use_gpu: bool) -> MemoryProbe:
     """Check the probe's bound by measuring near it (`memory.verified_max_local_batch`),
     each check one Ray task on a worker, then refit eq. 3 on every measured peak so the
     plan's memory predictions cover large batches too. Updates and returns `probe`."""
     task = _on_one_worker(_peak_on_worker, resources)
-    workload, example = ray.put(probe["workload"]), ray.put(probe["facts"].example)
-    name = probe["workload"].name
-    measured = [(row["local_batch"], row["peak_mem_bytes"]) for row in probe["rows"]]
+    workload, example = ray.put(probe.workload), ray.put(probe.facts.example)
+    name = probe.workload.name
+    measured = [(row["local_batch"], row["peak_mem_bytes"]) for row in probe.rows]
     bound, checks = memory_model.verified_max_local_batch(
-        probe["params"], lambda b: _get(task.remote(workload, b, use_gpu, example), name),
+        probe.params, lambda b: _get(task.remote(workload, b, use_gpu, example), name),
         device_bytes, headroom=headroom, measured=measured, cap=cap)
     points = measured + [(b, peak) for b, peak in checks if peak is not None]
     if checks:
-        probe["params"] = memory_model.fit_probe(points, probe["static"],
-                                                 probe["input_bytes_per_sample"])
-    probe["rows"] = [{**row, "bound_check": i >= len(measured)}
-                     for i, row in enumerate(memory_model.peak_rows(probe["params"], points))]
-    probe["bound_checks"] = [{"local_batch": b, "peak_mem_bytes": peak} for b, peak in checks]
-    probe["max_local_batch"] = bound
+        probe.params = memory_model.fit_probe(points, probe.static, probe.input_bytes_per_sample)
+    probe.rows = [{**row, "bound_check": i >= len(measured)}
+                  for i, row in enumerate(memory_model.peak_rows(probe.params, points))]
+    probe.bound_checks = [{"local_batch": b, "peak_mem_bytes": peak} for b, peak in checks]
+    probe.max_local_batch = bound
     return probe

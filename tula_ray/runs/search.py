@@ -14,7 +14,8 @@ from typing import Any, Sequence
 import ray
 
 from searchers import TulaSearcher
-from trainables.memory_probe import check_max_local_batch, check_workload, probe_memory
+from trainables.memory_probe import (MemoryProbe, check_max_local_batch, check_workload,
+                                     probe_memory)
 from trainables.profiling_loop import (MEASURE_SECONDS_DEFAULT, MEASURE_STEPS_DEFAULT,
                                       WARMUP_STEPS_DEFAULT)
 from tula_ray.models import memory as memory_model
@@ -255,10 +256,10 @@ def search(
                 "rounds": searcher.rounds, "stop_reason": searcher.stop_reason,
                 "sweeps": searcher.sweeps, "candidates_profiled": len(profiles),
                 "device_memory_bytes": device_bytes,
-                "max_local_batch": probe["max_local_batch"], "use_gpu": use_gpu,
+                "max_local_batch": probe.max_local_batch, "use_gpu": use_gpu,
                 "ray_version": ray.__version__, "experiment_path": path,
                 "resumed": saved is not None,
-                "memory_probe": probe["rows"], "errors": searcher.errors,
+                "memory_probe": probe.rows, "errors": searcher.errors,
                 "workload_options": _json_options(options),
                 "training_strategy": request.training_strategy_name,
                 "training_options": _json_options(request.training_options)}
@@ -270,7 +271,7 @@ def search(
         return build_plan(
             space, profiles, epochs=request.epochs, dataset_size=workload.dataset_size,
             strategy=request.strategy, objective=request.objective, pricing=request.pricing,
-            memory=probe["params"], max_local_batch=probe["max_local_batch"],
+            memory=probe.params, max_local_batch=probe.max_local_batch,
             weight_time=request.weight_time, collective=request.collective,
             workload=workload.name, meta=meta, untrainable=untrainable)
 
@@ -310,30 +311,30 @@ def _raise_deciding_error(searcher: TulaSearcher, path: str) -> None:
 
 
 def _bounded_space(request: _Request, resources: dict[str, float], use_gpu: bool
-                   ) -> tuple[_Request, SearchSpace, dict, float]:
+                   ) -> tuple[_Request, SearchSpace, MemoryProbe, float]:
     """DESIGN step 1-2: the workload checked and the memory probe run on one worker bound
     B; the space up to it. Returns the request with the workload completed."""
     sizes = request.cluster_sizes
     probe = probe_memory(request.spec, request.options,
                          min_local_batch=max(1, request.min_batch // sizes[-1]),
                          resources=resources, use_gpu=use_gpu)
-    request = _checked(request, probe["workload"])
+    request = _checked(request, probe.workload)
     if request.device_memory_gb is not None:
         device_bytes = request.device_memory_gb * 1e9
     else:
-        device_bytes = (probe["device_memory_bytes"]
+        device_bytes = (probe.device_memory_bytes
                         or CPU_MEMORY_SHARE_DEFAULT * node_memory_bytes())
     # What the probe (one process, no DDP) cannot see: the CUDA context, DDP's gradient
     # buckets and NCCL's buffers. Budgeted for the largest N, so it holds for every N.
     device_bytes = memory_model.device_budget_bytes(
-        device_bytes, grad_bytes=probe["static"].grad_bytes, num_workers=sizes[-1],
-        in_use_bytes=probe["device_in_use_bytes"], nccl=use_gpu)
+        device_bytes, grad_bytes=probe.static.grad_bytes, num_workers=sizes[-1],
+        in_use_bytes=probe.device_in_use_bytes, nccl=use_gpu)
     # No candidate needs a local batch above max_batch / N_min: nothing larger is measured.
     largest = min(request.max_batch or request.workload.dataset_size, request.workload.dataset_size)
     cap = max(1, largest // sizes[0])
     probe = check_max_local_batch(probe, device_bytes, headroom=request.headroom, cap=cap,
                                   resources=resources, use_gpu=use_gpu)
-    max_local = probe["max_local_batch"]
+    max_local = probe.max_local_batch
     bound = min(max_local * sizes[-1], largest)
     if bound < request.min_batch:
         raise ValueError(
@@ -345,15 +346,15 @@ def _bounded_space(request: _Request, resources: dict[str, float], use_gpu: bool
     return request, space, probe, device_bytes
 
 
-def _strategy_options(request: _Request, probe: dict) -> dict[str, Any]:
+def _strategy_options(request: _Request, probe: MemoryProbe) -> dict[str, Any]:
     """The user's strategy options, plus the plan's context for a strategy that plans as
     it goes (adaptive): all JSON, so the searcher's state stays JSON."""
     return with_plan_context(
         request.strategy, request.strategy_options, objective=request.objective,
         epochs=request.epochs, dataset_size=request.workload.dataset_size,
         pricing=pricing_to_dict(request.pricing), weight_time=request.weight_time,
-        collective=request.collective, memory=probe["params"].to_dict(),
-        max_local_batch=probe["max_local_batch"])
+        collective=request.collective, memory=probe.params.to_dict(),
+        max_local_batch=probe.max_local_batch)
 
 
 def _identity(request: _Request) -> dict[str, Any]:
@@ -367,7 +368,7 @@ def _identity(request: _Request) -> dict[str, Any]:
 
 
 def _profile(request: _Request, space: SearchSpace, use_gpu: bool, device_bytes: float,
-             probe: dict, resources: dict[str, float], name: str, resume: bool,
+             probe: MemoryProbe, resources: dict[str, float], name: str, resume: bool,
              context: dict[str, Any]) -> tuple[TulaSearcher, str]:
     """DESIGN step 3: one Tune trial per cluster size and round, one at a time (concurrent
     trials would share the CPUs or the network and distort each other's step times)."""
@@ -385,7 +386,7 @@ def _profile(request: _Request, space: SearchSpace, use_gpu: bool, device_bytes:
                  "training_options": request.training_options}
     # Above the memory probe's checked bound a candidate is infeasible: the plan says so,
     # and no worker group is launched to learn it again.
-    grid = [c for c in space.candidates() if c.local_batch <= probe["max_local_batch"]]
+    grid = [c for c in space.candidates() if c.local_batch <= probe.max_local_batch]
     searcher = TulaSearcher(grid, request.strategy, _strategy_options(request, probe),
                             context=context)
     return run_experiment(searcher, constants, request.storage_path, name, resume)

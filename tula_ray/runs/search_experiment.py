@@ -18,6 +18,7 @@ from ray import tune
 from ray.tune.search import Searcher
 
 from searchers import TulaSearcher
+from trainables.memory_probe import MemoryProbe
 from trainables.profiling_trial import trainable_with_resources
 from tula_ray.models.memory import MemoryParams
 from tula_ray.space import SearchSpace
@@ -63,20 +64,20 @@ def check_same_search(saved: dict[str, Any], request: dict[str, Any], path: str)
                          "new name= to start another search")
 
 
-def context_of(space: SearchSpace, probe: dict[str, Any], device_bytes: float,
+def context_of(space: SearchSpace, probe: MemoryProbe, device_bytes: float,
                use_gpu: bool, probe_s: float, request: dict[str, Any]) -> dict[str, Any]:
     """What a resumed search needs besides the rows, as JSON: the probe's result and grid."""
     return {"request": request, "space": [list(space.cluster_sizes), list(space.batch_sizes)],
-            "memory": probe["params"].to_dict(), "max_local_batch": probe["max_local_batch"],
-            "memory_probe": probe["rows"], "device_memory_bytes": device_bytes,
+            "memory": probe.params.to_dict(), "max_local_batch": probe.max_local_batch,
+            "memory_probe": probe.rows, "device_memory_bytes": device_bytes,
             "use_gpu": use_gpu, "probe_wall_s": probe_s}
 
 
-def restore_context(context: dict[str, Any]) -> tuple[SearchSpace, dict[str, Any], float]:
+def restore_context(context: dict[str, Any]) -> tuple[SearchSpace, MemoryProbe, float]:
     """(space, probe, device bytes) of a saved search: no memory probe runs again."""
     space = SearchSpace(tuple(context["space"][0]), tuple(context["space"][1]))
-    probe = {"params": MemoryParams.from_dict(context["memory"]),
-             "max_local_batch": context["max_local_batch"], "rows": context["memory_probe"]}
+    probe = MemoryProbe(MemoryParams.from_dict(context["memory"]), context["memory_probe"],
+                        max_local_batch=context["max_local_batch"])
     return space, probe, float(context["device_memory_bytes"])
 
 
