@@ -43,7 +43,7 @@ from torch.utils.data import DataLoader
 from trainables.step_timing import cycle, measured_step_count, timed_steps
 from tula_ray.distributed import max_over_ranks
 from trainables.step_timing import spread as step_spread
-from trainables.strategy_cost import strategy_batch, strategy_extra_s
+from trainables.strategy_cost import measure_strategy_extra_s, strategy_batch
 from tula_ray.failures import is_out_of_memory, workload_code
 from tula_ray.training.measure import memtracker_peak_bytes, train_step
 from tula_ray.profile_table import MAX_ERROR_CHARS, STATUS_OK, STATUS_OOM, profile_row
@@ -222,7 +222,7 @@ class _Sweep:
             else compute
 
         if global_batch == self.first_batch and self.strategy_batch is not None:
-            result["strategy_extra_s"] = strategy_extra_s(self)
+            result["strategy_extra_s"] = measure_strategy_extra_s(self)
         medians = [statistics.median(compute), statistics.median(step), step_spread(step),
                    sum(compute) + (sum(step) if distributed else 0.0), sum(warm)]
         if device.type == "cuda":

@@ -50,7 +50,7 @@ def strategy_batch(config: dict[str, Any], world_size: int, first_batch: int,
     return (changed + reduced)[0] if changed or reduced else (None, {})
 
 
-def strategy_extra_s(sweep: Any) -> float:
+def measure_strategy_extra_s(sweep: Any) -> float:
     """Seconds the training strategy adds to one step (the profiling loop's phase 4), the
     slowest worker's strategy median less the slowest worker's plain median, at
     `sweep.strategy_batch`; `sweep`: the loop's worker group (model, data, config)."""

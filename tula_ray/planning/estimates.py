@@ -20,7 +20,7 @@ DENSE_POINTS = 256  # batch sizes on the dense curve the knee is found on
 StepExtra = Callable[[np.ndarray], np.ndarray]  # N -> seconds the strategy adds per step
 
 
-def strategy_extra_s(profiles: pd.DataFrame) -> StepExtra | None:
+def strategy_extra_by_n(profiles: pd.DataFrame) -> StepExtra | None:
     """What the training strategy adds to each step (issue 14, item 7), as a function of
     N: per profiled N, the median of its measured strategy_extra_s (the strategy's steps
     less plain ones, in the same worker group; at least 0: a strategy adds work, a

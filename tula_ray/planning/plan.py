@@ -24,7 +24,7 @@ from tula_ray.models import memory as memory_model
 from tula_ray.models import perf
 from tula_ray.failures import describe_errors
 from tula_ray.planning.estimates import (add_estimates, add_uncertainty, dense_curve,
-                                predict_candidates, strategy_extra_s, through_measurements)
+                                predict_candidates, strategy_extra_by_n, through_measurements)
 from tula_ray.planning.policy import Choice, choose
 from tula_ray.models.pricing import Pricing, parse_pricing, pricing_to_dict
 from tula_ray.profile_table import oom_local_batch, profile_frame, usable
@@ -247,7 +247,7 @@ def build_plan(
                          "local batch sizes with peak_mem_bytes, or pass memory=")
 
     grid = pd.DataFrame([c.as_dict() for c in space.candidates()])
-    extra = strategy_extra_s(profiles)  # the training strategy's measured cost per step
+    extra = strategy_extra_by_n(profiles)  # the training strategy's measured cost per step
     table = predict_candidates(grid, params, memory, pricing, epochs, dataset_size,
                                strategy_extra=extra)
     measured = profiles.rename(columns={
