@@ -24,9 +24,9 @@ import pandas as pd
 from ray.tune.search import Searcher
 
 from tula_ray.failures import deciding_error, record_error
+from tula_ray.planning.search_strategies import make_search_strategy
 from tula_ray.profile_table import (STATUS_OK, TRACEBACK_KEY, oom_local_batch, profile_frame,
                                     profile_row)
-from tula_ray.planning.search_strategies import make_search_strategy
 from tula_ray.space import Candidate
 
 logger = logging.getLogger(__name__)

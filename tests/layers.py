@@ -18,7 +18,8 @@ PACKAGES = ("tula_ray", "searchers", "trainables")
 # the entry points lazily by name, so it belongs with the core's vocabulary.
 LAYERS: list[tuple[str, list[list[str]]]] = [
     ("command", [["tula_ray.cli"]]),
-    ("entry points", [["tula_ray.runs.search", "tula_ray.runs.search_experiment"],
+    ("entry points", [["tula_ray.runs.search", "tula_ray.runs.search_experiment",
+                       "tula_ray.runs.search_request"],
                       ["tula_ray.runs.train", "tula_ray.runs.tune_training",
                        "tula_ray.runs.training_job"],
                       ["tula_ray.runs"]]),

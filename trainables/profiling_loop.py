@@ -40,13 +40,12 @@ import ray.train.torch
 import torch
 from torch.utils.data import DataLoader
 
-from trainables.step_timing import cycle, measured_step_count, timed_steps
-from tula_ray.distributed import max_over_ranks
-from trainables.step_timing import spread as step_spread
+from trainables.step_timing import cycle, measured_step_count, spread as step_spread, timed_steps
 from trainables.strategy_cost import measure_strategy_extra_s, strategy_batch
+from tula_ray.distributed import max_over_ranks
 from tula_ray.failures import is_out_of_memory, workload_code
-from tula_ray.training.measure import memtracker_peak_bytes, train_step
 from tula_ray.profile_table import MAX_ERROR_CHARS, STATUS_OK, STATUS_OOM, profile_row
+from tula_ray.training.measure import memtracker_peak_bytes, train_step
 from tula_ray.workloads import resolve_workload
 
 logger = logging.getLogger(__name__)

@@ -61,15 +61,12 @@ from typing import Any, Callable, Sequence
 import torch
 from torch import nn
 
-from tula_ray.ags.equations import (DELTA_DEFAULT, EMA_DECAY_DEFAULT, EPS_DEFAULT, ESTIMATORS,
-                                    GAIN_EXPONENT_PAPER, GRANULARITIES, REFRESH_EPOCH,
-                                    SMALL_BATCH_DEFAULT, SOURCES, gain_ratio,
-                                    gradient_variability, max_scale, scale_factor)
-from tula_ray.arguments import check_choice, check_int
+from tula_ray.ags.equations import (DELTA_DEFAULT, EMA_DECAY_DEFAULT, EPS_DEFAULT,
+                                    GAIN_EXPONENT_PAPER, REFRESH_EPOCH, SMALL_BATCH_DEFAULT,
+                                    gain_ratio, gradient_variability, max_scale, scale_factor)
+from tula_ray.ags.options import GROUP_HYPERPARAMETERS, check_group, check_options
 from tula_ray.distributed import average_tensors_over_ranks, world_size
 
-# In every param group (a scheduler may set them); delta None: the gate off.
-GROUP_HYPERPARAMETERS = ("delta", "s_max", "s_min", "eps", "gain_exponent", "ema_decay")
 STATE_DICT_KEYS = {"state", "param_groups", "base_state", "ags"}
 
 
@@ -115,8 +112,11 @@ class TulaOptimizer(torch.optim.Optimizer):
                  source: str = "sub-batch", gain_exponent: float = GAIN_EXPONENT_PAPER,
                  estimator: str = "refresh", ema_decay: float = EMA_DECAY_DEFAULT,
                  process_group: Any = None) -> None:
-        _validate(base_optimizer, large_batch, small_batch, refresh_every, granularity, source,
-                  estimator)
+        if isinstance(base_optimizer, TulaOptimizer):
+            raise TypeError("base_optimizer is already a TulaOptimizer; wrap the plain optimizer "
+                            "once")
+        check_options(base_optimizer, large_batch, small_batch, refresh_every, granularity, source,
+                      estimator)
         self.base = base_optimizer  # before Optimizer.__init__: add_param_group reads it
         self.large_batch, self.small_batch = int(large_batch), int(small_batch)
         self.refresh_every, self.granularity, self.source = refresh_every, granularity, source
@@ -149,7 +149,7 @@ class TulaOptimizer(torch.optim.Optimizer):
             self.base.add_param_group(param_group)  # a user's new group: the base owns it
         for name, default in self.defaults.items():
             param_group.setdefault(name, default)
-        _validate_group(param_group)
+        check_group(param_group)
         if not any(param_group is group for group in self.param_groups):
             self.param_groups.append(param_group)  # only while Optimizer.__init__ runs
 
@@ -347,49 +347,3 @@ class TulaOptimizer(torch.optim.Optimizer):
         self._epoch_pending = ags["epoch_pending"]
         self._counters = dict(ags["counters"])
         self._scale_stats = dict(ags["scale_stats"])
-
-
-def _validate_group(group: dict[str, Any]) -> None:
-    """A param group's AGS hyper-parameters (they may be set per group, or by a scheduler)."""
-    delta, s_max, s_min, eps, exponent, decay = (group[name] for name in GROUP_HYPERPARAMETERS)
-    if delta is not None and not delta >= 0:
-        raise ValueError(f"delta={delta!r}: the variability threshold must be >= 0, or None for "
-                         f"no gate (paper default {DELTA_DEFAULT})")
-    if not s_max > 0:
-        raise ValueError(f"s_max={s_max!r}: must be > 0 (default (large/small batch)^p)")
-    if not 0 <= s_min <= s_max:
-        raise ValueError(f"s_min={s_min!r}: need 0 <= s_min <= s_max ({s_max:.4g})")
-    if not eps > 0:
-        raise ValueError(f"eps={eps!r}: the stability term must be > 0")
-    if not 0 < exponent <= 2:
-        raise ValueError(f"gain_exponent={exponent!r}: need 0 < p <= 2 (paper 1/2, AdaScale 1)")
-    if not 0 <= decay < 1:
-        raise ValueError(f"ema_decay={decay!r}: need 0 <= decay < 1")
-
-
-def _validate(base_optimizer: Any, large_batch: int, small_batch: int, refresh_every: Any,
-              granularity: str, source: str, estimator: str) -> None:
-    if not isinstance(base_optimizer, torch.optim.Optimizer):
-        raise TypeError(f"base_optimizer must be a torch.optim.Optimizer, "
-                        f"not {type(base_optimizer).__name__}")
-    if isinstance(base_optimizer, TulaOptimizer):
-        raise TypeError("base_optimizer is already a TulaOptimizer; wrap the plain optimizer once")
-    check_int("small_batch", small_batch, minimum=1)
-    check_int("large_batch", large_batch, minimum=1)
-    if not small_batch < large_batch:
-        raise ValueError(f"small_batch={small_batch!r}, large_batch={large_batch!r}: need "
-                         "0 < small_batch < large_batch")
-    if isinstance(refresh_every, str):
-        check_choice("refresh_every", refresh_every, (REFRESH_EPOCH,),
-                     hint="or a number of steps >= 1")
-    else:
-        check_int("refresh_every", refresh_every, minimum=1, hint=f"or {REFRESH_EPOCH!r}")
-    if granularity not in GRANULARITIES:
-        raise ValueError(f"granularity={granularity!r} is unknown; use one of {GRANULARITIES}")
-    if source not in SOURCES:
-        raise ValueError(f"source={source!r} is unknown; use one of {SOURCES}")
-    if estimator not in ESTIMATORS:
-        raise ValueError(f"estimator={estimator!r} is unknown; use one of {ESTIMATORS}")
-    if estimator == "ema" and granularity != "tensor":
-        raise ValueError("estimator='ema' averages per-tensor norms: use granularity='tensor'")
-

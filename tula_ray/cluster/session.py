@@ -12,9 +12,9 @@ the network.
 
 from __future__ import annotations
 
-import logging
 import contextlib
 import copy
+import logging
 import os
 from typing import Any, Iterator
 

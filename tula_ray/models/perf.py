@@ -34,7 +34,7 @@ from scipy.optimize import least_squares, lsq_linear
 
 # ComputeCurve and fit_compute_curve: eq. 2b and its forms, re-exported here.
 from tula_ray.models.compute_forms import (ComputeCurve, Curve, curve_from_dict,  # noqa: F401
-                                    curve_to_dict, fit_compute_curve)
+                                           curve_to_dict, fit_compute_curve)
 from tula_ray.profile_table import usable
 
 logger = logging.getLogger(__name__)

@@ -11,8 +11,7 @@ from typing import Callable
 import numpy as np
 import pandas as pd
 
-from tula_ray.models import memory as memory_model
-from tula_ray.models import perf
+from tula_ray.models import memory as memory_model, perf
 from tula_ray.models.pricing import Pricing
 from tula_ray.profile_table import STATUS_OK, usable
 

@@ -20,15 +20,15 @@ import numpy as np
 import pandas as pd
 
 from tula_ray.arguments import check_int
-from tula_ray.models import memory as memory_model
-from tula_ray.models import perf
 from tula_ray.failures import describe_errors
-from tula_ray.planning.estimates import (add_estimates, add_uncertainty, dense_curve,
-                                predict_candidates, strategy_extra_by_n, through_measurements)
-from tula_ray.planning.policy import Choice, choose
+from tula_ray.models import memory as memory_model, perf
 from tula_ray.models.pricing import Pricing, parse_pricing, pricing_to_dict
-from tula_ray.profile_table import oom_local_batch, profile_frame, usable
+from tula_ray.planning.estimates import (add_estimates, add_uncertainty, dense_curve,
+                                         predict_candidates, strategy_extra_by_n,
+                                         through_measurements)
+from tula_ray.planning.policy import Choice, choose
 from tula_ray.planning.search_strategies import make_search_strategy
+from tula_ray.profile_table import oom_local_batch, profile_frame, usable
 from tula_ray.space import SearchSpace
 
 PLAN_FORMAT = 1

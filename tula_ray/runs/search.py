@@ -8,127 +8,36 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any, Sequence
 
 import ray
 
 from searchers import TulaSearcher
-from trainables.memory_probe import (MemoryProbe, check_max_local_batch, check_workload,
-                                     probe_memory)
+from trainables.memory_probe import MemoryProbe, check_max_local_batch, check_workload, probe_memory
 from trainables.profiling_loop import (MEASURE_SECONDS_DEFAULT, MEASURE_STEPS_DEFAULT,
-                                      WARMUP_STEPS_DEFAULT)
-from tula_ray.models import memory as memory_model
+                                       WARMUP_STEPS_DEFAULT)
+from tula_ray.arguments import named_arguments
 from tula_ray.cluster import (CPU_MEMORY_SHARE_DEFAULT, PROVISION_TIMEOUT_S_DEFAULT,
-                              check_runtime_env, check_worker_request, cluster_for_run,
-                              node_memory_bytes)
+                              check_worker_request, cluster_for_run, node_memory_bytes)
 from tula_ray.failures import UserCodeError
-from tula_ray.models.perf import COLLECTIVES
-from tula_ray.planning.plan import Plan, build_plan, deprecated_mode
-from tula_ray.planning.policy import OBJECTIVES
+from tula_ray.models import memory as memory_model
 from tula_ray.models.pricing import Pricing, parse_pricing, pricing_to_dict
+from tula_ray.planning.plan import Plan, build_plan, deprecated_mode
+from tula_ray.planning.search_strategies import with_plan_context
 from tula_ray.profile_table import STATUS_OK, profile_frame
-from tula_ray.planning.search_strategies import (SEARCH_STRATEGIES, make_search_strategy,
-                                                 with_plan_context)
-from tula_ray.space import MIN_BATCH_DEFAULT, SearchSpace, check_positive_ints
-from tula_ray.training.strategy_base import TrainingStrategy, check_option_names
-from tula_ray.training.strategies import (TRAINING_STRATEGY_DEFAULT, get_training_strategy,
-                                          portable_training_strategy, refusals)
-from tula_ray.workloads import Workload, portable_workload, resolve_workload
-from tula_ray.arguments import (check_bool, check_choice, check_int, check_mapping, check_number,
-                                check_text, named_arguments)
 from tula_ray.runs.search_experiment import (check_same_search, context_of, experiment_name,
-                                        experiment_path, restore_context, run_experiment,
-                                        saved_search)
+                                             experiment_path, restore_context, run_experiment,
+                                             saved_search)
+from tula_ray.runs.search_request import (SearchRequest, check_dataset_size, check_request,
+                                          check_search_arguments, json_options, search_identity)
+from tula_ray.space import MIN_BATCH_DEFAULT, SearchSpace
+from tula_ray.training.strategies import (TRAINING_STRATEGY_DEFAULT, portable_training_strategy,
+                                          refusals)
+from tula_ray.training.strategy_base import TrainingStrategy
+from tula_ray.workloads import Workload, portable_workload, resolve_workload
 
 logger = logging.getLogger(__name__)
-
-def _check_arguments(a: dict[str, Any]) -> None:
-    """Each plain argument's type and range, before anything is built (issue 13, item 4)."""
-    if not isinstance(a["cluster_sizes"], (list, tuple)):
-        raise TypeError(f"cluster_sizes={a['cluster_sizes']!r}; it must be a list or tuple of "
-                        "positive integers")
-    check_positive_ints("cluster_sizes", a["cluster_sizes"])
-    check_choice("objective", a["objective"], OBJECTIVES)
-    check_choice("strategy", a["strategy"], sorted(SEARCH_STRATEGIES))
-    if a["mode"] is not None:  # the former name of `strategy`
-        check_choice("mode", a["mode"], sorted(SEARCH_STRATEGIES))
-    check_mapping("strategy_options", a["strategy_options"])
-    check_number("measure_seconds", a["measure_seconds"], low=0.0)
-    check_choice("collective", a["collective"], sorted(COLLECTIVES))
-    check_number("weight_time", a["weight_time"], low=0.0, high=1.0)
-    check_number("headroom", a["headroom"], low=0.0, high=1.0, high_open=True)
-    check_number("device_memory_gb", a["device_memory_gb"], low=0.0, low_open=True,
-                  optional=True)
-    check_int("min_batch", a["min_batch"], minimum=1)
-    check_int("max_batch", a["max_batch"], minimum=1, optional=True)
-    check_int("warmup_steps", a["warmup_steps"], minimum=0)
-    check_int("measure_steps", a["measure_steps"], minimum=1)
-    check_int("epochs", a["epochs"], minimum=1, optional=True)
-    check_mapping("workload_options", a["workload_options"])
-    check_mapping("training_options", a["training_options"])
-    for label in ("storage_path", "name", "address"):
-        check_text(label, a[label], optional=True)
-    check_bool("resume", a["resume"])
-    if a["resume"] and a["name"] is None:
-        raise ValueError("resume=True needs name=: the name of the search to continue (with "
-                         "the same storage_path); a search without a name gets a new one")
-    check_worker_request(a["resources_per_worker"], a["provision_timeout_s"])
-    check_runtime_env(a["runtime_env"])
-
-
-def _validate(r: "_Request") -> None:
-    """What depends on several arguments or on the workload."""
-    # An unknown name or option fails here.
-    named_arguments(make_search_strategy, "strategy", "strategy_options")(
-        r.strategy, r.strategy_options)
-    if r.training_strategy is not None:
-        strategy = named_arguments(get_training_strategy, "training_strategy")(r.training_strategy)
-        named_arguments(check_option_names, "training_options")(strategy, r.training_options)
-    if r.max_batch is not None and r.max_batch < r.min_batch:
-        raise ValueError(f"max_batch={r.max_batch} is below min_batch={r.min_batch}; "
-                         "max_batch must be >= min_batch")
-
-
-def _check_dataset_size(r: "_Request") -> None:
-    """What depends on the training set's size, once the check on a worker knows it."""
-    if r.min_batch > r.workload.dataset_size:
-        raise ValueError(f"min_batch={r.min_batch} is larger than the dataset of "
-                         f"{r.workload.name} ({r.workload.dataset_size} samples)")
-
-
-@dataclass(frozen=True)
-class _Request:
-    """The user's arguments to `search`, validated, as one value."""
-
-    spec: str | Workload  # what workers rebuild the workload from (a name, or the object)
-    options: dict[str, Any]
-    workload: Workload  # completed by the check on a worker (`_checked`)
-    cluster_sizes: tuple[int, ...]
-    min_batch: int
-    max_batch: int | None
-    objective: str
-    strategy: str
-    strategy_options: dict[str, Any]
-    pricing: Pricing
-    weight_time: float
-    device_memory_gb: float | None
-    headroom: float
-    collective: str
-    warmup_steps: int
-    measure_steps: int
-    storage_path: str | None
-    name: str | None
-    epochs: int
-    measure_seconds: float
-    provision_timeout_s: float
-    training_strategy: str | TrainingStrategy | None
-    training_options: dict[str, Any]
-
-    @property
-    def training_strategy_name(self) -> str | None:
-        strategy = self.training_strategy
-        return strategy.name if isinstance(strategy, TrainingStrategy) else strategy
 
 
 def search(
@@ -210,7 +119,7 @@ def search(
     same error ending two launches) ends the search with a UserCodeError, the rows so
     far kept in its experiment. `plan.meta["errors"]` lists each distinct error once.
     """
-    _check_arguments(locals())
+    check_search_arguments(locals())
     strategy = deprecated_mode(strategy, mode)
     options = dict(workload_options or {})
     # The workload is completed (shapes, dtype, size) by a check where the workers run,
@@ -218,14 +127,14 @@ def search(
     resolved = named_arguments(resolve_workload, "workload", "workload_options")(
         workload, options)
     spec, sent_options = portable_workload(workload, options, resolved)
-    request = _Request(
+    request = SearchRequest(
         spec, sent_options, resolved, tuple(sorted(set(cluster_sizes))),
         min_batch, max_batch, objective, strategy, dict(strategy_options or {}),
         named_arguments(parse_pricing, "pricing")(pricing), weight_time,
         device_memory_gb, headroom, collective, warmup_steps, measure_steps, storage_path, name,
         resolved.epochs if epochs is None else epochs, measure_seconds, provision_timeout_s,
         training_strategy, dict(training_options or {}))
-    _validate(request)
+    check_request(request)
     resources = check_worker_request(resources_per_worker, provision_timeout_s)
     with cluster_for_run(request.cluster_sizes[-1], resources, address=address,
                          runtime_env=runtime_env, storage_path=request.storage_path,
@@ -240,12 +149,12 @@ def search(
                                                                  use_gpu)
             probe_s = time.perf_counter() - started
         else:
-            check_same_search(saved.context.get("request", {}), _identity(request), saved_at)
+            check_same_search(saved.context.get("request", {}), search_identity(request), saved_at)
             request = _checked(request, check_workload(
                 request.spec, request.options, resources=workers.resources, use_gpu=use_gpu))
             space, probe, device_bytes = restore_context(saved.context)
             probe_s = 0.0
-        context = context_of(space, probe, device_bytes, use_gpu, probe_s, _identity(request))
+        context = context_of(space, probe, device_bytes, use_gpu, probe_s, search_identity(request))
         searcher, path = _profile(request, space, use_gpu, device_bytes, probe,
                                   workers.resources, name, resume, context)
         _raise_deciding_error(searcher, path)
@@ -260,9 +169,9 @@ def search(
                 "ray_version": ray.__version__, "experiment_path": path,
                 "resumed": saved is not None,
                 "memory_probe": probe.rows, "errors": searcher.errors,
-                "workload_options": _json_options(options),
+                "workload_options": json_options(options),
                 "training_strategy": request.training_strategy_name,
-                "training_options": _json_options(request.training_options)}
+                "training_options": json_options(request.training_options)}
         workload = request.workload
         # What the training strategy cannot train is never chosen: train takes the choice.
         untrainable = {} if request.training_strategy is None else refusals(
@@ -276,23 +185,12 @@ def search(
             workload=workload.name, meta=meta, untrainable=untrainable)
 
 
-def _json_options(options: dict[str, Any]) -> dict[str, Any]:
-    """The workload options a plan can record, so `tula_ray.train(plan)` rebuilds the same
-    workload (e.g. the same train_subset); functions (loss_fn, ...) cannot go into JSON."""
-    kept = {k: v for k, v in options.items() if isinstance(v, (str, int, float, bool, type(None)))}
-    if len(kept) < len(options):
-        logger.warning("the plan does not record workload options %s (not JSON); pass them "
-                       "again to tula_ray.train(..., workload_options=...)",
-                       sorted(set(options) - set(kept)))
-    return kept
-
-
-def _checked(request: _Request, workload: Workload) -> _Request:
+def _checked(request: SearchRequest, workload: Workload) -> SearchRequest:
     """The request with its workload completed by the check on a worker: a user's
     Workload travels to the trials completed, so no worker looks at its data again."""
     spec, options = portable_workload(request.spec, request.options, workload)
     request = replace(request, workload=workload, spec=spec, options=options)
-    _check_dataset_size(request)
+    check_dataset_size(request)
     return request
 
 
@@ -310,8 +208,8 @@ def _raise_deciding_error(searcher: TulaSearcher, path: str) -> None:
         f"kept in the experiment at {path}", fatal["traceback"])
 
 
-def _bounded_space(request: _Request, resources: dict[str, float], use_gpu: bool
-                   ) -> tuple[_Request, SearchSpace, MemoryProbe, float]:
+def _bounded_space(request: SearchRequest, resources: dict[str, float], use_gpu: bool
+                   ) -> tuple[SearchRequest, SearchSpace, MemoryProbe, float]:
     """DESIGN step 1-2: the workload checked and the memory probe run on one worker bound
     B; the space up to it. Returns the request with the workload completed."""
     sizes = request.cluster_sizes
@@ -346,7 +244,7 @@ def _bounded_space(request: _Request, resources: dict[str, float], use_gpu: bool
     return request, space, probe, device_bytes
 
 
-def _strategy_options(request: _Request, probe: MemoryProbe) -> dict[str, Any]:
+def _strategy_options(request: SearchRequest, probe: MemoryProbe) -> dict[str, Any]:
     """The user's strategy options, plus the plan's context for a strategy that plans as
     it goes (adaptive): all JSON, so the searcher's state stays JSON."""
     return with_plan_context(
@@ -357,17 +255,7 @@ def _strategy_options(request: _Request, probe: MemoryProbe) -> dict[str, Any]:
         max_local_batch=probe.max_local_batch)
 
 
-def _identity(request: _Request) -> dict[str, Any]:
-    """The arguments that define a search, as JSON (what a resume must match)."""
-    return {"workload": request.workload.name, "cluster_sizes": list(request.cluster_sizes),
-            "min_batch": request.min_batch, "max_batch": request.max_batch,
-            "strategy": request.strategy, "strategy_options": request.strategy_options,
-            "objective": request.objective,
-            "training_strategy": request.training_strategy_name,
-            "training_options": _json_options(request.training_options)}
-
-
-def _profile(request: _Request, space: SearchSpace, use_gpu: bool, device_bytes: float,
+def _profile(request: SearchRequest, space: SearchSpace, use_gpu: bool, device_bytes: float,
              probe: MemoryProbe, resources: dict[str, float], name: str, resume: bool,
              context: dict[str, Any]) -> tuple[TulaSearcher, str]:
     """DESIGN step 3: one Tune trial per cluster size and round, one at a time (concurrent

@@ -28,8 +28,8 @@ from ray.train.torch import TorchTrainer
 
 from trainables.training_loop import load_checkpoint_state, train_loop_per_worker
 from tula_ray.arguments import check_bool, check_int, check_mapping, check_number, check_text
-from tula_ray.cluster import (PROVISION_TIMEOUT_S_DEFAULT, check_runtime_env,
-                              check_worker_request, cluster_for_run)
+from tula_ray.cluster import (PROVISION_TIMEOUT_S_DEFAULT, check_runtime_env, check_worker_request,
+                              cluster_for_run)
 from tula_ray.planning.plan import Plan
 from tula_ray.runs.training_job import Job, checked_on_worker, dry_run, resolve_job
 from tula_ray.training.strategies import TRAINING_STRATEGY_DEFAULT, TrainingStrategy

@@ -17,9 +17,8 @@ from trainables.memory_probe import check_workload
 from tula_ray.arguments import check_int, named_arguments
 from tula_ray.cluster import Workers
 from tula_ray.planning.plan import Plan
-from tula_ray.training.strategies import (TrainingStrategy, build_strategy,
-                                          get_training_strategy, portable_training_strategy)
-from tula_ray.training.strategies import logger as strategies_logger
+from tula_ray.training.strategies import (TrainingStrategy, build_strategy, get_training_strategy,
+                                          logger as strategies_logger, portable_training_strategy)
 from tula_ray.workloads import Workload, portable_workload, resolve_workload
 
 logger = logging.getLogger(__name__)

@@ -13,7 +13,6 @@ from torch import nn
 from tula_ray.distributed import unwrapped
 from tula_ray.training.strategy_base import StrategySetup, base_optimizer
 
-
 CHECKPOINT_KEYS = {"strategy", "epoch", "model", "optimizer", "scheduler", "comm_iter"}
 
 

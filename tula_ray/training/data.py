@@ -13,7 +13,6 @@ from torch.utils.data import DataLoader, DistributedSampler, Subset
 
 from tula_ray.workloads import Workload
 
-
 EVAL_BATCH = 1000  # test-set batch: no gradients are kept, so it can exceed the training batch
 
 

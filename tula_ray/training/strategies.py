@@ -33,11 +33,10 @@ import torch
 from torch import nn
 
 from tula_ray.arguments import check_int, check_number, check_text
-from tula_ray.training.ags_strategy import AdaptiveGradientScaling, NoiseScaleAGS
 from tula_ray.distributed import world_size
+from tula_ray.training.ags_strategy import AdaptiveGradientScaling, NoiseScaleAGS
 from tula_ray.training.strategy_base import (BaseStrategy, StrategySetup, TrainingStrategy,
-                                             base_optimizer,
-                                             check_option_names)
+                                             base_optimizer, check_option_names)
 from tula_ray.workloads import LR_DEFAULT, MOMENTUM_DEFAULT, WEIGHT_DECAY_DEFAULT, sgd
 
 logger = logging.getLogger(__name__)
@@ -270,8 +269,8 @@ def _polo(model: nn.Module, local: torch.optim.Optimizer, steps_per_epoch: int, 
         raise ValueError(f"polo under torch.distributed (world size {world_size()}) needs a "
                          f"DistributedDataParallel model to register its comm hook; got "
                          f"{type(model).__name__}: wrap it in DDP before build_strategy")
-    from torch.distributed.algorithms.ddp_comm_hooks.post_localSGD_hook import (
-        PostLocalSGDState, post_localSGD_hook)
+    from torch.distributed.algorithms.ddp_comm_hooks.post_localSGD_hook import (PostLocalSGDState,
+                                                                                post_localSGD_hook)
     from torch.distributed.algorithms.model_averaging.averagers import PeriodicModelAverager
     from torch.distributed.optim import PostLocalSGDOptimizer
 

@@ -14,7 +14,6 @@ from torch import nn
 
 from tula_ray.arguments import check_mapping
 
-
 # --------------------------------------------------------------------------- the protocol
 
 @dataclass

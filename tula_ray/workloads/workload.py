@@ -21,15 +21,8 @@ from torch import nn
 from torch.utils.data import Dataset
 
 from tula_ray.arguments import check_text
-from tula_ray.workloads.datasets import (
-    FAKE_SIZE_DEFAULT,
-    FASHION_MNIST_TRAIN_SIZE,
-    NUM_CLASSES,
-    SAMPLE_SHAPE,
-    check_subset,
-    fake_data,
-    fashion_mnist,
-)
+from tula_ray.workloads.datasets import (FAKE_SIZE_DEFAULT, FASHION_MNIST_TRAIN_SIZE, NUM_CLASSES,
+                                         SAMPLE_SHAPE, check_subset, fake_data, fashion_mnist)
 
 EPOCHS_DEFAULT = 20  # the generalization runs of NOTES-ENV
 # Paper §IV-B: SGD, momentum 0.9, lr 0.01 (ResNet50: 0.05), weight decay 5e-4 (MobileNetV3: 1e-4).

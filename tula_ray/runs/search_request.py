@@ -1,0 +1,133 @@
+"""A search's arguments, checked and held as one value (`SearchRequest`): each plain
+argument's type and range before anything is built, what depends on several of them, and
+what depends on the training set once a worker has read it. Ray-facing only through the
+cluster checks it shares with the other entry points; the search entry's own module.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from tula_ray.arguments import (check_bool, check_choice, check_int, check_mapping, check_number,
+                                check_text, named_arguments)
+from tula_ray.cluster import check_runtime_env, check_worker_request
+from tula_ray.models.perf import COLLECTIVES
+from tula_ray.models.pricing import Pricing
+from tula_ray.planning.policy import OBJECTIVES
+from tula_ray.planning.search_strategies import SEARCH_STRATEGIES, make_search_strategy
+from tula_ray.space import check_positive_ints
+from tula_ray.training.strategies import get_training_strategy
+from tula_ray.training.strategy_base import TrainingStrategy, check_option_names
+from tula_ray.workloads import Workload
+
+logger = logging.getLogger(__name__)
+
+def check_search_arguments(a: dict[str, Any]) -> None:
+    """Each plain argument's type and range, before anything is built (issue 13, item 4)."""
+    if not isinstance(a["cluster_sizes"], (list, tuple)):
+        raise TypeError(f"cluster_sizes={a['cluster_sizes']!r}; it must be a list or tuple of "
+                        "positive integers")
+    check_positive_ints("cluster_sizes", a["cluster_sizes"])
+    check_choice("objective", a["objective"], OBJECTIVES)
+    check_choice("strategy", a["strategy"], sorted(SEARCH_STRATEGIES))
+    if a["mode"] is not None:  # the former name of `strategy`
+        check_choice("mode", a["mode"], sorted(SEARCH_STRATEGIES))
+    check_mapping("strategy_options", a["strategy_options"])
+    check_number("measure_seconds", a["measure_seconds"], low=0.0)
+    check_choice("collective", a["collective"], sorted(COLLECTIVES))
+    check_number("weight_time", a["weight_time"], low=0.0, high=1.0)
+    check_number("headroom", a["headroom"], low=0.0, high=1.0, high_open=True)
+    check_number("device_memory_gb", a["device_memory_gb"], low=0.0, low_open=True,
+                  optional=True)
+    check_int("min_batch", a["min_batch"], minimum=1)
+    check_int("max_batch", a["max_batch"], minimum=1, optional=True)
+    check_int("warmup_steps", a["warmup_steps"], minimum=0)
+    check_int("measure_steps", a["measure_steps"], minimum=1)
+    check_int("epochs", a["epochs"], minimum=1, optional=True)
+    check_mapping("workload_options", a["workload_options"])
+    check_mapping("training_options", a["training_options"])
+    for label in ("storage_path", "name", "address"):
+        check_text(label, a[label], optional=True)
+    check_bool("resume", a["resume"])
+    if a["resume"] and a["name"] is None:
+        raise ValueError("resume=True needs name=: the name of the search to continue (with "
+                         "the same storage_path); a search without a name gets a new one")
+    check_worker_request(a["resources_per_worker"], a["provision_timeout_s"])
+    check_runtime_env(a["runtime_env"])
+
+
+def check_request(r: "SearchRequest") -> None:
+    """What depends on several arguments or on the workload."""
+    # An unknown name or option fails here.
+    named_arguments(make_search_strategy, "strategy", "strategy_options")(
+        r.strategy, r.strategy_options)
+    if r.training_strategy is not None:
+        strategy = named_arguments(get_training_strategy, "training_strategy")(r.training_strategy)
+        named_arguments(check_option_names, "training_options")(strategy, r.training_options)
+    if r.max_batch is not None and r.max_batch < r.min_batch:
+        raise ValueError(f"max_batch={r.max_batch} is below min_batch={r.min_batch}; "
+                         "max_batch must be >= min_batch")
+
+
+def check_dataset_size(r: "SearchRequest") -> None:
+    """What depends on the training set's size, once the check on a worker knows it."""
+    if r.min_batch > r.workload.dataset_size:
+        raise ValueError(f"min_batch={r.min_batch} is larger than the dataset of "
+                         f"{r.workload.name} ({r.workload.dataset_size} samples)")
+
+
+@dataclass(frozen=True)
+class SearchRequest:
+    """The user's arguments to `search`, validated, as one value."""
+
+    spec: str | Workload  # what workers rebuild the workload from (a name, or the object)
+    options: dict[str, Any]
+    workload: Workload  # completed by the check on a worker (`_checked`)
+    cluster_sizes: tuple[int, ...]
+    min_batch: int
+    max_batch: int | None
+    objective: str
+    strategy: str
+    strategy_options: dict[str, Any]
+    pricing: Pricing
+    weight_time: float
+    device_memory_gb: float | None
+    headroom: float
+    collective: str
+    warmup_steps: int
+    measure_steps: int
+    storage_path: str | None
+    name: str | None
+    epochs: int
+    measure_seconds: float
+    provision_timeout_s: float
+    training_strategy: str | TrainingStrategy | None
+    training_options: dict[str, Any]
+
+    @property
+    def training_strategy_name(self) -> str | None:
+        strategy = self.training_strategy
+        return strategy.name if isinstance(strategy, TrainingStrategy) else strategy
+
+
+def json_options(options: dict[str, Any]) -> dict[str, Any]:
+    """The workload options a plan can record, so `tula_ray.train(plan)` rebuilds the same
+    workload (e.g. the same train_subset); functions (loss_fn, ...) cannot go into JSON."""
+    kept = {k: v for k, v in options.items() if isinstance(v, (str, int, float, bool, type(None)))}
+    if len(kept) < len(options):
+        logger.warning("the plan does not record workload options %s (not JSON); pass them "
+                       "again to tula_ray.train(..., workload_options=...)",
+                       sorted(set(options) - set(kept)))
+    return kept
+
+
+def search_identity(request: SearchRequest) -> dict[str, Any]:
+    """The arguments that define a search, as JSON (what a resume must match)."""
+    return {"workload": request.workload.name, "cluster_sizes": list(request.cluster_sizes),
+            "min_batch": request.min_batch, "max_batch": request.max_batch,
+            "strategy": request.strategy, "strategy_options": request.strategy_options,
+            "objective": request.objective,
+            "training_strategy": request.training_strategy_name,
+            "training_options": json_options(request.training_options)}
