@@ -7,8 +7,8 @@ paper's recipe: lbt, lrs, lars, polo, ags (Algorithm 1 literally: sub-batch sour
 per-tensor scales, refreshed per epoch) and ags-ns (AGS-NS, the variant beyond the
 paper, issue 12). Every run is data-parallel on N=2 gloo workers (the embedded
 default's shape), so PoLo really goes local and the DDP-local gradient exists. Each
-run is set up by `tula_ray.training.prepare_run` and each epoch is
-`tula_ray.training.train_epoch`, the code `tula_ray.train()` runs on Ray.
+run is set up by `tula_ray.training.run.prepare_run` and each epoch is
+`tula_ray.training.epochs.train_epoch`, the code `tula_ray.train()` runs on Ray.
 
 Then each strategy tuned with the same budget (`benchmarks.tuning`: at B = 1024, carried
 to 512 and 2048 by the strategy's own scaling rule) and trained with its tuned

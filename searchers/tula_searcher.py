@@ -2,7 +2,7 @@
 
 A thin adapter, the shape of Ray's `OptunaSearch` over an Optuna sampler: the
 decisions (which candidates, when to stop) live in the strategy
-(`tula_ray.search_strategies`); this class only translates. Each round it asks
+(`tula_ray.planning.search_strategies`); this class only translates. Each round it asks
 the strategy for candidates and turns them into trials, ONE PER CLUSTER SIZE N
 (one Ray Train worker group profiles every batch of its N), records each (N, B)
 result as it arrives (`on_trial_result`), and asks again when the round is done.

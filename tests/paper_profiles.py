@@ -1,5 +1,5 @@
 """Ground-truth profile rows written from the paper's equations here, never by calling
-tula_ray.perf: the model tests then check perf against an independent statement of
+tula_ray.models.perf: the model tests then check perf against an independent statement of
 eq. 2a-2c (and AdaptDL's overlap form), so a broken equation in perf cannot hide
 behind the same broken code generating its data (issue 15).
 

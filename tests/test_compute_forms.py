@@ -1,4 +1,4 @@
-"""Eq. 2b's forms (tula_ray.compute_forms): the built-in order, and a form a user adds in
+"""Eq. 2b's forms (tula_ray.models.compute_forms): the built-in order, and a form a user adds in
 one place, through the fit, a plan's JSON and back."""
 
 from dataclasses import dataclass

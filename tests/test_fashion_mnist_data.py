@@ -1,4 +1,4 @@
-"""Where Fashion-MNIST comes from (tula_ray.fashion_mnist_files) and how it is loaded
+"""Where Fashion-MNIST comes from (tula_ray.workloads.fashion_mnist_files) and how it is loaded
 (tula_ray.workloads.datasets), without Ray and without the network: the downloads are served by
 an HTTP server on loopback that this module starts."""
 

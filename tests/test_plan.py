@@ -99,7 +99,7 @@ def test_the_knee_does_not_depend_on_rounding_steps_per_epoch(dataset_size):
     assert plan.choice.knee_global_batch == pytest.approx(reference.choice.knee_global_batch)
 
 
-# --- ground truth written from the paper's equations here, not by calling tula_ray.perf ----
+# --- ground truth written from the paper's equations here, not by calling tula_ray.models.perf ----
 
 EPOCHS, DATASET = 5, 10000
 FIXED_INTERCEPT_S = 0.004  # eq. 2b: compute = intercept + per-sample cost x b, per N

@@ -3,8 +3,8 @@
 Each task takes one worker's resources (a whole GPU when the workers have GPUs), so the
 check runs where the workers will (the driver may be a CPU head without the data, the
 GPU or the packages), and the peaks and the device size are the workers', not the
-driver's. The checking is `tula_ray.workload_check`, the measuring
-`tula_ray.training.measure.probe_peaks` / `peak_or_none`, the fitting `tula_ray.memory` (eq. 3):
+driver's. The checking is `tula_ray.workloads.check`, the measuring
+`tula_ray.training.measure.probe_peaks` / `peak_or_none`, the fitting `tula_ray.models.memory` (eq. 3):
 this module only ships them to a worker. An error raised there (the workload's own code
 as a `UserCodeError` with the worker's traceback, or a ValueError naming a bad field)
 is raised again in the driver as it is, before any worker group starts.
@@ -80,7 +80,7 @@ def _get(reference: ray.ObjectRef, workload: str | Workload) -> Any:
 
 def check_workload(workload: str | Workload, options: dict[str, Any], *,
                    resources: dict[str, float], use_gpu: bool) -> Workload:
-    """The workload checked on one worker (`tula_ray.workload_check`), completed (shapes,
+    """The workload checked on one worker (`tula_ray.workloads.check`), completed (shapes,
     dtype, size)."""
     return _get(_on_one_worker(_check_and_measure, resources).remote(
         workload, options, [], use_gpu), workload)["workload"]

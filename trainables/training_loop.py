@@ -1,11 +1,11 @@
 """The Ray Train per-worker loop that trains the chosen (N, B) (DESIGN "Data flow" step 6).
 
 Each worker trains its share of the global batch B (local batch B / N) with a
-strategy of `tula_ray.training_strategies` (AGS by default) for the workload's epochs,
+strategy of `tula_ray.training.strategies` (AGS by default) for the workload's epochs,
 scores the whole test set every epoch, and reports the metrics with
 `ray.train.report`, so they show in the Ray dashboard. Rank 0 attaches a
 checkpoint every epoch (model, optimizer with the AGS state, scheduler, epoch:
-`tula_ray.training.checkpoint_state`); after a worker failure Ray Train restarts
+`tula_ray.training.checkpoints.checkpoint_state`); after a worker failure Ray Train restarts
 the group and the loop resumes from `ray.train.get_checkpoint()`.
 
 The epoch logic is `tula_ray.training`'s, shared with single-process runs: the

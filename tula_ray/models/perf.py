@@ -12,7 +12,7 @@ reducing to the paper's form when the data do:
   interpolated in log2(N) for cluster sizes never profiled;
 - compute is linear in b with a fixed per-step cost (eq. 2b) unless the data
   are convex (larger batches spill out of cache: on 2 CPU cores a step costs
-  b^1.12), then a power law a * b^p: the forms of `tula_ray.compute_forms`, where
+  b^1.12), then a power law a * b^p: the forms of `tula_ray.models.compute_forms`, where
   a user registers another;
 - exposed sync time may grow with b (stragglers; on CPU the collective competes
   with compute for the cores): units(N) * (beta0 + beta1 * b), beta1 >= 0;

@@ -4,7 +4,7 @@
 fit the performance model (full or partial), predict step time, training time
 (eq. 4a), peak memory (eq. 3) and cost (eq. 4b) for every (N, B) of the space,
 apply the constraints, and let the policy choose on the estimates
-(`tula_ray.estimates`: measured where profiled, predicted elsewhere). It needs no
+(`tula_ray.planning.estimates`: measured where profiled, predicted elsewhere). It needs no
 cluster, so a plan can be re-made offline from recorded profiles.
 """
 
@@ -229,7 +229,7 @@ def build_plan(
     """Fit, predict every candidate of `space`, apply constraints, choose (DESIGN step 4).
 
     strategy: the search strategy whose rows the model is fitted from (`fit_rows`: full,
-      every usable row; partial, the corners), see tula_ray.search_strategies.
+      every usable row; partial, the corners), see tula_ray.planning.search_strategies.
     mode: the former name of `strategy` (deprecated).
     untrainable: (N, B) -> why the training strategy the plan is for cannot train it
       (`tula_ray.training.strategies.refusals`): marked `trainable` False, never chosen.

@@ -80,7 +80,7 @@ def search(
     strategy: the search strategy (tula_ray.planning.search_strategies.SEARCH_STRATEGIES): "partial"
       profiles only the extremes, "full" every candidate; strategy_options go to it.
       (`mode` is its former, deprecated name: Ray's `mode` means min/max.)
-    objective, weight_time, pricing: see tula_ray.planning.policy.choose and tula_ray.pricing.
+    objective, weight_time, pricing: see tula_ray.planning.policy.choose and tula_ray.models.pricing.
     device_memory_gb: memory of one device; GPUs report theirs, on CPU this is the
       share of RAM a worker may use (default 25 % of the node's RAM).
     storage_path, name: where Ray Tune keeps the experiment (default ~/ray_results).
@@ -111,7 +111,7 @@ def search(
     file system or a cloud URI); the search refuses otherwise, before any trial.
 
     Before any worker group starts, one Ray task with a worker's resources checks the
-    workload where the workers run (`tula_ray.workload_check`: its data, model, loss and
+    workload where the workers run (`tula_ray.workloads.check`: its data, model, loss and
     optimizer on its first samples): its own code failing there raises a
     `tula_ray.failures.UserCodeError` with the worker's traceback. Failures while
     profiling follow one taxonomy (`tula_ray.failures`): out of memory makes a candidate

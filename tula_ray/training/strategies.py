@@ -9,7 +9,7 @@ A strategy (the `TrainingStrategy` protocol) carries, in one object:
     telemetry); the epoch loop knows no strategy by name.
 
 Registered in one place, `TRAINING_STRATEGIES` (`register_training_strategy` adds a fifth):
-  "ags"   the workload's SGD wrapped in `TulaOptimizer` (Algorithm 1; tula_ray.ags_strategy);
+  "ags"   the workload's SGD wrapped in `TulaOptimizer` (Algorithm 1; tula_ray.training.ags_strategy);
   "ags-ns" the same optimizer with the options of AGS-NS, the variant beyond the paper;
   "lbt"   vanilla large-batch training: the same SGD at B, LR unchanged;
   "lrs"   linear LR scaling lr * B / 128 with a linear warm-up (Goyal et al., [7]);

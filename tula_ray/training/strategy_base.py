@@ -1,6 +1,6 @@
 """The training-strategy protocol and what every strategy shares (no Ray; core module).
 
-`tula_ray.training_strategies` holds the registry and the built-in strategies; this
+`tula_ray.training.strategies` holds the registry and the built-in strategies; this
 module is what a strategy builds on (the AGS strategy and a user's own import it).
 """
 

@@ -3,7 +3,7 @@
 Images are decoded once into normalised float TensorDatasets, so that a
 training step costs the model, not per-item PIL transforms. Where Fashion-MNIST's
 files come from (a directory, Debian's package, the cache, a download) is
-`tula_ray.fashion_mnist_files`.
+`tula_ray.workloads.fashion_mnist_files`.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 Built-ins (`WORKLOADS`, `get_workload`): a small CNN and torchvision models on
 Fashion-MNIST (the one real image dataset available offline, NOTES-ENV), each
 also on deterministic torchvision FakeData for tests (`data="fake"` or a
-"-fake" name suffix); the data come from `tula_ray.datasets`.
+"-fake" name suffix); the data come from `tula_ray.workloads.datasets`.
 
 Everything here is picklable (module-level functions + functools.partial):
 Ray workers rebuild a workload from its name and options, or unpickle it.
@@ -47,7 +47,7 @@ class Workload:
     sample_shape: (C, H, W) of one input, so that input bytes per sample are known
     without data; num_classes: the width of the model's output. Both are taken
     from the data and the model when left None, where the workers run, before any
-    of them is launched (`tula_ray.workload_check`), as is input_dtype (default float32).
+    of them is launched (`tula_ray.workloads.check`), as is input_dtype (default float32).
     train_size: len(train dataset) when known without loading it (else measured once).
     """
 
@@ -131,7 +131,7 @@ def torchvision_model(arch: str, num_classes: int = NUM_CLASSES, in_channels: in
     if arch not in TORCHVISION_INPUT_SIZE:
         raise ValueError(f"torchvision architecture {arch!r} is not adapted here; "
                          f"known: {sorted(TORCHVISION_INPUT_SIZE)}")
-    import torchvision  # here, not at the top: see tula_ray.datasets
+    import torchvision  # here, not at the top: see tula_ray.workloads.datasets
 
     model = getattr(torchvision.models, arch)(weights=None, num_classes=num_classes)
     _first_conv_to_channels(model, in_channels)
