@@ -38,8 +38,8 @@ from benchmarks.generalization_report import report
 from benchmarks.generalization_runs import (EPOCHS, LARGE_BATCHES, STRATEGY_RUNS, TRAIN_SUBSET,
                                             WORLD_SIZE, read_runs, run_key, variant)
 
+
 def _run_one(run: dict[str, Any], rank: int) -> dict[str, Any]:
-    from tula_ray.training.epochs import evaluate, train_epoch
     from tula_ray.training.run import prepare_run
     from tula_ray.workloads import get_workload
 
@@ -50,12 +50,9 @@ def _run_one(run: dict[str, Any], rank: int) -> dict[str, Any]:
         seed=run["seed"], options=run["options"], lr=run.get("lr"),
         num_replicas=WORLD_SIZE, rank=rank,
         wrap_model=nn.parallel.DistributedDataParallel)
-    model, setup, loss_fn, device = (prepared.model, prepared.setup, prepared.loss_fn,
-                                     prepared.device)
+    setup = prepared.setup
     history = []
-    for epoch in range(run["epochs"]):
-        metrics = train_epoch(model, setup, loss_fn, prepared.train_loader, device, epoch=epoch)
-        metrics.update(evaluate(model, prepared.test_loader, device, loss_fn))
+    for epoch, metrics in prepared.train_epochs():
         history.append({k: v for k, v in metrics.items() if k != "variability"}
                       | {"epoch": epoch, "variability": metrics.get("variability")})
         if rank == 0:

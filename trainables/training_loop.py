@@ -25,7 +25,6 @@ import ray.train.torch
 import torch
 
 from tula_ray.training.checkpoints import checkpoint_state, restore_state
-from tula_ray.training.epochs import evaluate, train_epoch
 from tula_ray.training.run import prepare_run
 from tula_ray.workloads import resolve_workload
 
@@ -78,7 +77,7 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
     # trials being throw-away, no checkpoint is written.
     validating = bool(config.get("validation_fraction"))
     keep_checkpoints = bool(config.get("checkpoint", True))
-    model, setup, loss_fn, device = run.model, run.setup, run.loss_fn, run.device
+    model, setup, device = run.model, run.setup, run.device
 
     start_epoch, resumed_from = 0, NOT_RESUMED
     checkpoint = ray.train.get_checkpoint()
@@ -92,13 +91,10 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
     fixed = {"num_workers": world_size, "global_batch": global_batch,
              "local_batch": global_batch // world_size, "strategy": setup.name, "seed": seed,
              "resumed_from": resumed_from}
-    for epoch in range(start_epoch, epochs):
-        _maybe_fail(config, epoch, rank)
-        metrics = train_epoch(model, setup, loss_fn, run.train_loader, device, epoch=epoch)
-        scores = evaluate(model, run.test_loader, device, loss_fn)
+    for epoch, metrics in run.train_epochs(start_epoch,
+                                           before=lambda e: _maybe_fail(config, e, rank)):
         if validating:
-            scores = {key.replace("test_", "val_"): value for key, value in scores.items()}
-        metrics.update(scores)
+            metrics = {key.replace("test_", "val_"): value for key, value in metrics.items()}
         row = {"epoch": epoch, **fixed, **_scalars(metrics)}
         _report(row, checkpoint_state(model, setup, epoch)
                 if rank == 0 and keep_checkpoints else None, epoch)

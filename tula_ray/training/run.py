@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import math
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import pandas as pd
 import torch
@@ -61,6 +61,20 @@ class Run:
     loss_fn: Callable
     device: torch.device
     epochs: int
+
+    def train_epochs(self, start: int = 0, *, before: Callable[[int], None] | None = None
+                     ) -> Iterator[tuple[int, dict[str, Any]]]:
+        """The epoch loop every trainer shares (`fit`, Ray Train's workers, the
+        generalization benchmark): from epoch `start` (after a resume) to the last, each
+        epoch trained (`train_epoch`) and then scored on the evaluation set (`evaluate`).
+        Yields (epoch, metrics); `before(epoch)` runs before an epoch starts."""
+        for epoch in range(start, self.epochs):
+            if before is not None:
+                before(epoch)
+            metrics = train_epoch(self.model, self.setup, self.loss_fn, self.train_loader,
+                                  self.device, epoch=epoch)
+            metrics.update(evaluate(self.model, self.test_loader, self.device, self.loss_fn))
+            yield epoch, metrics
 
 
 def prepare_run(workload: str | Workload, *, global_batch: int,
@@ -141,10 +155,7 @@ def fit(workload: str | Workload, *, global_batch: int,
     run = prepare_run(workload, global_batch=global_batch, strategy=strategy, epochs=epochs,
                       seed=seed, device=device, options=options, lr=lr)
     rows = []
-    for epoch in range(run.epochs):
-        metrics = train_epoch(run.model, run.setup, run.loss_fn, run.train_loader, run.device,
-                              epoch=epoch)
-        metrics.update(evaluate(run.model, run.test_loader, run.device, run.loss_fn))
+    for epoch, metrics in run.train_epochs():
         row = {"epoch": epoch, "strategy": run.setup.name, "global_batch": global_batch,
                "seed": seed, **{key: metrics.get(key, math.nan) for key in COLUMNS[4:]}}
         rows.append(row)
