@@ -20,6 +20,7 @@ from tula_ray.cluster.session import DRIVER_RESOURCE
 
 logger = logging.getLogger(__name__)
 
+
 def task_options(resources: dict[str, float]) -> dict[str, Any]:
     """`ray.remote` options for a task that holds one worker's `resources` (as Ray's
     ScalingConfig writes them: "CPU", "GPU", custom names)."""

@@ -24,6 +24,7 @@ from tula_ray.workloads import Workload
 
 logger = logging.getLogger(__name__)
 
+
 def check_search_arguments(a: dict[str, Any]) -> None:
     """Each plain argument's type and range, before anything is built (issue 13, item 4)."""
     if not isinstance(a["cluster_sizes"], (list, tuple)):

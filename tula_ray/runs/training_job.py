@@ -45,10 +45,12 @@ class Job:
         return get_training_strategy(self.strategy).name
 
 
-
 def resolve_job(plan: Plan, strategy: str | TrainingStrategy, workload: str | Workload | None,
-         workload_options: dict[str, Any] | None, epochs: int | None,
-         strategy_options: dict[str, Any] | None) -> Job:
+                workload_options: dict[str, Any] | None, epochs: int | None,
+                strategy_options: dict[str, Any] | None) -> Job:
+    """The job `plan`'s choice (N, B) is trained as: the workload (the plan's, unless one is
+    given) and the strategy resolved, the epochs settled, the strategy's own checks of its
+    options against N and B run (its notes logged), all in the driver before Ray starts."""
     resolved_strategy = get_training_strategy(strategy)
     if workload is None:
         spec = plan.workload

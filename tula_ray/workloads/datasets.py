@@ -33,6 +33,8 @@ FASHION_MNIST_TRAIN_SIZE = 60_000
 FASHION_MNIST_MEAN, FASHION_MNIST_STD = 0.2860, 0.3530  # of the training images
 FAKE_SIZE_DEFAULT = 1024  # FakeData samples: enough for a few steps at B = 256
 FAKE_TEST_OFFSET = 10**6  # FakeData seeds sample i with i + offset: keep test seeds apart
+
+
 @functools.lru_cache(maxsize=4)
 def _fashion_mnist_tensors(root: str, train: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """Normalised float images (n, 1, 28, 28) and labels, loaded once per process.
