@@ -34,17 +34,18 @@ def reduce_device(device: torch.device | str) -> torch.device:
     return torch.device("cpu")
 
 
-def _reduced(values: list[float], device: torch.device | str, op: Any) -> list[float]:
+def _reduced(values: list[float], device: torch.device | str, op: str) -> list[float]:
+    """`values` all-reduced with `dist.ReduceOp.<op>` (one collective for the list)."""
     if world_size() == 1:
         return list(values)
     tensor = torch.tensor(values, dtype=torch.float64, device=reduce_device(device))
-    dist.all_reduce(tensor, op=op)
+    dist.all_reduce(tensor, op=getattr(dist.ReduceOp, op))
     return tensor.tolist()
 
 
 def sum_over_ranks(values: list[float], device: torch.device | str = "cpu") -> list[float]:
     """Each value summed over the ranks (one all-reduce for the list)."""
-    return _reduced(values, device, dist.ReduceOp.SUM if dist.is_available() else None)
+    return _reduced(values, device, "SUM")
 
 
 def mean_over_ranks(values: list[float], device: torch.device | str = "cpu") -> list[float]:
@@ -55,7 +56,7 @@ def mean_over_ranks(values: list[float], device: torch.device | str = "cpu") -> 
 
 def max_over_ranks(values: list[float], device: torch.device | str = "cpu") -> list[float]:
     """Each value's maximum over the ranks: a step is as slow as its slowest worker."""
-    return _reduced(values, device, dist.ReduceOp.MAX if dist.is_available() else None)
+    return _reduced(values, device, "MAX")
 
 
 def average_tensors_over_ranks(tensors: list[torch.Tensor], process_group: Any = None) -> None:
