@@ -16,7 +16,9 @@ BENCHMARKS = {"search": "benchmarks.search_cost", "ags-overhead": "benchmarks.ag
               "generalization": "benchmarks.generalization", "memory": "benchmarks.memory_accuracy",
               "batch-finder": "benchmarks.batch_finder", "prediction": "benchmarks.prediction",
               "simulation": "benchmarks.strategy_simulation",
-              "first-contact": "benchmarks.first_contact"}
+              "first-contact": "benchmarks.first_contact",
+              "train-time": "benchmarks.train_time",
+              "gpu-acceptance": "benchmarks.gpu_acceptance"}
 REPORT = Path(__file__).parents[1] / "BENCHMARKS.md"
 HEADER = """# Benchmarks
 
@@ -40,11 +42,19 @@ def main() -> None:
     parser.add_argument("--from-saved", action="store_true",
                         help="prediction only: analyse the plans the last run saved again, "
                              "without profiling (e.g. after a crash in the analysis)")
+    parser.add_argument("--allow-cpu", action="store_true",
+                        help="gpu-acceptance only: run it on the CPU when no GPU is visible")
     args = parser.parse_args()
     if args.from_saved and args.name != "prediction":
         parser.error("--from-saved is for the prediction benchmark only")
+    if args.allow_cpu and args.name != "gpu-acceptance":
+        parser.error("--allow-cpu is for the gpu-acceptance benchmark only")
     extra = {"from_saved": True} if args.from_saved else {}
-    for name in BENCHMARKS if args.name == "all" else [args.name]:
+    if args.allow_cpu:
+        extra = {"allow_cpu": True}
+    # A GPU check is run on its own machine: "all" leaves it out.
+    everything = [name for name in BENCHMARKS if name != "gpu-acceptance"]
+    for name in everything if args.name == "all" else [args.name]:
         importlib.import_module(BENCHMARKS[name]).run(quick=args.quick, **extra)
     if not args.quick:
         print(f"wrote {write_report()}")

@@ -7,10 +7,12 @@ Quick outputs go to benchmarks/results/*_quick.* (ignored by git); BENCHMARKS.md
 """
 
 import re
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
-from result_checks import finite as _finite
-from result_checks import table_rows as _table_rows
+from result_checks import finite as _finite, table_rows as _table_rows
 
 from benchmarks.common import RESULTS_DIR
 
@@ -156,3 +158,28 @@ def test_memory_benchmarks_record_an_out_of_memory_as_does_not_fit(monkeypatch):
         {"models": {"cnn": m}, "declared_device_memory_bytes": 2**40, "headroom": 0.1,
          "command": "-", "commit": "-", "date": "-", "machine": "-", "load_avg_1min": [0, 0],
          "device": "cpu", "goal_median_rel_error": 0.05, "plot": "-"})
+
+
+def _benchmark_without_ray(*arguments: str) -> subprocess.CompletedProcess:
+    """`python -m benchmarks ARGUMENTS` where Ray (and kneed) cannot be imported, as on a
+    plain PyTorch image: None in sys.modules makes their import fail."""
+    code = ("import sys\nfor name in ('ray', 'kneed'):\n    sys.modules[name] = None\n"
+            f"sys.argv = ['benchmarks', *{list(arguments)!r}]\n"
+            "from benchmarks.__main__ import main\nmain()\n")
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          cwd=Path(__file__).parents[1], timeout=600)
+
+
+def test_gpu_acceptance_refuses_without_a_gpu_and_its_ray_free_half_runs_on_cpu():
+    """Issue 26, item 7 (its Ray-free half): no GPU, no run, unless asked to use the CPU;
+    then the environment, the data path and one process's epochs against the profiled
+    step, with no Ray to import."""
+    refused = _benchmark_without_ray("gpu-acceptance", "--quick")
+    assert refused.returncode != 0 and "needs a CUDA GPU" in refused.stderr
+    done = _benchmark_without_ray("gpu-acceptance", "--quick", "--allow-cpu")
+    assert done.returncode == 0, done.stderr[-3000:]
+    markdown = (RESULTS_DIR / "gpu_acceptance_quick.md").read_text()
+    assert "Ray importable: False" in markdown and "`gather-host`" in markdown
+    (row,) = _table_rows(markdown, "| workload | B |")
+    predicted_over_fit = float(row[6])
+    assert 0 < predicted_over_fit < 10  # a ratio of two measured times, both present

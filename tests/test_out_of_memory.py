@@ -8,7 +8,7 @@ import torch
 import torch.distributed as dist
 
 from benchmarks.common import spawn_gloo
-from trainables.profiling_loop import PeerOutOfMemoryError, agree_first_step_fits
+from trainables.profiling_sweep import PeerOutOfMemoryError, agree_first_step_fits
 from trainables.profiling_trial import COLLECTIVE_TIMEOUT_S, build_trainer
 from tula_ray.failures import is_out_of_memory
 

@@ -155,8 +155,8 @@ def test_additive_form_is_kept_on_additive_data():
 
 
 def test_training_time_eq_4a():
-    # 60000 samples, B = 1024 -> 59 steps per epoch (the last one partial).
-    assert perf.training_time_s(0.5, 10, 60000, 1024) == pytest.approx(10 * 59 * 0.5)
+    # 60000 samples, B = 1024: train drops each epoch's incomplete last batch: 58 whole steps of 1024 in 60000
+    assert perf.training_time_s(0.5, 10, 60000, 1024) == pytest.approx(10 * 58 * 0.5)
 
 
 def test_fit_rejects_bad_arguments_and_empty_profiles():

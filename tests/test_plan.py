@@ -3,11 +3,11 @@ import math
 import numpy as np
 import pandas as pd
 import pytest
+from paper_profiles import paper_profiles as synthetic_profiles
 
 from tula_ray.planning.plan import Plan, build_plan
-from tula_ray.space import SearchSpace, corners
-from paper_profiles import paper_profiles as synthetic_profiles
 from tula_ray.planning.synthetic import example_params
+from tula_ray.space import SearchSpace, corners
 
 SPACE = SearchSpace.build((1, 2), min_batch=32, max_batch=1024)
 
@@ -115,7 +115,7 @@ def hand_step_s(n: int, b_global: int) -> float:
 
 
 def hand_total_s(n: int, b_global: int) -> float:
-    return EPOCHS * math.ceil(DATASET / b_global) * hand_step_s(n, b_global)  # eq. 4a
+    return EPOCHS * math.floor(DATASET / b_global) * hand_step_s(n, b_global)  # eq. 4a
 
 
 def hand_cost_usd(n: int, b_global: int) -> float:
@@ -208,8 +208,8 @@ def test_the_dense_curve_passes_through_the_measurements_and_keeps_the_models_sh
     """The knee's curve (estimates.through_measurements): at a measured batch it is the
     measurement; between two measured batches the ratio measured / predicted is
     interpolated in log2 B; at an N with nothing measured it is the model's."""
-    from tula_ray.planning.estimates import through_measurements
     from tula_ray.models.pricing import FixedRate
+    from tula_ray.planning.estimates import through_measurements
 
     dense = pd.DataFrame({"num_workers": [1, 1, 1, 2], "global_batch": [32.0, 64.0, 128.0, 64.0],
                           "total_time_s": [100.0, 100.0, 100.0, 80.0],
@@ -236,8 +236,9 @@ def test_training_times_include_the_strategys_measured_cost_per_step():
                        dataset_size=10000, strategy="partial", objective="time")
     plan = build_plan(SPACE, profiles, epochs=5, dataset_size=10000, strategy="partial",
                       objective="time", meta={"training_strategy": "ags"})
-    steps = 5 * np.ceil(10000 / plan.table["global_batch"])
-    assert plan.table["strategy_extra_s"].to_numpy() == pytest.approx(np.full(12, 0.004))  # N=1: nearest
+    steps = 5 * np.floor(10000 / plan.table["global_batch"])
+    # N=1 takes the nearest measured N's
+    assert plan.table["strategy_extra_s"].to_numpy() == pytest.approx(np.full(12, 0.004))
     assert plan.table["total_time_s"].to_numpy() == pytest.approx(
         plain.table["total_time_s"].to_numpy() + steps.to_numpy() * 0.004)
     measured = plan.table["source"] == "measured"
@@ -275,3 +276,33 @@ def test_candidates_the_training_strategy_cannot_train_are_marked_and_never_chos
     assert table.loc[(1, 128), "infeasible_reason"] == "the training strategy cannot train it: no"
     assert table.loc[(2, 64), "trainable"]
     assert "ags cannot train N=1 B=32" in plan.summary()
+
+
+def test_an_epoch_is_its_steps_plus_the_measured_evaluation_and_checkpoint():
+    """Issue 24: `epoch_time_s` is the epoch's whole steps (what train's `seconds`
+    measures); the evaluation pass (measured at one N, split over the workers at another),
+    the checkpoint write and the start-up are their own columns, in the training total."""
+    profiles = exact_profiles(SPACE.candidates())
+    at_n2 = (profiles["num_workers"] == 2) & (profiles["global_batch"] == 32)
+    profiles.loc[at_n2, ["eval_time_s", "checkpoint_time_s"]] = [0.5, 0.2]
+    profiles["launch_wall_s"] = np.where(profiles["num_workers"] == 1, 8.0, 9.0)
+    profiles["data_load_s"] = 1.0
+    plan = build_plan(SPACE, profiles, epochs=EPOCHS, dataset_size=DATASET, strategy="full",
+                      objective="time")
+    for _, row in plan.table.iterrows():
+        n, b = int(row["num_workers"]), int(row["global_batch"])
+        assert row["epoch_time_s"] == pytest.approx(
+            math.floor(DATASET / b) * hand_step_s(n, b), rel=1e-6)
+        assert row["eval_time_s"] == pytest.approx(0.5 * 2 / n)  # N=1 evaluates it all
+        assert row["checkpoint_time_s"] == pytest.approx(0.2)
+        assert row["startup_time_s"] == pytest.approx({1: 9.0, 2: 10.0}[n])
+        assert row["total_time_s"] == pytest.approx(
+            EPOCHS * (row["epoch_time_s"] + 0.5 * 2 / n + 0.2) + row["startup_time_s"])
+        assert row["measured_total_time_s"] == pytest.approx(row["total_time_s"], rel=1e-6)
+    summary = plan.summary()
+    assert "an evaluation pass per epoch, a checkpoint write per epoch, the start-up" in summary
+
+    bare = build_plan(SPACE, exact_profiles(SPACE.candidates()), epochs=EPOCHS,
+                      dataset_size=DATASET, strategy="full", objective="time")
+    assert (bare.table["eval_time_s"] == 0).all()
+    assert "not measured, left out: an evaluation pass per epoch" in bare.summary()

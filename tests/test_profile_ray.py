@@ -16,7 +16,9 @@ from trainables.profiling_trial import profile_cluster_size  # noqa: E402
 from tula_ray.cluster import DRIVER_RESOURCE, trial_resources, worker_shape  # noqa: E402
 from tula_ray.training import measure  # noqa: E402
 from tula_ray.profile_table import PROFILE_COLUMNS, profile_frame, profile_row  # noqa: E402
-from tula_ray.workloads import get_workload  # noqa: E402
+from tula_ray.workloads import FashionCNN, Workload, get_workload  # noqa: E402
+import torch  # noqa: E402
+from torch.utils.data import Dataset  # noqa: E402
 
 pytestmark = pytest.mark.ray
 cloudpickle.register_pickle_by_value(sys.modules[__name__])  # workers cannot import tests/
@@ -24,6 +26,20 @@ cloudpickle.register_pickle_by_value(sys.modules[__name__])  # workers cannot im
 BASE = {"workload": "fashion-mnist-cnn", "workload_options": {"data": "fake", "fake_size": 512},
         "warmup_steps": 3, "measure_steps": 10}
 
+
+class PlainImages(Dataset):
+    """A user's own map-style dataset, not a TensorDataset: the DataLoader path."""
+
+    def __len__(self) -> int:
+        return 256
+
+    def __getitem__(self, index: int):
+        generator = torch.Generator().manual_seed(index)
+        return torch.randn(1, 28, 28, generator=generator), index % 10
+
+
+USER_PLAIN = Workload("user-plain", model_fn=FashionCNN, train_dataset_fn=PlainImages,
+                      test_dataset_fn=PlainImages)
 
 _FAKE = get_workload("fashion-mnist-cnn-fake")
 # Between the peaks at b = 16 and b = 32: 16 fits, 32 does not.
@@ -41,6 +57,8 @@ CASES = {  # name -> the trial's config on top of BASE
     # refuses B = 32 at N = 1 (its small batch is 32), so it is measured at B = 64.
     "ags-ns": {"num_workers": 2, "global_batches": [32, 64], "training_strategy": "ags-ns"},
     "ags": {"num_workers": 1, "global_batches": [32], "training_strategy": "ags"},
+    "user-plain": {"num_workers": 2, "global_batches": [32], "workload": USER_PLAIN,
+                   "workload_options": None},
 }
 
 
@@ -106,6 +124,22 @@ def test_one_and_two_workers_report_every_field(rows):
     assert one["peak_mem_bytes"] > two["peak_mem_bytes"]  # b = 64 vs 32
     assert one["cpus_per_worker"] == two["cpus_per_worker"] == 1.0  # one core per worker
     assert len(profile_frame([one, two])) == 2  # the table the models fit from accepts them
+
+
+def test_each_worker_group_measures_the_epochs_other_costs_once(rows):
+    """Issue 24: a worker group's first row carries one evaluation pass (split over its
+    N workers), rank 0's checkpoint write and the data load; the steps are the data path
+    `train` takes: gathered from in-memory tensors, or a user's plain Dataset through a
+    DataLoader."""
+    first, second = rows["one"]
+    assert first["eval_time_s"] > 0 and first["checkpoint_time_s"] > 0
+    assert math.isnan(second["eval_time_s"]) and math.isnan(second["checkpoint_time_s"])
+    assert first["data_load_s"] == second["data_load_s"] >= 0
+    assert {r["data_path"] for r in rows["one"] + rows["two"]} == {"gather-host"}
+    (plain,) = rows["user-plain"]
+    assert plain["status"] == "ok", plain["error"]
+    assert plain["data_path"] == "loader" and plain["eval_time_s"] > 0
+    assert 0 < plain["compute_time_s"] <= plain["step_time_s"]
 
 
 def test_memory_over_device_limit_is_oom_and_ends_the_sweep(rows):

@@ -11,9 +11,9 @@ import pytest
 
 import tula_ray
 from tula_ray import SearchSpace, build_plan
-from tula_ray.training.strategies import build_strategy
 from tula_ray.planning.synthetic import example_params, synthetic_profiles
 from tula_ray.training.checkpoints import restore_state
+from tula_ray.training.strategies import build_strategy
 from tula_ray.workloads import get_workload
 
 pytestmark = pytest.mark.ray
@@ -133,3 +133,17 @@ def test_train_takes_a_plans_choice_at_agss_reference_batch(ray_session, tmp_pat
     assert any("plain SGD steps" in note for note in result.notes)
     assert math.isfinite(float(result.metrics["test_accuracy"].iloc[0]))
 
+
+
+def test_train_time_benchmark_quick(ray_session):
+    """Issue 24's benchmark, smoke test: a search's plan against `train`'s epochs."""
+    from result_checks import table_rows
+
+    from benchmarks import train_time
+    from benchmarks.common import RESULTS_DIR
+
+    result = train_time.run(quick=True)
+    (row,) = result["rows"]
+    assert row["measured_s"] > 0 and row["predicted_s"] > 0 and row["eval_predicted_s"] > 0
+    markdown = (RESULTS_DIR / "train_time_quick.md").read_text()
+    assert len(table_rows(markdown, "| workload | N | B |")) == 1

@@ -10,15 +10,14 @@ sync, all-reduces), so a small batch, where they stand out of the timing noise, 
 
 from __future__ import annotations
 
-import statistics
 from typing import Any
 
 import ray.train.torch
-from torch.utils.data import DataLoader
 
-from trainables.step_timing import cycle, measured_step_count, timed, timed_steps
 from tula_ray.distributed import max_over_ranks
+from tula_ray.training.epochs import EpochTally
 from tula_ray.training.run import optimizer_hyperparameters
+from tula_ray.training.step_timing import mean_step_s, measured_step_count, time_block
 from tula_ray.training.strategies import build_strategy, get_training_strategy
 
 
@@ -52,19 +51,17 @@ def strategy_batch(config: dict[str, Any], world_size: int, first_batch: int,
 
 def measure_strategy_extra_s(sweep: Any) -> float:
     """Seconds the training strategy adds to one step (the profiling loop's phase 4), the
-    slowest worker's strategy median less the slowest worker's plain median, at
-    `sweep.strategy_batch`; `sweep`: the loop's worker group (model, data, config)."""
+    slowest worker's strategy mean less the slowest worker's plain mean, at
+    `sweep.strategy_batch`; `sweep`: the loop's worker group (model, data, config). Both
+    steps are the data path's (`EpochTally.step` on the sweep's batches), in blocks."""
     global_batch = sweep.strategy_batch
-    loader = ray.train.torch.prepare_data_loader(DataLoader(
-        sweep.dataset, batch_size=global_batch // sweep.world_size, shuffle=True,
-        drop_last=True))
-    batches = cycle(loader)
-    first = timed_steps(1, batches, sweep.model, sweep.optimizer, sweep.loss_fn, sweep.device)
+    batches = sweep.batches(global_batch // sweep.world_size)
+    plain = EpochTally(sweep.model, sweep.plain, sweep.loss_fn, sweep.device)
+    first = time_block(1, lambda: plain.step(*next(batches)), sweep.device)
     (first_s,) = max_over_ranks(first, sweep.device)
     # Plain and strategy steps share one phase's budget: its cost is what the plan needs.
     count = measured_step_count(first_s, sweep.measure, sweep.budget_s / 2)
-    plain = timed_steps(count, batches, sweep.model, sweep.optimizer, sweep.loss_fn,
-                         sweep.device)
+    plain_s = time_block(count, lambda: plain.step(*next(batches)), sweep.device)
     model = ray.train.torch.prepare_model(sweep.workload.model_fn())
     model.train()
     setup = build_strategy(
@@ -73,12 +70,9 @@ def measure_strategy_extra_s(sweep: Any) -> float:
         epochs=int(sweep.config.get("epochs") or sweep.workload.epochs),
         options=sweep.strategy_options, **optimizer_hyperparameters(sweep.workload))
     setup.start_epoch(0)
-
-    def strategy_step(inputs, targets) -> None:
-        setup.train_step(model, sweep.loss_fn, inputs, targets)
-
+    tally = EpochTally(model, setup, sweep.loss_fn, sweep.device)
     # The first step builds the optimizer's state: untimed.
-    seconds = timed(count + 1, batches, strategy_step, sweep.device)[1:]
-    strategy_s, plain_s = max_over_ranks(
-        [statistics.median(seconds), statistics.median(plain)], sweep.device)
-    return strategy_s - plain_s
+    seconds = time_block(count, lambda: tally.step(*next(batches)), sweep.device, transition=1)
+    strategy_mean, plain_mean = max_over_ranks(
+        [mean_step_s(seconds), mean_step_s(plain_s)], sweep.device)
+    return strategy_mean - plain_mean

@@ -62,16 +62,14 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
     rank, world_size = context.get_world_rank(), context.get_world_size()
     global_batch, epochs = int(config["global_batch"]), int(config["epochs"])
     seed = int(config.get("seed", SEED_DEFAULT))
-    # The setup `fit` uses too; our DistributedSampler is kept (seeded, drop_last): Ray's
-    # prepare_data_loader only moves batches to the device, prepare_model wraps in DDP.
+    # The setup `fit` uses too: prepare_model wraps in DDP; the batches come on the device
+    # by the data path the profile timed (Ray's prepare_data_loader would only move them).
     run = prepare_run(
         resolve_workload(config["workload"], config.get("workload_options")),
         global_batch=global_batch, strategy=config["strategy"], epochs=epochs, seed=seed,
         device=ray.train.torch.get_device(), options=config.get("strategy_options"),
         lr=None if config.get("lr") is None else float(config["lr"]),
         num_replicas=world_size, rank=rank, wrap_model=ray.train.torch.prepare_model,
-        prepare_loader=lambda loader: ray.train.torch.prepare_data_loader(
-            loader, add_dist_sampler=False),
         validation_fraction=float(config.get("validation_fraction") or 0.0))
     # Tuning: the held-out split is scored as "val_*" (the test set is never loaded) and,
     # trials being throw-away, no checkpoint is written.

@@ -1,8 +1,9 @@
 """The profile table: one row per profiled (N, B) candidate.
 
 This is the contract between the Ray side (trainables report these fields) and
-the models (perf and memory fit from them). Times are per training step,
-medians over the measured steps, in seconds.
+the models (perf and memory fit from them). Times are per training step as an epoch of
+`tula_ray.train` takes it (its data path included), means over the measured steps, in
+seconds; the epoch's other costs (evaluation, checkpoint) are per epoch.
 """
 
 from __future__ import annotations
@@ -32,6 +33,11 @@ PROFILE_COLUMNS = (
     # seconds the training strategy's optimizer and hooks (AGS's scales, a host sync, its
     # all-reduces) add to a step; measured once per worker group, on its first row
     "strategy_extra_s",
+    # per epoch of `train`, measured once per worker group, on its first row: one
+    # evaluation pass over the test set on N workers, and rank 0's checkpoint write
+    "eval_time_s",
+    "checkpoint_time_s",
+    "data_load_s",  # the worker's dataset load and placement (once per worker group)
     "peak_mem_bytes",  # peak device memory of one worker
     "samples_per_s",  # B / step_time_s
     "step_time_spread",  # (q3 - q1) / median of the synced steps: this row's own timing noise

@@ -175,17 +175,20 @@ def predict_step_s(params: PerfParams, num_workers, local_batch) -> np.ndarray:
     )
 
 
+def steps_per_epoch(dataset_size: int, global_batch, whole_steps: bool = True) -> np.ndarray:
+    """Eq. 4a's D / B: the steps of one epoch, rounded down as `train` takes them (each
+    rank drops its last incomplete batch: floor(floor(D / N) / b) = floor(D / B)), at
+    least one. whole_steps=False keeps D / B unrounded: a smooth curve in B, for finding
+    its knee (the rounding's sawtooth gives Kneedle a spurious knee at the first ripple)."""
+    steps = dataset_size / np.asarray(global_batch, dtype=float)
+    return np.maximum(np.floor(steps), 1.0) if whole_steps else steps
+
+
 def training_time_s(step_time_s, epochs: int, dataset_size: int, global_batch,
                     whole_steps: bool = True) -> np.ndarray:
-    """Eq. 4a: T = E * D / B * t_step, with D / B rounded up (a partial last batch is a step).
-
-    whole_steps=False keeps D / B unrounded: a smooth curve in B, for finding its knee
-    (the rounding's sawtooth gives Kneedle a spurious knee at the first ripple).
-    """
-    steps_per_epoch = dataset_size / np.asarray(global_batch, dtype=float)
-    if whole_steps:
-        steps_per_epoch = np.ceil(steps_per_epoch)
-    return epochs * steps_per_epoch * np.asarray(step_time_s, dtype=float)
+    """Eq. 4a: T = E * D / B * t_step (D / B: `steps_per_epoch`)."""
+    return epochs * steps_per_epoch(dataset_size, global_batch, whole_steps) * np.asarray(
+        step_time_s, dtype=float)
 
 
 # --- fitting ------------------------------------------------------------------

@@ -6,6 +6,7 @@ curve the knee is found on. Core module: no Ray.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
@@ -19,41 +20,110 @@ DENSE_POINTS = 256  # batch sizes on the dense curve the knee is found on
 StepExtra = Callable[[np.ndarray], np.ndarray]  # N -> seconds the strategy adds per step
 
 
-def strategy_extra_by_n(profiles: pd.DataFrame) -> StepExtra | None:
-    """What the training strategy adds to each step (issue 14, item 7), as a function of
-    N: per profiled N, the median of its measured strategy_extra_s (the strategy's steps
-    less plain ones, in the same worker group; at least 0: a strategy adds work, a
-    negative difference is timing noise); at an N not measured, the nearest measured
-    N's in log2(N). None when no worker group measured the strategy."""
-    if "strategy_extra_s" not in profiles:
+def by_nearest_n(profiles: pd.DataFrame, column: str, *, per_worker_share: bool = False
+                 ) -> StepExtra | None:
+    """`column` as a function of N: per profiled N, the median of its measured values (at
+    least 0: these are costs, a negative one is timing noise); at an N not measured, the
+    nearest measured N's in log2(N), scaled by N_measured / N when `per_worker_share`
+    (work split over the workers: an evaluation pass). None when nothing was measured."""
+    if column not in profiles:
         return None
-    rows = profiles.dropna(subset=["strategy_extra_s"])
+    rows = profiles.dropna(subset=[column])
     if rows.empty:
         return None
-    by_n = rows["strategy_extra_s"].clip(lower=0.0).groupby(rows["num_workers"]).median()
-    known, values = np.log2(by_n.index.to_numpy(float)), by_n.to_numpy(float)
+    by_n = rows[column].clip(lower=0.0).groupby(rows["num_workers"]).median()
+    counts, values = by_n.index.to_numpy(float), by_n.to_numpy(float)
+    known = np.log2(counts)
 
     def at(num_workers: np.ndarray) -> np.ndarray:
-        x = np.log2(np.asarray(num_workers, dtype=float))
-        return values[np.abs(x[..., None] - known).argmin(axis=-1)]
+        n = np.asarray(num_workers, dtype=float)
+        nearest = np.abs(np.log2(n)[..., None] - known).argmin(axis=-1)
+        return values[nearest] * (counts[nearest] / n if per_worker_share else 1.0)
     return at
+
+
+def strategy_extra_by_n(profiles: pd.DataFrame) -> StepExtra | None:
+    """What the training strategy adds to each step (issue 14, item 7), as a function of
+    N: the strategy's steps less plain ones, measured in the same worker group
+    (`by_nearest_n`). None when no worker group measured the strategy."""
+    return by_nearest_n(profiles, "strategy_extra_s")
+
+
+@dataclass(frozen=True)
+class EpochCosts:
+    """What an epoch of `train` costs beyond its steps, and what the job costs once, as
+    measured while profiling (issue 24): evaluation per epoch (N -> seconds, the pass
+    split over N workers), rank 0's checkpoint write per epoch, and the start-up (N ->
+    seconds: the worker group's launch and its data load). Zero where not measured."""
+
+    eval_s: StepExtra | None = None
+    checkpoint_s: float = 0.0
+    startup_s: StepExtra | None = None
+
+    @classmethod
+    def from_profiles(cls, profiles: pd.DataFrame) -> "EpochCosts":
+        startup = None
+        if "launch_wall_s" in profiles:
+            load = profiles["data_load_s"].fillna(0.0) if "data_load_s" in profiles else 0.0
+            startup = by_nearest_n(profiles.assign(startup_s=profiles["launch_wall_s"] + load),
+                                   "startup_s")
+        checkpoint = profiles["checkpoint_time_s"].dropna() if "checkpoint_time_s" in \
+            profiles else pd.Series(dtype=float)
+        return cls(eval_s=by_nearest_n(profiles, "eval_time_s", per_worker_share=True),
+                   checkpoint_s=float(checkpoint.median()) if len(checkpoint) else 0.0,
+                   startup_s=startup)
+
+    def describe(self) -> str:
+        """Which parts of the training time were measured, which left out."""
+        parts = {"an evaluation pass per epoch": self.eval_s is not None,
+                 "a checkpoint write per epoch": self.checkpoint_s > 0,
+                 "the start-up (worker group launch, data load)": self.startup_s is not None}
+        measured = [name for name, known in parts.items() if known]
+        missing = [name for name, known in parts.items() if not known]
+        text = ("training times: each epoch's steps, data path included (measured where "
+                "profiled, predicted elsewhere)")
+        if measured:
+            text += "; measured once and added: " + ", ".join(measured)
+        if missing:
+            text += "; not measured, left out: " + ", ".join(missing)
+        return text
+
+
+def add_epoch_times(frame: pd.DataFrame, step_column: str, epochs: int, dataset_size: int,
+                    costs: EpochCosts, *, prefix: str = "", whole_steps: bool = True) -> None:
+    """Eq. 4a with what `train` waits for: `{prefix}epoch_time_s` (the steps of one epoch,
+    data path and strategy included: what `train`'s `seconds` measures) and
+    `{prefix}total_time_s` = epochs x (epoch + evaluation + checkpoint) + start-up; the
+    per-epoch costs (`eval_time_s`, `checkpoint_time_s`, `startup_time_s`) are added as
+    columns when not there yet."""
+    n = frame["num_workers"].to_numpy(float)
+    zero = np.zeros(len(frame))
+    if "eval_time_s" not in frame:
+        frame["eval_time_s"] = zero if costs.eval_s is None else costs.eval_s(n)
+        frame["checkpoint_time_s"] = zero + costs.checkpoint_s
+        frame["startup_time_s"] = zero if costs.startup_s is None else costs.startup_s(n)
+    steps = perf.steps_per_epoch(dataset_size, frame["global_batch"], whole_steps)
+    frame[f"{prefix}epoch_time_s"] = steps * (frame[step_column] + frame["strategy_extra_s"])
+    frame[f"{prefix}total_time_s"] = (
+        epochs * (frame[f"{prefix}epoch_time_s"] + frame["eval_time_s"]
+                  + frame["checkpoint_time_s"]) + frame["startup_time_s"])
 
 
 def predict_candidates(space_frame: pd.DataFrame, params: perf.PerfParams,
              memory: memory_model.MemoryParams | None, pricing: Pricing,
              epochs: int, dataset_size: int, whole_steps: bool = True,
-             strategy_extra: StepExtra | None = None) -> pd.DataFrame:
-    """Eq. 2 (step), 4a (training time, with the training strategy's measured cost per
-    step, `strategy_extra`, added to each step), 3 (memory) and 4b (cost) per row."""
+             strategy_extra: StepExtra | None = None,
+             costs: EpochCosts = EpochCosts()) -> pd.DataFrame:
+    """Eq. 2 (step), 4a (training time: the epoch's steps with the training strategy's
+    measured cost per step, `strategy_extra`, and the epoch's other measured `costs`),
+    3 (memory) and 4b (cost) per row."""
     frame = space_frame.copy()
     n, b = frame["num_workers"].to_numpy(float), frame["local_batch"].to_numpy(float)
     frame["compute_time_s"] = perf.predict_compute_s(params, n, b)
     frame["step_time_s"] = perf.predict_step_s(params, n, b)
     frame["sync_time_s"] = frame["step_time_s"] - frame["compute_time_s"]
     frame["strategy_extra_s"] = 0.0 if strategy_extra is None else strategy_extra(n)
-    frame["total_time_s"] = perf.training_time_s(
-        frame["step_time_s"] + frame["strategy_extra_s"], epochs, dataset_size,
-        frame["global_batch"], whole_steps)
+    add_epoch_times(frame, "step_time_s", epochs, dataset_size, costs, whole_steps=whole_steps)
     frame["peak_mem_bytes"] = (np.nan if memory is None
                                else memory_model.predict_peak_bytes(memory, b))
     frame["cost_usd"] = pricing.cost_usd(
@@ -106,7 +176,8 @@ def add_uncertainty(table: pd.DataFrame, profiles: pd.DataFrame,
 
 def dense_curve(space, params, memory, pricing, epochs, dataset_size, oom_local,
                  max_local_batch, max_workers, max_global_batch,
-                 strategy_extra: StepExtra | None = None) -> pd.DataFrame:
+                 strategy_extra: StepExtra | None = None,
+                 costs: EpochCosts = EpochCosts()) -> pd.DataFrame:
     """Predictions on a dense log-spaced batch grid for every N: what the knee is found on."""
     batches = np.geomspace(space.batch_sizes[0], space.batch_sizes[-1], DENSE_POINTS)
     grid = pd.DataFrame([(n, b) for n in space.cluster_sizes for b in batches],
@@ -115,7 +186,7 @@ def dense_curve(space, params, memory, pricing, epochs, dataset_size, oom_local,
     # Unrounded steps per epoch: the knee is a property of the smooth curve (eq. 4a);
     # snapping to a candidate afterwards uses the candidate table's rounded times.
     dense = predict_candidates(grid, params, memory, pricing, epochs, dataset_size,
-                               whole_steps=False, strategy_extra=strategy_extra)
+                               whole_steps=False, strategy_extra=strategy_extra, costs=costs)
     feasible = (dense["local_batch"] < oom_local) & (dense["local_batch"] >= 1)
     if max_local_batch is not None:
         feasible &= dense["local_batch"] <= max_local_batch

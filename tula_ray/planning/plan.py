@@ -23,9 +23,9 @@ from tula_ray.arguments import check_int
 from tula_ray.failures import describe_errors
 from tula_ray.models import memory as memory_model, perf
 from tula_ray.models.pricing import Pricing, parse_pricing, pricing_to_dict
-from tula_ray.planning.estimates import (add_estimates, add_uncertainty, dense_curve,
-                                         predict_candidates, strategy_extra_by_n,
-                                         through_measurements)
+from tula_ray.planning.estimates import (EpochCosts, add_epoch_times, add_estimates,
+                                         add_uncertainty, dense_curve, predict_candidates,
+                                         strategy_extra_by_n, through_measurements)
 from tula_ray.planning.policy import Choice, choose
 from tula_ray.planning.search_strategies import make_search_strategy
 from tula_ray.profile_table import oom_local_batch, profile_frame, usable
@@ -130,7 +130,8 @@ class Plan:
     def summary(self) -> str:
         """A printable table of the candidates and the choice."""
         columns = ["num_workers", "global_batch", "local_batch", "step_time_s",
-                   "measured_step_time_s", "rel_uncertainty", "estimated_total_time_s",
+                   "measured_step_time_s", "epoch_time_s", "eval_time_s", "rel_uncertainty",
+                   "estimated_total_time_s",
                    "estimated_cost_usd", "peak_mem_bytes", "estimate", "feasible"]
         shown = self.table[[c for c in columns if c in self.table]].copy()
         shown["peak_mem_bytes"] = (shown["peak_mem_bytes"] / 2**20).round(1)
@@ -148,6 +149,7 @@ class Plan:
         if c.ties:
             lines.append(c.describe_ties())
         lines.append(self.describe_strategy_cost())
+        lines.append(EpochCosts.from_profiles(self.profiles).describe())
         if "trainable" in self.table and not self.table["trainable"].all():
             refused = self.table[~self.table["trainable"]]
             named = ", ".join(f"N={n} B={b}" for n, b in zip(refused["num_workers"],
@@ -248,8 +250,9 @@ def build_plan(
 
     grid = pd.DataFrame([c.as_dict() for c in space.candidates()])
     extra = strategy_extra_by_n(profiles)  # the training strategy's measured cost per step
+    costs = EpochCosts.from_profiles(profiles)  # evaluation, checkpoint, start-up: measured
     table = predict_candidates(grid, params, memory, pricing, epochs, dataset_size,
-                               strategy_extra=extra)
+                               strategy_extra=extra, costs=costs)
     measured = profiles.rename(columns={
         "step_time_s": "measured_step_time_s", "peak_mem_bytes": "measured_peak_mem_bytes",
         "compute_time_s": "measured_compute_time_s", "sync_time_s": "measured_sync_time_s"})
@@ -259,9 +262,8 @@ def build_plan(
     table["source"] = np.where(table["status"].isna(), "predicted", "measured")
     table["status"] = table["status"].fillna("")
     table["error"] = table["error"].fillna("")
-    table["measured_total_time_s"] = perf.training_time_s(
-        table["measured_step_time_s"] + table["strategy_extra_s"], epochs, dataset_size,
-        table["global_batch"])
+    add_epoch_times(table, "measured_step_time_s", epochs, dataset_size, costs,
+                    prefix="measured_")
     table["step_time_rel_error"] = (
         (table["step_time_s"] - table["measured_step_time_s"]).abs()
         / table["measured_step_time_s"])
@@ -279,7 +281,8 @@ def build_plan(
 
     estimates = add_estimates(table, pricing)
     dense = dense_curve(space, params, memory, pricing, epochs, dataset_size,
-                         oom_bound, max_local_batch, max_workers, max_global_batch, extra)
+                         oom_bound, max_local_batch, max_workers, max_global_batch, extra,
+                         costs)
     dense = through_measurements(dense, table, pricing)
     choice = choose(estimates, objective, dense=dense, weight_time=weight_time,
                     uncertainty="rel_uncertainty", dense_uncertainty=predicted_u)

@@ -15,8 +15,8 @@ import ray
 
 from searchers import TulaSearcher
 from trainables.memory_probe import MemoryProbe, check_max_local_batch, check_workload, probe_memory
-from trainables.profiling_loop import (MEASURE_SECONDS_DEFAULT, MEASURE_STEPS_DEFAULT,
-                                       WARMUP_STEPS_DEFAULT)
+from trainables.profiling_sweep import (MEASURE_SECONDS_DEFAULT, MEASURE_STEPS_DEFAULT,
+                                        WARMUP_STEPS_DEFAULT)
 from tula_ray.arguments import named_arguments
 from tula_ray.cluster import (CPU_MEMORY_SHARE_DEFAULT, PROVISION_TIMEOUT_S_DEFAULT,
                               check_worker_request, cluster_for_run, node_memory_bytes)

@@ -9,8 +9,9 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from torch.utils.data import DataLoader, DistributedSampler, Subset
+from torch.utils.data import Subset
 
+from tula_ray.training.batches import Batches, evaluation_batches, training_batches
 from tula_ray.workloads import Workload
 
 EVAL_BATCH = 1000  # test-set batch: no gradients are kept, so it can exceed the training batch
@@ -22,9 +23,11 @@ VALIDATION_SPLIT_SEED = 0
 
 
 def make_loaders(workload: Workload, batch: int, *, seed: int, num_replicas: int = 1,
-                 rank: int = 0, pin_memory: bool = False, validation_fraction: float = 0.0
-                 ) -> tuple[DataLoader, DataLoader]:
-    """(train, test) loaders for replica `rank` of `num_replicas`, `batch` samples per step each.
+                 rank: int = 0, device: torch.device | str = "cpu",
+                 validation_fraction: float = 0.0) -> tuple[Batches, Batches]:
+    """(train, test) batches for replica `rank` of `num_replicas`, `batch` samples per step
+    each, on `device`, by the one data path (`tula_ray.training.batches`) with the
+    workload's loader settings (loader_workers, pin_memory, data_on_device).
 
     validation_fraction > 0: a split of that share of the TRAINING set (drawn with
     `VALIDATION_SPLIT_SEED`) is held out and served instead of the test set, which
@@ -32,10 +35,8 @@ def make_loaders(workload: Workload, batch: int, *, seed: int, num_replicas: int
 
     Training: shuffled by a DistributedSampler seeded with `seed` (its `set_epoch`,
     called by `train_epoch`, makes the order a function of (seed, epoch)); the last
-    incomplete batch is dropped. Test: this replica's contiguous share of the whole
-    test set, unshuffled, so `evaluate`'s all-reduced sums cover every sample once.
-    pin_memory: page-locked batches, for faster copies to a CUDA device (`prepare_run`
-    sets it when training on CUDA).
+    incomplete batch is dropped. Test: this replica's share of the whole test set,
+    unshuffled, so `evaluate`'s all-reduced sums cover every sample once.
     """
     train_set = workload.train_dataset_fn()
     if validation_fraction:
@@ -45,13 +46,18 @@ def make_loaders(workload: Workload, batch: int, *, seed: int, num_replicas: int
     if len(train_set) < batch * num_replicas:  # type: ignore[arg-type]
         raise ValueError(f"batch={batch} x {num_replicas} replicas exceeds the training set "
                          f"({len(train_set)} samples): no full batch")  # type: ignore[arg-type]
-    sampler = DistributedSampler(train_set, num_replicas=num_replicas, rank=rank, shuffle=True,
-                                 seed=seed, drop_last=True)
-    # The generator keeps the loader from drawing its base seed from the global RNG.
-    train = DataLoader(train_set, batch_size=batch, sampler=sampler, drop_last=True,
-                       generator=torch.Generator().manual_seed(seed), pin_memory=pin_memory)
-    share = Subset(test_set, range(rank, len(test_set), num_replicas))  # type: ignore[arg-type]
-    return train, DataLoader(share, batch_size=EVAL_BATCH, shuffle=False, pin_memory=pin_memory)
+    options = loader_options(workload)
+    train = training_batches(train_set, batch, device, seed=seed, num_replicas=num_replicas,
+                             rank=rank, **options)
+    test = evaluation_batches(test_set, EVAL_BATCH, device, num_replicas=num_replicas,
+                              rank=rank, **options)
+    return train, test
+
+
+def loader_options(workload: Workload) -> dict[str, Any]:
+    """The workload's data-path settings, as `tula_ray.training.batches.Batches` takes them."""
+    return {"workers": workload.loader_workers, "pin_memory": workload.pin_memory,
+            "on_device": workload.data_on_device}
 
 
 def split_validation(dataset: Any, fraction: float) -> tuple[Subset, Subset]:

@@ -6,63 +6,81 @@ are all-reduced over the ranks). No Ray here (core module).
 from __future__ import annotations
 
 import math
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 import torch
 from torch import nn
-from torch.utils.data import DataLoader
 
 from tula_ray.distributed import mean_over_ranks, sum_over_ranks, unwrapped
 from tula_ray.training.measure import StepTimer
 from tula_ray.training.strategies import StrategySetup
 
 
-def train_epoch(model: nn.Module, setup: StrategySetup, loss_fn: Callable, loader: DataLoader,
+class EpochTally:
+    """An epoch's steps and their running sums, kept on the device (no host sync per
+    step). `step` is the one training step of the data path that `train_epoch` runs and
+    the profiling loop times: the strategy's step on a batch, then the epoch's sums."""
+
+    def __init__(self, model: nn.Module, setup: StrategySetup, loss_fn: Callable,
+                 device: torch.device | str) -> None:
+        self.model, self.setup, self.loss_fn = model, setup, loss_fn
+        self.device = torch.device(device)
+        self.loss_sum = torch.zeros((), dtype=torch.float64, device=self.device)
+        self.correct = torch.zeros((), dtype=torch.int64, device=self.device)
+        self.samples = self.steps = 0
+        self.telemetry: list[dict[str, Any]] = []
+        self.lr = math.nan
+
+    def step(self, inputs: torch.Tensor, targets: torch.Tensor) -> None:
+        # A no-op for the data path's batches (already there); a plain DataLoader's move.
+        inputs = inputs.to(self.device, non_blocking=True)
+        targets = targets.to(self.device, non_blocking=True)
+        loss, outputs, self.lr = self.setup.train_step(self.model, self.loss_fn, inputs, targets)
+        self.telemetry.append(self.setup.step_telemetry())
+        self.loss_sum += loss.detach().double() * len(targets)
+        self.correct += (outputs.detach().argmax(dim=1) == targets).sum()
+        self.samples, self.steps = self.samples + len(targets), self.steps + 1
+
+
+def train_epoch(model: nn.Module, setup: StrategySetup, loss_fn: Callable, loader: Iterable,
                 device: torch.device | str, *, epoch: int) -> dict[str, Any]:
-    """One pass over `loader` with the strategy's hooks (`StrategySetup`).
+    """One pass over `loader` (`tula_ray.training.batches.Batches`, or a DataLoader) with
+    the strategy's hooks (`StrategySetup`).
 
     Returns train_loss (mean over samples), train_accuracy (fraction), steps, lr
-    (the LR of the last step), seconds (wall time), and the strategy's own epoch
+    (the LR of the last step), seconds (wall time of the pass, data included: what the
+    plan's `epoch_time_s` predicts), and the strategy's own epoch
     metrics (`setup.epoch_metrics`; for AGS scaled_fraction, variability_median, the
     per-step variability list and the last scale statistics). Under
     torch.distributed the sums are all-reduced and the float metrics averaged over ranks.
     """
     device = torch.device(device)
-    sampler = getattr(loader, "sampler", None)
-    if hasattr(sampler, "set_epoch"):
-        sampler.set_epoch(epoch)  # type: ignore[union-attr]
+    set_epoch = getattr(loader, "set_epoch", None) or getattr(
+        getattr(loader, "sampler", None), "set_epoch", None)
+    if set_epoch is not None:
+        set_epoch(epoch)
     setup.start_epoch(epoch)
     model.train()
-    loss_sum = torch.zeros((), dtype=torch.float64, device=device)
-    correct = torch.zeros((), dtype=torch.int64, device=device)
-    samples = steps = 0
-    telemetry: list[dict[str, Any]] = []
-    lr = math.nan
+    tally = EpochTally(model, setup, loss_fn, device)
     with StepTimer(device) as timer:
         for inputs, targets in loader:
-            inputs = inputs.to(device, non_blocking=True)
-            targets = targets.to(device, non_blocking=True)
-            loss, outputs, lr = setup.train_step(model, loss_fn, inputs, targets)
-            telemetry.append(setup.step_telemetry())
-            loss_sum += loss.detach().double() * len(targets)
-            correct += (outputs.detach().argmax(dim=1) == targets).sum()
-            samples, steps = samples + len(targets), steps + 1
-    if steps == 0:
+            tally.step(inputs, targets)
+    if tally.steps == 0:
         raise ValueError(f"the loader gave no batch in epoch {epoch}: is the dataset smaller "
                          "than one batch (drop_last)?")
     total_loss, total_correct, total_samples = sum_over_ranks(
-        [loss_sum.item(), float(correct.item()), float(samples)], device)
-    extra = setup.epoch_metrics(telemetry)
+        [tally.loss_sum.item(), float(tally.correct.item()), float(tally.samples)], device)
+    extra = setup.epoch_metrics(tally.telemetry)
     means = {"seconds": timer.seconds,
              **{k: v for k, v in extra.items() if isinstance(v, float)}}
     means = dict(zip(means, mean_over_ranks(list(means.values()), device)))
     return {"train_loss": total_loss / total_samples,
-            "train_accuracy": total_correct / total_samples, "steps": steps, "lr": lr,
-            **extra, **means}
+            "train_accuracy": total_correct / total_samples, "steps": tally.steps,
+            "lr": tally.lr, **extra, **means}
 
 
 @torch.no_grad()
-def evaluate(model: nn.Module, loader: DataLoader, device: torch.device | str,
+def evaluate(model: nn.Module, loader: Iterable, device: torch.device | str,
              loss_fn: Callable) -> dict[str, float]:
     """test_loss (mean over samples) and test_accuracy of `model` over `loader`.
 

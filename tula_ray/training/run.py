@@ -15,11 +15,13 @@ from typing import Any, Callable, Iterator
 import pandas as pd
 import torch
 from torch import nn
-from torch.utils.data import DataLoader
 
 from tula_ray.arguments import check_int
+from tula_ray.distributed import max_over_ranks
+from tula_ray.training.batches import Batches
 from tula_ray.training.data import make_loaders
 from tula_ray.training.epochs import evaluate, train_epoch
+from tula_ray.training.measure import StepTimer
 from tula_ray.training.strategies import (TRAINING_STRATEGY_DEFAULT, StrategySetup,
                                           TrainingStrategy, build_strategy, get_training_strategy)
 from tula_ray.workloads import (LR_DEFAULT, MOMENTUM_DEFAULT, WEIGHT_DECAY_DEFAULT, Workload,
@@ -56,8 +58,8 @@ class Run:
     workload: Workload
     model: nn.Module
     setup: StrategySetup
-    train_loader: DataLoader
-    test_loader: DataLoader
+    train_loader: Batches
+    test_loader: Batches
     loss_fn: Callable
     device: torch.device
     epochs: int
@@ -73,7 +75,10 @@ class Run:
                 before(epoch)
             metrics = train_epoch(self.model, self.setup, self.loss_fn, self.train_loader,
                                   self.device, epoch=epoch)
-            metrics.update(evaluate(self.model, self.test_loader, self.device, self.loss_fn))
+            with StepTimer(self.device) as timer:
+                metrics.update(evaluate(self.model, self.test_loader, self.device, self.loss_fn))
+            # What the plan's eval_time_s predicts (the slowest rank's: they all wait for it).
+            (metrics["eval_seconds"],) = max_over_ranks([timer.seconds], self.device)
             yield epoch, metrics
 
 
@@ -84,13 +89,13 @@ def prepare_run(workload: str | Workload, *, global_batch: int,
                 options: dict[str, Any] | None = None, lr: float | None = None,
                 num_replicas: int = 1, rank: int = 0,
                 wrap_model: Callable[[nn.Module], nn.Module] | None = None,
-                prepare_loader: Callable[[DataLoader], DataLoader] | None = None,
                 validation_fraction: float = 0.0) -> Run:
     """The model, strategy and loaders of one process of a run: shared by `fit` (one
     process) and the Ray Train worker loop (rank `rank` of `num_replicas`).
 
     wrap_model: puts the fresh model on its device and wraps it (Ray's `prepare_model`:
-    DDP); default: `.to(device)`. prepare_loader: e.g. Ray's `prepare_data_loader`.
+    DDP); default: `.to(device)`. The batches come on `device` by the one data path
+    (`tula_ray.training.batches`), the one the profile timed.
     validation_fraction > 0: train on the rest of the training set and evaluate on that
     held-out share of it instead of the test set (see `make_loaders`).
     The seed fixes the initial weights (the same on every rank) and the data order.
@@ -122,9 +127,7 @@ def prepare_run(workload: str | Workload, *, global_batch: int,
                            **hyper)
     train_loader, test_loader = make_loaders(
         workload, global_batch // num_replicas, seed=seed, num_replicas=num_replicas, rank=rank,
-        pin_memory=device.type == "cuda", validation_fraction=validation_fraction)
-    if prepare_loader is not None:
-        train_loader, test_loader = prepare_loader(train_loader), prepare_loader(test_loader)
+        device=device, validation_fraction=validation_fraction)
     return Run(workload, model, setup, train_loader, test_loader, workload.loss_fn(), device,
                epochs)
 

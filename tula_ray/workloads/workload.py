@@ -20,7 +20,7 @@ import torch
 from torch import nn
 from torch.utils.data import Dataset
 
-from tula_ray.arguments import check_text
+from tula_ray.arguments import check_bool, check_int, check_text
 from tula_ray.workloads.datasets import (FAKE_SIZE_DEFAULT, FASHION_MNIST_TRAIN_SIZE, NUM_CLASSES,
                                          SAMPLE_SHAPE, check_subset, fake_data, fashion_mnist)
 
@@ -49,6 +49,12 @@ class Workload:
     from the data and the model when left None, where the workers run, before any
     of them is launched (`tula_ray.workloads.check`), as is input_dtype (default float32).
     train_size: len(train dataset) when known without loading it (else measured once).
+
+    How batches reach the device (`tula_ray.training.batches`, the one data path of
+    training and profiling): in-memory tensors (a TensorDataset) are gathered by index,
+    from a copy on the GPU when data_on_device (None: when they fit); any other Dataset
+    goes through a DataLoader with loader_workers processes per rank (None: none on CPU,
+    up to 4 on a GPU) and pin_memory (None: on a GPU).
     """
 
     name: str
@@ -62,6 +68,15 @@ class Workload:
     num_classes: int | None = None
     train_size: int | None = None
     input_dtype: torch.dtype | None = None
+    loader_workers: int | None = None
+    pin_memory: bool | None = None
+    data_on_device: bool | None = None
+
+    def __post_init__(self) -> None:
+        check_int("loader_workers", self.loader_workers, minimum=0, optional=True,
+                  hint="DataLoader processes per rank; None picks for the device")
+        for name in ("pin_memory", "data_on_device"):
+            check_bool(name, getattr(self, name), optional=True, hint="None: by the device")
 
     def __repr__(self) -> str:
         # The default dataclass repr spells out every function: one line of a log or

@@ -1,0 +1,207 @@
+"""`python -m benchmarks gpu-acceptance`: what a GPU machine says about tula-ray's CUDA paths
+(issue 26, item 7; this is its Ray-free half, issue 24's GPU check).
+
+Runs from the source tree on a plain PyTorch image (no Ray, no pip install, no internet:
+`PYTHONPATH=. python -m benchmarks gpu-acceptance`) and writes gpu_acceptance.{json,md}:
+  - the environment: torch, CUDA, the GPU, its capability and driver, TF32's settings;
+  - a real CUDA out-of-memory, caught and named "oom" (`tula_ray.failures`);
+  - the data path on the device (`tula_ray.training.batches`): which path serves the
+    batches, and the seconds to serve an epoch's batches gathered against torch's
+    DataLoader over the same tensors (per-sample `__getitem__` and collate);
+  - per workload (the CNN and resnet18, on synthetic in-memory data: no download) and
+    batch B: the step as the profiling loop times it (the same code: warm-up by time,
+    the data path's step in blocks, CUDA events), and one process's `fit` epochs,
+    median of epochs 2-3, against that profile's prediction (whole steps x mean step).
+Without a GPU it exits non-zero saying so; `--allow-cpu` runs it on the CPU (tests).
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from typing import Any
+
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+from benchmarks.common import provenance, write_result
+from benchmarks.markdown import markdown_table
+
+EPOCHS = 3
+WARMUP_SECONDS = 0.5
+MEASURE_SECONDS = 1.0
+# (name, samples, global batches); the quick variant is a smoke test of a few seconds.
+GRID = (("cnn", 60_000, (32, 128, 512, 2048)), ("resnet18", 20_000, (32, 128, 512)))
+QUICK_GRID = (("cnn", 512, (128,)),)
+
+
+def synthetic_data(samples: int, seed: int = 0) -> TensorDataset:
+    """Fashion-MNIST-shaped random images and labels, in memory (no download)."""
+    generator = torch.Generator().manual_seed(seed)
+    return TensorDataset(torch.randn(samples, 1, 28, 28, generator=generator),
+                         torch.randint(0, 10, (samples,), generator=generator))
+
+
+def synthetic_workload(name: str, samples: int):
+    from tula_ray.workloads import FashionCNN, Workload
+    from tula_ray.workloads.workload import torchvision_model
+
+    model_fn = FashionCNN if name == "cnn" else functools.partial(torchvision_model, name)
+    return Workload(f"{name}-synthetic", model_fn=model_fn,
+                    train_dataset_fn=functools.partial(synthetic_data, samples),
+                    test_dataset_fn=functools.partial(synthetic_data, 2000, 1), epochs=EPOCHS,
+                    train_size=samples, sample_shape=(1, 28, 28), num_classes=10)
+
+
+def environment(device: torch.device) -> dict[str, Any]:
+    facts: dict[str, Any] = {
+        "python": platform.python_version(), "torch": torch.__version__,
+        "cuda_runtime": torch.version.cuda, "device": str(device),
+        "ray_importable": importlib.util.find_spec("ray") is not None,
+        "tf32_matmul": torch.backends.cuda.matmul.allow_tf32,
+        "tf32_cudnn": torch.backends.cudnn.allow_tf32,
+        "float32_matmul_precision": torch.get_float32_matmul_precision()}
+    if device.type == "cuda":
+        props = torch.cuda.get_device_properties(device)
+        facts.update(gpu=props.name, capability=f"{props.major}.{props.minor}",
+                     memory_gib=round(props.total_memory / 2**30, 1),
+                     arch_list=" ".join(torch.cuda.get_arch_list()))
+        try:
+            facts["driver"] = subprocess.run(
+                ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                capture_output=True, text=True, timeout=30).stdout.strip()
+        except (OSError, subprocess.SubprocessError) as exc:
+            facts["driver"] = f"nvidia-smi failed: {exc}"
+    return facts
+
+
+def out_of_memory(device: torch.device) -> dict[str, Any]:
+    """Ask for twice the GPU: the error must be caught and named "oom"."""
+    from tula_ray.failures import classify, is_out_of_memory
+
+    if device.type != "cuda":
+        return {"skipped": "no GPU"}
+    total = torch.cuda.get_device_properties(device).total_memory
+    try:
+        torch.empty(2 * total, dtype=torch.uint8, device=device)
+    except RuntimeError as exc:
+        torch.cuda.empty_cache()
+        return {"caught": type(exc).__name__, "is_out_of_memory": is_out_of_memory(exc),
+                "failure": classify(exc)}
+    return {"caught": None, "is_out_of_memory": False, "failure": "no error raised"}
+
+
+def data_path(workload, batch: int, device: torch.device) -> dict[str, Any]:
+    """Seconds to serve one epoch's batches on the device: the data path against a plain
+    DataLoader over the same tensors (what the profile left out before issue 24)."""
+    from tula_ray.training.batches import training_batches
+    from tula_ray.training.measure import synchronize
+
+    dataset = workload.train_dataset_fn()
+    ours = training_batches(dataset, batch, device, seed=0)
+
+    def serve(batches, move: bool) -> float:
+        synchronize(device)
+        started = time.perf_counter()
+        for inputs, targets in batches:
+            if move:
+                inputs, targets = inputs.to(device, non_blocking=True), targets.to(device)
+        synchronize(device)
+        return time.perf_counter() - started
+
+    serve(ours, False)  # the first pass places nothing new, but warms the kernels
+    plain = DataLoader(dataset, batch_size=batch, shuffle=True, drop_last=True,
+                       pin_memory=device.type == "cuda")
+    return {"path": ours.path, "batch": batch, "data_path_s": serve(ours, False),
+            "dataloader_s": serve(plain, True), "samples": len(dataset)}
+
+
+def profiled_step_s(workload, batch: int, device: torch.device) -> dict[str, float]:
+    """The mean step as the profiling loop times it, in this one process (fp32)."""
+    from tula_ray.training.batches import training_batches
+    from tula_ray.training.epochs import EpochTally
+    from tula_ray.training.step_timing import (cycle, mean_step_s, measured_step_count, spread,
+                                               time_block, warm_up)
+    from tula_ray.training.strategy_base import StrategySetup
+
+    torch.manual_seed(0)
+    model = workload.model_fn().to(device).train()
+    tally = EpochTally(model, StrategySetup("plain", workload.optimizer_fn(model.parameters())),
+                       workload.loss_fn(), device)
+    batches = cycle(training_batches(workload.train_dataset_fn(), batch, device, seed=0))
+
+    def run_step() -> None:
+        tally.step(*next(batches))
+
+    warm = warm_up(run_step, device, min_steps=3, min_seconds=WARMUP_SECONDS)
+    steps = measured_step_count(warm[-1], 5, MEASURE_SECONDS)
+    seconds = time_block(steps, run_step, device)
+    return {"step_s": mean_step_s(seconds), "spread": spread(seconds), "steps": steps}
+
+
+def fitted_epochs(workload, batch: int, device: torch.device) -> list[float]:
+    from tula_ray.training.run import fit
+
+    frame = fit(workload, global_batch=batch, strategy="lbt", epochs=EPOCHS, device=device)
+    return [float(s) for s in frame["seconds"]]
+
+
+def run(quick: bool = False, allow_cpu: bool = False) -> dict:
+    if not torch.cuda.is_available() and not allow_cpu:
+        sys.exit("gpu-acceptance needs a CUDA GPU and none is visible (torch.cuda."
+                 "is_available() is False); --allow-cpu runs it on the CPU as a smoke test")
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    result: dict[str, Any] = {"provenance": provenance(), "environment": environment(device),
+                              "halves": ["Ray-free"], "out_of_memory": out_of_memory(device)}
+    rows, paths = [], []
+    for name, samples, batches in QUICK_GRID if quick else GRID:
+        if name != "cnn" and importlib.util.find_spec("torchvision") is None:
+            rows.append({"workload": name, "skipped": "torchvision is not installed"})
+            continue
+        workload = synthetic_workload(name, samples)
+        paths.append({"workload": name, **data_path(workload, batches[0], device)})
+        for batch in batches:
+            profile = profiled_step_s(workload, batch, device)
+            epochs = fitted_epochs(workload, batch, device)
+            measured = statistics.median(epochs[1:])
+            predicted = (samples // batch) * profile["step_s"]
+            rows.append({"workload": name, "global_batch": batch, **profile,
+                         "predicted_epoch_s": predicted, "fit_epoch_s": measured,
+                         "ratio": predicted / measured, "fit_epochs_s": epochs})
+            print(rows[-1], flush=True)
+    result.update(rows=rows, data_paths=paths)
+    name = "gpu_acceptance_quick" if quick or device.type != "cuda" else "gpu_acceptance"
+    write_result(name, result, report(result))
+    print(report(result))
+    return result
+
+
+def report(result: dict) -> str:
+    p, env = result["provenance"], result["environment"]
+    lines = ["## GPU acceptance, Ray-free half (issue 26, item 7; issue 24's GPU check)\n",
+             f"`{p['command']}` at {p['commit']}, {p['date']}; {env.get('gpu', env['device'])}"
+             f" (capability {env.get('capability', '-')}, driver {env.get('driver', '-')}), "
+             f"torch {env['torch']}, CUDA {env['cuda_runtime']}, Python {env['python']}; "
+             f"TF32 matmul {env['tf32_matmul']}, cuDNN {env['tf32_cudnn']}; Ray importable: "
+             f"{env['ray_importable']} (this half runs without it).\n",
+             f"- A real CUDA out-of-memory: {result['out_of_memory']}."]
+    for path in result["data_paths"]:
+        lines.append(f"- Data path, {path['workload']} at B={path['batch']}: `{path['path']}` "
+                     f"serves an epoch ({path['samples']} samples) in {path['data_path_s']:.3f} s;"
+                     f" a DataLoader over the same tensors in {path['dataloader_s']:.3f} s.")
+    body = [[r["workload"], r.get("global_batch", "-"),
+             f"{1e3 * r['step_s']:.3f}" if "step_s" in r else r.get("skipped", ""),
+             f"{r['spread']:.1%}" if "spread" in r else "",
+             f"{r['predicted_epoch_s']:.2f}" if "step_s" in r else "",
+             f"{r['fit_epoch_s']:.2f}" if "step_s" in r else "",
+             f"{r['ratio']:.3f}" if "step_s" in r else ""] for r in result["rows"]]
+    lines += ["", "One process, fp32: the profiled mean step (the profiling loop's timing code) "
+              "x whole steps, against `fit`'s epoch `seconds` (median of epochs 2-3).\n",
+              markdown_table(["workload", "B", "profiled step ms", "step spread",
+                              "predicted epoch s", "fit epoch s", "predicted / fit"], body)]
+    return "\n".join(lines) + "\n"

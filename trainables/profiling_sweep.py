@@ -1,0 +1,246 @@
+"""What one worker group of the profiling loop (`trainables.profiling_loop`) builds once
+and reuses for every batch it profiles, and how it profiles one batch (`Sweep.profile`):
+the phases, the data path and the timing that the loop's docstring describes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import time
+from typing import Any, Callable, Iterator
+
+import ray.train
+import ray.train.torch
+import torch
+
+from trainables.strategy_cost import measure_strategy_extra_s, strategy_batch
+from tula_ray.distributed import max_over_ranks
+from tula_ray.failures import is_out_of_memory, workload_code
+from tula_ray.profile_table import STATUS_OK, STATUS_OOM
+from tula_ray.training.batches import tensor_source, training_batches
+from tula_ray.training.data import loader_options
+from tula_ray.training.epoch_costs import checkpoint_s, evaluation_s
+from tula_ray.training.epochs import EpochTally
+from tula_ray.training.measure import memtracker_peak_bytes, train_step
+from tula_ray.training.step_timing import (cycle, mean_step_s, measured_step_count,
+                                           spread as step_spread, time_block, warm_up)
+from tula_ray.training.strategy_base import StrategySetup
+from tula_ray.workloads import resolve_workload
+
+WARMUP_STEPS_DEFAULT = 3
+WARMUP_SECONDS_GPU = 0.5  # and at least this long on a GPU (`warmup_seconds_default`)
+ALTERNATING_BLOCKS = 3  # compute / synced blocks per phase, alternated
+MEASURE_STEPS_DEFAULT = 5  # at least this many timed steps per phase
+# ... and more while a phase takes less than this: cheap for short steps, where the
+# mean of a few steps is noisiest relative to the step (fixed costs, scheduler jitter).
+MEASURE_SECONDS_DEFAULT = 1.0
+SEED_DEFAULT = 0
+
+
+class PeerOutOfMemoryError(torch.OutOfMemoryError):
+    """Another worker of the group ran out of memory at this batch."""
+
+
+def agree_first_step_fits(step: Callable[[], list[float]], device: torch.device,
+                          no_collective: contextlib.AbstractContextManager) -> list[float]:
+    """Run `step` (one training step, inside `no_collective`: DDP's no_sync) on every
+    worker, then agree over all workers whether it fitted in memory. Returns its timing;
+    raises torch.OutOfMemoryError on EVERY worker when any one ran out, so that all of
+    them mark the batch "oom" together instead of some waiting in a collective."""
+    failure: BaseException | None = None
+    seconds: list[float] = []
+    with no_collective:
+        try:
+            seconds = step()
+        except RuntimeError as exc:
+            if not is_out_of_memory(exc):
+                raise
+            failure = exc
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+    (any_failed,) = max_over_ranks([1.0 if failure else 0.0], device)
+    if failure is not None:
+        raise failure
+    if any_failed:
+        raise PeerOutOfMemoryError("out of memory on another worker of this group")
+    return seconds
+
+
+class Sweep:
+    """What a worker group builds once and reuses for every batch: workload, model, data."""
+
+    def __init__(self, config: dict[str, Any], world_size: int) -> None:
+        self.config, self.world_size = config, world_size
+        self.rank = ray.train.get_context().get_world_rank()
+        self.warmup = int(config.get("warmup_steps", WARMUP_STEPS_DEFAULT))
+        self.measure = int(config.get("measure_steps", MEASURE_STEPS_DEFAULT))
+        self.budget_s = float(config.get("measure_seconds", MEASURE_SECONDS_DEFAULT))
+        self.device = ray.train.torch.get_device()
+        self.warmup_s = float(config.get("warmup_seconds", warmup_seconds_default(self.device)))
+        if self.warmup < 0 or self.measure < 1 or self.warmup_s < 0:
+            raise ValueError(f"warmup_steps={self.warmup}, measure_steps={self.measure}, "
+                             f"warmup_seconds={self.warmup_s}; need warmup_steps >= 0, "
+                             "measure_steps >= 1 and warmup_seconds >= 0")
+        self.workload = resolve_workload(config["workload"], config.get("workload_options"))
+        self.seed = int(config.get("seed", SEED_DEFAULT))
+        torch.manual_seed(self.seed)
+        name = self.workload.name
+        started = time.perf_counter()
+        with workload_code(name, "train_dataset_fn()"):
+            self.dataset = self.workload.train_dataset_fn()
+            # Placed once (on the GPU when it fits): every batch of the sweep gathers from it.
+            self.source = tensor_source(self.dataset, self.device,
+                                        on_device=self.workload.data_on_device)
+        self.data_load_s = time.perf_counter() - started
+        with workload_code(name, "model_fn()"):
+            model = self.workload.model_fn()
+        self.model = ray.train.torch.prepare_model(model)
+        self.model.train()
+        with workload_code(name, "optimizer_fn(model.parameters())"):
+            self.optimizer = self.workload.optimizer_fn(self.model.parameters())
+        with workload_code(name, "loss_fn()"):
+            self.loss_fn = self.workload.loss_fn()
+        self.plain = StrategySetup("plain", self.optimizer)  # the step `train` takes, plain
+        self.first_batch = min(int(b) for b in config.get(
+            "global_batches", [config.get("global_batch")]))
+        self.strategy_batch, self.strategy_options = strategy_batch(
+            config, world_size, self.first_batch, len(self.dataset))  # type: ignore[arg-type]
+        self.distributed = isinstance(self.model, torch.nn.parallel.DistributedDataParallel)
+        # With buffers (BatchNorm), DDP broadcasts them in the forward after a synced step.
+        self.transition = int(self.distributed and any(True for _ in self.model.buffers()))
+
+    def batches(self, local_batch: int) -> Iterator:
+        """This rank's batches at `local_batch`, forever: the data path `train` takes."""
+        return cycle(training_batches(
+            self.dataset, local_batch, self.device, seed=self.seed, num_replicas=self.world_size,
+            rank=self.rank, source=self.source, **loader_options(self.workload)))
+
+    def no_sync(self) -> contextlib.AbstractContextManager:
+        return self.model.no_sync() if self.distributed else contextlib.nullcontext()
+
+    def _cpu_peak(self, batches: Iterator) -> tuple[float, float]:
+        """One untimed step of this worker's own model under MemTracker: its peak bytes,
+        the largest over the workers, and the step's seconds. The wrapped module trains
+        alone (no DDP hooks, no collective), on a real batch. The batch is fetched before
+        the tracker and registered with it: a fetch inside would count the whole dataset's
+        storage, which the batch's samples view."""
+        module = getattr(self.model, "module", self.model)
+        started = time.perf_counter()
+        inputs, targets = next(batches)
+        peak = memtracker_peak_bytes(
+            [lambda: train_step(module, self.optimizer, self.loss_fn, inputs, targets)],
+            module, self.optimizer, inputs, targets)
+        seconds = time.perf_counter() - started
+        (peak,) = max_over_ranks([float(peak)], self.device)
+        return peak, seconds
+
+    def epoch_costs(self) -> dict[str, float]:
+        """The epoch's costs beyond its steps, once per worker group: one evaluation pass
+        (when the workload has a test set) and one checkpoint write."""
+        costs = {"checkpoint_time_s": checkpoint_s(self.model, self.plain, self.device,
+                                                   rank=self.rank)}
+        if self.workload.test_dataset_fn is not None:
+            with workload_code(self.workload.name, "test_dataset_fn()"):
+                test_set = self.workload.test_dataset_fn()
+            costs["eval_time_s"] = evaluation_s(self.model, test_set, self.loss_fn, self.device,
+                                                num_replicas=self.world_size, rank=self.rank)
+        return costs
+
+    def profile(self, global_batch: int) -> dict[str, Any]:
+        world_size, device, config = self.world_size, self.device, self.config
+        if global_batch % world_size:
+            raise ValueError(f"global_batch={global_batch} is not divisible by num_workers="
+                             f"{world_size}; B must be a multiple of N")
+        local_batch = global_batch // world_size
+        # Diagnostics beside the profile fields: per-worker compute speed depends on them.
+        result: dict[str, Any] = {"torch_threads": torch.get_num_threads(),
+                                  "device": device.type, "data_load_s": self.data_load_s,
+                                  "cpus_per_worker": config.get("cpus_per_worker", math.nan)}
+
+        limit = config.get("device_memory_bytes")
+        if len(self.dataset) < global_batch:  # type: ignore[arg-type]
+            raise ValueError(f"global_batch={global_batch} is larger than the dataset of "
+                             f"{self.workload.name} ({len(self.dataset)} samples)")  # type: ignore[arg-type]
+        batches = self.batches(local_batch)
+        tally = EpochTally(self.model, self.plain, self.loss_fn, device)
+
+        def run_step() -> None:
+            tally.step(*next(batches))
+
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
+
+        # 1. Warm-up. The first step, where memory peaks, runs without a collective and
+        # the workers agree on whether it fitted: a worker out of memory inside DDP's
+        # all-reduce would leave its peers waiting in it until the process-group timeout.
+        warm = agree_first_step_fits(lambda: time_block(1, run_step, device), device,
+                                     self.no_sync())
+        if device.type != "cuda" and config.get("measure_memory", True):
+            peak, seconds = self._cpu_peak(batches)
+            warm.append(seconds)
+            result.update(peak_mem_bytes=peak, memory_source="memtracker")
+            if limit is not None and peak > float(limit):
+                return {**result, "status": STATUS_OOM,
+                        "error": f"peak {peak:.4g} bytes > device_memory_bytes {float(limit):.4g}"}
+        # No collective under no_sync: each worker may warm up for its own count of steps.
+        with self.no_sync():
+            settled = warm_up(run_step, device, min_steps=max(self.warmup - len(warm), 1),
+                              min_seconds=self.warmup_s)
+        warm += settled
+        if self.distributed:
+            warm += time_block(1, run_step, device)  # DDP's first synced step rebuilds buckets
+        # The step count comes from an untracked step (MemTracker slows the one it watches).
+        (warm_s,) = max_over_ranks([settled[-1]], device)
+        steps = measured_step_count(warm_s, self.measure, self.budget_s)
+        # 2-3. Compute-only and synced steps, in alternating blocks.
+        blocks = min(ALTERNATING_BLOCKS, steps) if self.distributed else 1
+        per_block = math.ceil(steps / blocks)
+        compute: list[float] = []
+        step: list[float] = []
+        for _ in range(blocks):
+            with self.no_sync():
+                compute += time_block(per_block, run_step, device, transition=self.transition)
+            if self.distributed:
+                step += time_block(per_block, run_step, device, transition=self.transition)
+        if not self.distributed:
+            step = compute
+
+        if global_batch == self.first_batch:
+            result.update(self.epoch_costs())
+            if self.strategy_batch is not None:
+                result["strategy_extra_s"] = measure_strategy_extra_s(self)
+        medians = [mean_step_s(compute), mean_step_s(step), step_spread(step),
+                   sum(compute) + (sum(step) if self.distributed else 0.0), sum(warm)]
+        if device.type == "cuda":
+            medians.append(float(torch.cuda.max_memory_allocated(device)))  # reduced[5]
+        reduced = max_over_ranks(medians, device)
+        compute_s, step_s, spread, timed_s, warm_s = reduced[:5]
+        # Timing noise (~15 % here) can make the compute-only mean exceed the synced
+        # one when the collective is cheap; sync cannot be negative, so the whole step
+        # is then compute and the row stays consistent: step = compute + sync.
+        compute_s = min(compute_s, step_s)
+        result.update(
+            compute_time_s=compute_s, step_time_s=step_s, sync_time_s=step_s - compute_s,
+            samples_per_s=global_batch / step_s, step_time_spread=spread,
+            warmup_steps=len(warm), measure_steps=len(step), timed_wall_s=timed_s,
+            warmup_wall_s=warm_s, data_path=batches_path(self.source),
+            status=STATUS_OK, error="")
+        if device.type == "cuda":
+            result.update(peak_mem_bytes=reduced[5], memory_source="cuda")
+            # The user may declare a device smaller than this GPU.
+            if limit is not None and reduced[5] > float(limit):
+                result.update(status=STATUS_OOM, error=f"peak {reduced[5]:.4g} bytes > "
+                                                       f"device_memory_bytes {float(limit):.4g}")
+        return result
+
+
+def warmup_seconds_default(device: torch.device) -> float:
+    """Warm-up time per batch: a GPU's clocks and cuDNN's autotuning need a fraction of a
+    second; on CPU the few warm-up steps are enough."""
+    return WARMUP_SECONDS_GPU if device.type == "cuda" else 0.0
+
+
+def batches_path(source: Any) -> str:
+    """How the batches were made (`tula_ray.training.batches.Batches.path`)."""
+    return "loader" if source is None else f"gather-{source.location}"
