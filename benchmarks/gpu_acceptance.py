@@ -35,9 +35,10 @@ from benchmarks.markdown import markdown_table
 EPOCHS = 3
 WARMUP_SECONDS = 0.5
 MEASURE_SECONDS = 1.0
-# (name, samples, global batches); the quick variant is a smoke test of a few seconds.
-GRID = (("cnn", 60_000, (32, 128, 512, 2048)), ("resnet18", 20_000, (32, 128, 512)))
-QUICK_GRID = (("cnn", 512, (128,)),)
+# (name, samples, global batches, precisions); the quick variant is a smoke test.
+GRID = (("cnn", 60_000, (32, 128, 512, 2048), ("fp32", "bf16")),
+        ("resnet18", 20_000, (32, 128, 512), ("fp32", "bf16")))
+QUICK_GRID = (("cnn", 512, (128,), ("fp32",)),)
 
 
 def synthetic_data(samples: int, seed: int = 0) -> TensorDataset:
@@ -47,7 +48,7 @@ def synthetic_data(samples: int, seed: int = 0) -> TensorDataset:
                          torch.randint(0, 10, (samples,), generator=generator))
 
 
-def synthetic_workload(name: str, samples: int):
+def synthetic_workload(name: str, samples: int, precision: str = "fp32"):
     from tula_ray.workloads import FashionCNN, Workload
     from tula_ray.workloads.workload import torchvision_model
 
@@ -55,7 +56,8 @@ def synthetic_workload(name: str, samples: int):
     return Workload(f"{name}-synthetic", model_fn=model_fn,
                     train_dataset_fn=functools.partial(synthetic_data, samples),
                     test_dataset_fn=functools.partial(synthetic_data, 2000, 1), epochs=EPOCHS,
-                    train_size=samples, sample_shape=(1, 28, 28), num_classes=10)
+                    train_size=samples, sample_shape=(1, 28, 28), num_classes=10,
+                    precision=precision)
 
 
 def environment(device: torch.device) -> dict[str, Any]:
@@ -122,24 +124,28 @@ def data_path(workload, batch: int, device: torch.device) -> dict[str, Any]:
 
 
 def profiled_step_s(workload, batch: int, device: torch.device) -> dict[str, float]:
-    """The mean step as the profiling loop times it, in this one process (fp32)."""
+    """The mean step as the profiling loop times it, in this one process, in the
+    workload's precision."""
+    from tula_ray.precision import autocast_for, set_math_mode
     from tula_ray.training.batches import training_batches
     from tula_ray.training.epochs import EpochTally
-    from tula_ray.training.step_timing import (cycle, mean_step_s, measured_step_count, spread,
-                                               time_block, warm_up)
+    from tula_ray.training.step_timing import (cycle, max_measure_steps, mean_step_s,
+                                               measured_step_count, spread, time_block, warm_up)
     from tula_ray.training.strategy_base import StrategySetup
 
     torch.manual_seed(0)
+    set_math_mode(workload.precision)
     model = workload.model_fn().to(device).train()
-    tally = EpochTally(model, StrategySetup("plain", workload.optimizer_fn(model.parameters())),
-                       workload.loss_fn(), device)
+    setup = StrategySetup("plain", workload.optimizer_fn(model.parameters()),
+                          autocast=autocast_for(workload.precision, device))
+    tally = EpochTally(model, setup, workload.loss_fn(), device)
     batches = cycle(training_batches(workload.train_dataset_fn(), batch, device, seed=0))
 
     def run_step() -> None:
         tally.step(*next(batches))
 
     warm = warm_up(run_step, device, min_steps=3, min_seconds=WARMUP_SECONDS)
-    steps = measured_step_count(warm[-1], 5, MEASURE_SECONDS)
+    steps = measured_step_count(warm[-1], 5, MEASURE_SECONDS, max_measure_steps(device))
     seconds = time_block(steps, run_step, device)
     return {"step_s": mean_step_s(seconds), "spread": spread(seconds), "steps": steps}
 
@@ -159,21 +165,24 @@ def run(quick: bool = False, allow_cpu: bool = False) -> dict:
     result: dict[str, Any] = {"provenance": provenance(), "environment": environment(device),
                               "halves": ["Ray-free"], "out_of_memory": out_of_memory(device)}
     rows, paths = [], []
-    for name, samples, batches in QUICK_GRID if quick else GRID:
+    for name, samples, batches, precisions in QUICK_GRID if quick else GRID:
         if name != "cnn" and importlib.util.find_spec("torchvision") is None:
             rows.append({"workload": name, "skipped": "torchvision is not installed"})
             continue
-        workload = synthetic_workload(name, samples)
-        paths.append({"workload": name, **data_path(workload, batches[0], device)})
+        paths.append({"workload": name, **data_path(synthetic_workload(name, samples),
+                                                     batches[0], device)})
         for batch in batches:
-            profile = profiled_step_s(workload, batch, device)
-            epochs = fitted_epochs(workload, batch, device)
-            measured = statistics.median(epochs[1:])
-            predicted = (samples // batch) * profile["step_s"]
-            rows.append({"workload": name, "global_batch": batch, **profile,
-                         "predicted_epoch_s": predicted, "fit_epoch_s": measured,
-                         "ratio": predicted / measured, "fit_epochs_s": epochs})
-            print(rows[-1], flush=True)
+            for precision in precisions:  # side by side: the ratio is measured in one run
+                workload = synthetic_workload(name, samples, precision)
+                profile = profiled_step_s(workload, batch, device)
+                epochs = fitted_epochs(workload, batch, device)
+                measured = statistics.median(epochs[1:])
+                predicted = (samples // batch) * profile["step_s"]
+                rows.append({"workload": name, "global_batch": batch, "precision": precision,
+                             **profile, "predicted_epoch_s": predicted,
+                             "fit_epoch_s": measured, "ratio": predicted / measured,
+                             "fit_epochs_s": epochs})
+                print(rows[-1], flush=True)
     result.update(rows=rows, data_paths=paths)
     name = "gpu_acceptance_quick" if quick or device.type != "cuda" else "gpu_acceptance"
     write_result(name, result, report(result))
@@ -194,14 +203,15 @@ def report(result: dict) -> str:
         lines.append(f"- Data path, {path['workload']} at B={path['batch']}: `{path['path']}` "
                      f"serves an epoch ({path['samples']} samples) in {path['data_path_s']:.3f} s;"
                      f" a DataLoader over the same tensors in {path['dataloader_s']:.3f} s.")
-    body = [[r["workload"], r.get("global_batch", "-"),
+    body = [[r["workload"], r.get("global_batch", "-"), r.get("precision", "-"),
              f"{1e3 * r['step_s']:.3f}" if "step_s" in r else r.get("skipped", ""),
              f"{r['spread']:.1%}" if "spread" in r else "",
              f"{r['predicted_epoch_s']:.2f}" if "step_s" in r else "",
              f"{r['fit_epoch_s']:.2f}" if "step_s" in r else "",
              f"{r['ratio']:.3f}" if "step_s" in r else ""] for r in result["rows"]]
-    lines += ["", "One process, fp32: the profiled mean step (the profiling loop's timing code) "
-              "x whole steps, against `fit`'s epoch `seconds` (median of epochs 2-3).\n",
-              markdown_table(["workload", "B", "profiled step ms", "step spread",
+    lines += ["", "One process: the profiled mean step (the profiling loop's timing code, in "
+              "the row's precision) x whole steps, against `fit`'s epoch `seconds` (median "
+              "of epochs 2-3).\n",
+              markdown_table(["workload", "B", "precision", "profiled step ms", "step spread",
                               "predicted epoch s", "fit epoch s", "predicted / fit"], body)]
     return "\n".join(lines) + "\n"

@@ -181,5 +181,5 @@ def test_gpu_acceptance_refuses_without_a_gpu_and_its_ray_free_half_runs_on_cpu(
     markdown = (RESULTS_DIR / "gpu_acceptance_quick.md").read_text()
     assert "Ray importable: False" in markdown and "`gather-host`" in markdown
     (row,) = _table_rows(markdown, "| workload | B |")
-    predicted_over_fit = float(row[6])
+    predicted_over_fit = float(row[7])
     assert 0 < predicted_over_fit < 10  # a ratio of two measured times, both present

@@ -17,14 +17,16 @@ import torch
 from trainables.strategy_cost import measure_strategy_extra_s, strategy_batch
 from tula_ray.distributed import max_over_ranks
 from tula_ray.failures import is_out_of_memory, workload_code
+from tula_ray.precision import autocast_for, set_math_mode
 from tula_ray.profile_table import STATUS_OK, STATUS_OOM
 from tula_ray.training.batches import tensor_source, training_batches
 from tula_ray.training.data import loader_options
 from tula_ray.training.epoch_costs import checkpoint_s, evaluation_s
 from tula_ray.training.epochs import EpochTally
 from tula_ray.training.measure import memtracker_peak_bytes, train_step
-from tula_ray.training.step_timing import (cycle, mean_step_s, measured_step_count,
-                                           spread as step_spread, time_block, warm_up)
+from tula_ray.training.step_timing import (cycle, max_measure_steps, mean_step_s,
+                                           measured_step_count, spread as step_spread, time_block,
+                                           warm_up)
 from tula_ray.training.strategy_base import StrategySetup
 from tula_ray.workloads import resolve_workload
 
@@ -101,7 +103,11 @@ class Sweep:
             self.optimizer = self.workload.optimizer_fn(self.model.parameters())
         with workload_code(name, "loss_fn()"):
             self.loss_fn = self.workload.loss_fn()
-        self.plain = StrategySetup("plain", self.optimizer)  # the step `train` takes, plain
+        # The workload's precision, as `train` will set it (`tula_ray.precision`).
+        self.math_mode = set_math_mode(self.workload.precision)
+        self.autocast = autocast_for(self.workload.precision, self.device)
+        # The step `train` takes, plain.
+        self.plain = StrategySetup("plain", self.optimizer, autocast=self.autocast)
         self.first_batch = min(int(b) for b in config.get(
             "global_batches", [config.get("global_batch")]))
         self.strategy_batch, self.strategy_options = strategy_batch(
@@ -129,7 +135,8 @@ class Sweep:
         started = time.perf_counter()
         inputs, targets = next(batches)
         peak = memtracker_peak_bytes(
-            [lambda: train_step(module, self.optimizer, self.loss_fn, inputs, targets)],
+            [lambda: train_step(module, self.optimizer, self.loss_fn, inputs, targets,
+                                autocast=self.autocast)],
             module, self.optimizer, inputs, targets)
         seconds = time.perf_counter() - started
         (peak,) = max_over_ranks([float(peak)], self.device)
@@ -144,7 +151,8 @@ class Sweep:
             with workload_code(self.workload.name, "test_dataset_fn()"):
                 test_set = self.workload.test_dataset_fn()
             costs["eval_time_s"] = evaluation_s(self.model, test_set, self.loss_fn, self.device,
-                                                num_replicas=self.world_size, rank=self.rank)
+                                                num_replicas=self.world_size, rank=self.rank,
+                                                autocast=self.autocast)
         return costs
 
     def profile(self, global_batch: int) -> dict[str, Any]:
@@ -156,6 +164,7 @@ class Sweep:
         # Diagnostics beside the profile fields: per-worker compute speed depends on them.
         result: dict[str, Any] = {"torch_threads": torch.get_num_threads(),
                                   "device": device.type, "data_load_s": self.data_load_s,
+                                  "precision": self.workload.precision, **self.math_mode,
                                   "cpus_per_worker": config.get("cpus_per_worker", math.nan)}
 
         limit = config.get("device_memory_bytes")
@@ -192,7 +201,8 @@ class Sweep:
             warm += time_block(1, run_step, device)  # DDP's first synced step rebuilds buckets
         # The step count comes from an untracked step (MemTracker slows the one it watches).
         (warm_s,) = max_over_ranks([settled[-1]], device)
-        steps = measured_step_count(warm_s, self.measure, self.budget_s)
+        steps = measured_step_count(warm_s, self.measure, self.budget_s,
+                                    max_measure_steps(device))
         # 2-3. Compute-only and synced steps, in alternating blocks.
         blocks = min(ALTERNATING_BLOCKS, steps) if self.distributed else 1
         per_block = math.ceil(steps / blocks)

@@ -15,7 +15,7 @@ No Ray here (core module).
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Callable
+from typing import Any, Callable, ContextManager
 
 import torch
 from torch import nn
@@ -38,14 +38,17 @@ def _take_grads(params: list[nn.Parameter]) -> list[torch.Tensor | None]:
 
 
 def backward_with_refresh(model: nn.Module, optimizer: torch.optim.Optimizer, loss_fn: Callable,
-                          inputs: torch.Tensor, targets: torch.Tensor
+                          inputs: torch.Tensor, targets: torch.Tensor, *,
+                          autocast: Callable[[], ContextManager] = contextlib.nullcontext
                           ) -> tuple[torch.Tensor, torch.Tensor]:
     """Forward and backward of one step, taking a sub-batch gradient when a refresh is due.
 
     Replaces `loss_fn(model(inputs), targets).backward()` after `zero_grad()`;
     returns (loss, outputs) of the full local batch. Any other optimizer, source
     "local" (its hook reads the gradients during this backward), or a step without a
-    refresh, is exactly that plain backward.
+    refresh, is exactly that plain backward. autocast: the context each forward and loss
+    run in (bf16 autocast; the gradients AGS reads are float32 either way: the
+    parameters are).
     """
     refresh = (isinstance(optimizer, TulaOptimizer) and optimizer.source == "sub-batch"
                and optimizer.refresh_due)
@@ -55,8 +58,9 @@ def backward_with_refresh(model: nn.Module, optimizer: torch.optim.Optimizer, lo
                          "call register_local_gradient_hook(model, optimizer) on the "
                          "DistributedDataParallel model first (>= 2 workers)")
     if not refresh:
-        outputs = model(inputs)
-        loss = loss_fn(outputs, targets)
+        with autocast():
+            outputs = model(inputs)
+            loss = loss_fn(outputs, targets)
         loss.backward()
         return loss, outputs
     if optimizer.small_batch >= len(inputs):
@@ -69,14 +73,17 @@ def backward_with_refresh(model: nn.Module, optimizer: torch.optim.Optimizer, lo
     # gradient here, it does not train the statistics on an extra batch.
     buffers = [b.detach().clone() for b in model.buffers()]
     with model.no_sync() if is_ddp(model) else contextlib.nullcontext():
-        loss_fn(model(inputs[: optimizer.small_batch]),
-                targets[: optimizer.small_batch]).backward()
+        with autocast():
+            small_loss = loss_fn(model(inputs[: optimizer.small_batch]),
+                                 targets[: optimizer.small_batch])
+        small_loss.backward()
     with torch.no_grad():
         for buffer, saved in zip(model.buffers(), buffers):
             buffer.copy_(saved)
     small = _take_grads(params)
-    outputs = model(inputs)
-    loss = loss_fn(outputs, targets)
+    with autocast():
+        outputs = model(inputs)
+        loss = loss_fn(outputs, targets)
     loss.backward()
     optimizer.refresh_scales(small)
     return loss, outputs

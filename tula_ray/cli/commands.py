@@ -59,7 +59,8 @@ def train_andwrite_plan(plan: Any, args: argparse.Namespace, workload: str | Non
     retries = {} if args.max_failures is None else {"max_failures": args.max_failures}
     tuned = _tuned_config(getattr(args, "config", None)) or {"strategy": args.strategy}
     result = train(plan, workload=workload, epochs=args.epochs, storage_path=storage,
-                   address=args.address, runtime_env=args.runtime_env, **tuned, **retries)
+                   address=args.address, runtime_env=args.runtime_env,
+                   precision=args.precision, **tuned, **retries)
     shown = [c for c in SHOWN_COLUMNS if c in result.metrics.columns]
     print(f"trained N={result.num_workers}, B={result.global_batch} with {result.strategy}:")
     print(result.metrics[shown].to_string(index=False, float_format=lambda v: f"{v:.4g}"))
@@ -146,7 +147,7 @@ def run_demo(args: argparse.Namespace) -> None:
                       strategy=args.search_strategy, objective=args.objective,
                       pricing=args.pricing, address=args.address,
                       storage_path=args.storage_path, training_strategy=args.strategy,
-                      runtime_env=args.runtime_env)
+                      runtime_env=args.runtime_env, precision=args.precision)
         write_plan(plan, args.out)
         meta = plan.meta
         print(f"memory probe {meta['probe_wall_s']:.0f} s, profiling "

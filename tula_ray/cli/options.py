@@ -9,6 +9,7 @@ from typing import Any
 
 from tula_ray.planning.policy import OBJECTIVES
 from tula_ray.planning.search_strategies import SEARCH_STRATEGIES
+from tula_ray.precision import PRECISIONS
 
 METRICS_FILE = "train_metrics.csv"
 # tula_ray.training.strategies.TRAINING_STRATEGY_DEFAULT, repeated: importing it would
@@ -72,9 +73,16 @@ def add_train_options(parser: argparse.ArgumentParser) -> None:
                              "(tula_ray.training.strategies.TRAINING_STRATEGIES)")
     parser.add_argument("--epochs", type=int, default=None,
                         help="epochs to train (default: the plan's)")
+    add_precision_option(parser, "default: the plan's, else the workload's, fp32")
     parser.add_argument("--max-failures", type=int, default=None,
                         help="restarts from the last checkpoint after a worker failure "
                              "(default: tula_ray.train's)")
+
+
+def add_precision_option(parser: argparse.ArgumentParser, default: str) -> None:
+    parser.add_argument("--precision", choices=PRECISIONS, default=None,
+                        help=f"what a training step computes in ({default}; "
+                             "tula_ray.precision)")
 
 
 def add_job_options(parser: argparse.ArgumentParser, storage_help: str, out: Path,

@@ -35,7 +35,7 @@ from tula_ray.space import MIN_BATCH_DEFAULT, SearchSpace
 from tula_ray.training.strategies import (TRAINING_STRATEGY_DEFAULT, portable_training_strategy,
                                           refusals)
 from tula_ray.training.strategy_base import TrainingStrategy
-from tula_ray.workloads import Workload, portable_workload, resolve_workload
+from tula_ray.workloads import Workload, in_precision, portable_workload, resolve_workload
 
 logger = logging.getLogger(__name__)
 
@@ -69,6 +69,7 @@ def search(
     training_strategy: str | TrainingStrategy | None = TRAINING_STRATEGY_DEFAULT,
     training_options: dict[str, Any] | None = None,
     runtime_env: dict[str, Any] | None = None,
+    precision: str | None = None,
 ) -> Plan:
     """Profile candidates on Ray, fit the models, and return the Plan with the choice.
 
@@ -89,6 +90,8 @@ def search(
       probe is not rerun; the other arguments must be those of the saved search. Without
       a saved search it starts one.
     epochs: E of eq. 4a, the training the plan predicts (default the workload's).
+    precision: "fp32", "tf32" or "bf16" (`tula_ray.precision`), what every profiled step
+      computes in and what `train` takes from the plan; default the workload's ("fp32").
     warmup_steps, measure_steps, measure_seconds: per batch, untimed steps, then at least
       measure_steps timed steps per phase, more while they fit in measure_seconds.
     One Ray Train worker group per cluster size and round profiles all of its batches.
@@ -126,7 +129,7 @@ def search(
     # once Ray is up: the driver may lack the data the workers read.
     resolved = named_arguments(resolve_workload, "workload", "workload_options")(
         workload, options)
-    spec, sent_options = portable_workload(workload, options, resolved)
+    spec, sent_options, resolved = in_precision(workload, options, resolved, precision)
     request = SearchRequest(
         spec, sent_options, resolved, tuple(sorted(set(cluster_sizes))),
         min_batch, max_batch, objective, strategy, dict(strategy_options or {}),
@@ -170,6 +173,7 @@ def search(
                 "resumed": saved is not None,
                 "memory_probe": probe.rows, "errors": searcher.errors,
                 "workload_options": json_options(options),
+                "precision": request.workload.precision,
                 "training_strategy": request.training_strategy_name,
                 "training_options": json_options(request.training_options)}
         workload = request.workload

@@ -88,6 +88,7 @@ def train(
     resources_per_worker: dict[str, float] | None = None,
     provision_timeout_s: float = PROVISION_TIMEOUT_S_DEFAULT,
     runtime_env: dict[str, Any] | None = None,
+    precision: str | None = None,
 ) -> TrainResult:
     """Train the plan's chosen N and B as a Ray Train job and return the per-epoch metrics.
 
@@ -113,6 +114,8 @@ def train(
       reachable from every node (a shared file system or a cloud URI).
     runtime_env: the Ray runtime environment every worker inherits (your own modules,
       environment variables, pip packages), as `tula_ray.search`'s.
+    precision: "fp32", "tf32" or "bf16" (`tula_ray.precision`); default the plan's (what
+      its steps were profiled in), else the workload's.
     Raises ValueError for a bad argument, before any worker starts; the workload is
     checked on one worker first (`tula_ray.search` says how), so its own code failing
     raises a `tula_ray.failures.UserCodeError` before the training job starts.
@@ -124,7 +127,8 @@ def train(
     resources = check_worker_request(resources_per_worker, provision_timeout_s, use_gpu)
     check_runtime_env(runtime_env)
     plan = plan if isinstance(plan, Plan) else Plan.from_json(plan)
-    job = resolve_job(plan, strategy, workload, workload_options, epochs, strategy_options)
+    job = resolve_job(plan, strategy, workload, workload_options, epochs, strategy_options,
+                      precision)
     _check_fail_at_epoch(job, fail_at_epoch)
     dry_run(job, plan.dataset_size)
     marker_dir = tempfile.mkdtemp(prefix="tula-fail-") if fail_at_epoch is not None else None

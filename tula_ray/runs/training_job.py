@@ -19,7 +19,7 @@ from tula_ray.cluster import Workers
 from tula_ray.planning.plan import Plan
 from tula_ray.training.strategies import (TrainingStrategy, build_strategy, get_training_strategy,
                                           logger as strategies_logger, portable_training_strategy)
-from tula_ray.workloads import Workload, portable_workload, resolve_workload
+from tula_ray.workloads import Workload, in_precision, portable_workload, resolve_workload
 
 logger = logging.getLogger(__name__)
 
@@ -47,10 +47,11 @@ class Job:
 
 def resolve_job(plan: Plan, strategy: str | TrainingStrategy, workload: str | Workload | None,
                 workload_options: dict[str, Any] | None, epochs: int | None,
-                strategy_options: dict[str, Any] | None) -> Job:
+                strategy_options: dict[str, Any] | None, precision: str | None = None) -> Job:
     """The job `plan`'s choice (N, B) is trained as: the workload (the plan's, unless one is
     given) and the strategy resolved, the epochs settled, the strategy's own checks of its
-    options against N and B run (its notes logged), all in the driver before Ray starts."""
+    options against N and B run (its notes logged), all in the driver before Ray starts.
+    precision: default the plan's (what it was profiled in), else the workload's."""
     resolved_strategy = get_training_strategy(strategy)
     if workload is None:
         spec = plan.workload
@@ -92,7 +93,9 @@ def resolve_job(plan: Plan, strategy: str | TrainingStrategy, workload: str | Wo
         n, b, dict(strategy_options or {}))
     for note in notes:
         logger.warning("%s", note)
-    spec, options = portable_workload(spec, options, resolved)
+    if precision is None:
+        precision = plan.meta.get("precision")
+    spec, options, resolved = in_precision(spec, options, resolved, precision)
     return Job(spec, options, resolved, n, b, epochs, portable_training_strategy(strategy),
                strategy_options, tuple(notes))
 

@@ -53,7 +53,8 @@ class AGSSetup(StrategySetup):
 
     def backward(self, model: nn.Module, loss_fn: Callable, inputs: torch.Tensor,
                  targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return backward_with_refresh(model, self.optimizer, loss_fn, inputs, targets)
+        return backward_with_refresh(model, self.optimizer, loss_fn, inputs, targets,
+                                     autocast=self.autocast)
 
     def step_telemetry(self) -> dict[str, Any]:
         telemetry = self.optimizer.telemetry

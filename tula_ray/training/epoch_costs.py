@@ -6,9 +6,11 @@ both to each epoch, as their own columns. No Ray here (core module).
 
 from __future__ import annotations
 
+import contextlib
 import math
 import tempfile
 from pathlib import Path
+from typing import Callable, ContextManager
 
 import torch
 from torch import nn
@@ -26,8 +28,8 @@ EVAL_PROBE_BATCHES = 2  # evaluation batches timed per rank; the pass is scaled 
 
 
 def evaluation_s(model: nn.Module, test_set: Dataset, loss_fn, device: torch.device, *,
-                 num_replicas: int = 1, rank: int = 0,
-                 probe_batches: int = EVAL_PROBE_BATCHES) -> float:
+                 num_replicas: int = 1, rank: int = 0, probe_batches: int = EVAL_PROBE_BATCHES,
+                 autocast: Callable[[], ContextManager] = contextlib.nullcontext) -> float:
     """Seconds of one `evaluate` pass over `test_set` on this worker group, the slowest
     rank's: `probe_batches` batches per rank are timed (the pass through `evaluate`
     itself, its all-reduce included) and scaled to the rank's whole share, which
@@ -41,7 +43,7 @@ def evaluation_s(model: nn.Module, test_set: Dataset, loss_fn, device: torch.dev
     batches = evaluation_batches(subset, EVAL_BATCH, device, num_replicas=num_replicas,
                                  rank=rank)
     with StepTimer(device) as timer:
-        evaluate(model, batches, device, loss_fn)
+        evaluate(model, batches, device, loss_fn, autocast=autocast)
     (seconds,) = max_over_ranks([timer.seconds * full_batches / max(probe, 1)], device)
     return seconds
 

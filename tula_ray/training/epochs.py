@@ -5,8 +5,9 @@ are all-reduced over the ranks). No Ray here (core module).
 
 from __future__ import annotations
 
+import contextlib
 import math
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, ContextManager, Iterable
 
 import torch
 from torch import nn
@@ -81,7 +82,9 @@ def train_epoch(model: nn.Module, setup: StrategySetup, loss_fn: Callable, loade
 
 @torch.no_grad()
 def evaluate(model: nn.Module, loader: Iterable, device: torch.device | str,
-             loss_fn: Callable) -> dict[str, float]:
+             loss_fn: Callable, *,
+             autocast: Callable[[], ContextManager] = contextlib.nullcontext
+             ) -> dict[str, float]:
     """test_loss (mean over samples) and test_accuracy of `model` over `loader`.
 
     Under torch.distributed the sums are all-reduced: give each rank its share of
@@ -95,8 +98,10 @@ def evaluate(model: nn.Module, loader: Iterable, device: torch.device | str,
     loss_sum, correct, samples = 0.0, 0, 0
     for inputs, targets in loader:
         inputs, targets = inputs.to(device), targets.to(device)
-        outputs = module(inputs)
-        loss_sum += float(loss_fn(outputs, targets)) * len(targets)
+        with autocast():  # the training's precision (`tula_ray.precision`)
+            outputs = module(inputs)
+            loss = loss_fn(outputs, targets)
+        loss_sum += float(loss) * len(targets)
         correct += int((outputs.argmax(dim=1) == targets).sum())
         samples += len(targets)
     module.train(was_training)

@@ -11,25 +11,29 @@ profiled batch.
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import time
-from typing import Callable
+from typing import Callable, ContextManager
 
 import torch
 from torch import nn
 
 from tula_ray.arguments import check_int
 from tula_ray.failures import is_out_of_memory
+from tula_ray.precision import autocast_for
 from tula_ray.workloads import Workload
 
 MEMORY_STEPS_DEFAULT = 2  # step 1 creates the optimizer state; step 2 runs at steady state
 
 
 def train_step(model: nn.Module, optimizer: torch.optim.Optimizer, loss_fn: Callable,
-               inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """One forward + backward + optimizer step; returns the detached loss."""
+               inputs: torch.Tensor, targets: torch.Tensor, *,
+               autocast: Callable[[], ContextManager] = contextlib.nullcontext) -> torch.Tensor:
+    """One forward (under `autocast`) + backward + optimizer step; returns the detached loss."""
     optimizer.zero_grad(set_to_none=True)
-    loss = loss_fn(model(inputs), targets)
+    with autocast():
+        loss = loss_fn(model(inputs), targets)
     loss.backward()
     optimizer.step()
     return loss.detach()
@@ -97,8 +101,9 @@ def peak_memory_bytes(
 ) -> int:
     """Peak bytes one worker holds while training `steps` steps at batch `local_batch`.
 
-    target: a Workload (a fresh model and optimizer are built), or (model,
-    optimizer, loss_fn) already on `device` (they are trained for `steps` steps).
+    target: a Workload (a fresh model and optimizer are built; its `precision` is the
+    step's), or (model, optimizer, loss_fn) already on `device` (they are trained for
+    `steps` steps in fp32).
     example: the workload's first training samples (`workload_check.WorkloadFacts`),
     tiled into the batches; without it, random float inputs of sample_shape and labels
     below num_classes (the workload's, or given). device: default CUDA when available.
@@ -108,7 +113,9 @@ def peak_memory_bytes(
     if steps < 1:
         raise ValueError(f"steps={steps!r}; at least one step is needed to see a peak")
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    autocast: Callable[[], ContextManager] = contextlib.nullcontext
     if isinstance(target, Workload):
+        autocast = autocast_for(target.precision, device)
         model = target.model_fn().to(device)
         optimizer, loss_fn = target.optimizer_fn(model.parameters()), target.loss_fn()
         sample_shape = sample_shape or target.sample_shape
@@ -124,7 +131,8 @@ def peak_memory_bytes(
 
     def step() -> None:
         # The batch is made inside the step (and the CPU tracker): a worker holds it too.
-        train_step(model, optimizer, loss_fn, *tiled_batch(example, local_batch, device))
+        train_step(model, optimizer, loss_fn, *tiled_batch(example, local_batch, device),
+                   autocast=autocast)
 
     if device.type == "cuda":
         torch.cuda.synchronize(device)

@@ -18,6 +18,7 @@ from torch import nn
 
 from tula_ray.arguments import check_int
 from tula_ray.distributed import max_over_ranks
+from tula_ray.precision import autocast_for, set_math_mode
 from tula_ray.training.batches import Batches
 from tula_ray.training.data import make_loaders
 from tula_ray.training.epochs import evaluate, train_epoch
@@ -76,7 +77,8 @@ class Run:
             metrics = train_epoch(self.model, self.setup, self.loss_fn, self.train_loader,
                                   self.device, epoch=epoch)
             with StepTimer(self.device) as timer:
-                metrics.update(evaluate(self.model, self.test_loader, self.device, self.loss_fn))
+                metrics.update(evaluate(self.model, self.test_loader, self.device, self.loss_fn,
+                                        autocast=self.setup.autocast))
             # What the plan's eval_time_s predicts (the slowest rank's: they all wait for it).
             (metrics["eval_seconds"],) = max_over_ranks([timer.seconds], self.device)
             yield epoch, metrics
@@ -125,6 +127,9 @@ def prepare_run(workload: str | Workload, *, global_batch: int,
     setup = build_strategy(get_training_strategy(strategy), model, global_batch=global_batch,
                            steps_per_epoch=steps_per_epoch, epochs=epochs, options=options,
                            **hyper)
+    # The workload's precision, as the profile measured it (`tula_ray.precision`).
+    set_math_mode(workload.precision)
+    setup.autocast = autocast_for(workload.precision, device)
     train_loader, test_loader = make_loaders(
         workload, global_batch // num_replicas, seed=seed, num_replicas=num_replicas, rank=rank,
         device=device, validation_fraction=validation_fraction)

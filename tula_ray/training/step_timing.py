@@ -19,6 +19,8 @@ import torch
 from tula_ray.training.measure import synchronize
 
 MAX_MEASURE_STEPS = 64
+# A GPU's steps are milliseconds: the phase's time budget, not this cap, bounds them.
+MAX_MEASURE_STEPS_GPU = 1024
 
 
 def cycle(batches: Iterable) -> Iterator:
@@ -79,6 +81,11 @@ def spread(seconds: list[float]) -> float:
         return 0.0
     q1, _, q3 = statistics.quantiles(seconds, n=4)
     return (q3 - q1) / statistics.median(seconds)
+
+
+def max_measure_steps(device: torch.device | str) -> int:
+    """The most steps a timed phase takes on `device`."""
+    return MAX_MEASURE_STEPS_GPU if torch.device(device).type == "cuda" else MAX_MEASURE_STEPS
 
 
 def measured_step_count(warmup_step_s: float, min_steps: int, budget_s: float,

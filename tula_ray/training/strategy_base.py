@@ -6,8 +6,9 @@ module is what a strategy builds on (the AGS strategy and a user's own import it
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
-from typing import Any, Callable, Protocol, runtime_checkable
+from typing import Any, Callable, ContextManager, Protocol, runtime_checkable
 
 import torch
 from torch import nn
@@ -34,16 +35,21 @@ class StrategySetup:
     scheduler: torch.optim.lr_scheduler.LRScheduler | None = None
     notes: list[str] = field(default_factory=list)
     comm_state: Any = None
+    # The context a step's forward and loss run in (`tula_ray.training.precision`:
+    # torch.autocast for bf16); a strategy that overrides `backward` enters it there too.
+    autocast: Callable[[], ContextManager] = contextlib.nullcontext
 
     def start_epoch(self, epoch: int) -> None:
         """Called before the first step of every epoch."""
 
     def backward(self, model: nn.Module, loss_fn: Callable, inputs: torch.Tensor,
                  targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Forward and backward of one step (after zero_grad); returns (loss, outputs)."""
-        outputs = model(inputs)
-        loss = loss_fn(outputs, targets)
-        loss.backward()
+        """Forward (under `autocast`) and backward of one step (after zero_grad); returns
+        (loss, outputs)."""
+        with self.autocast():
+            outputs = model(inputs)
+            loss = loss_fn(outputs, targets)
+        loss.backward()  # outside autocast, as torch advises: it follows the forward's types
         return loss, outputs
 
     def step(self) -> None:

@@ -10,9 +10,10 @@ Core: no Ray. `Workload` is also `tula_ray.Workload`.
 
 from tula_ray.workloads.workload import (EPOCHS_DEFAULT, LR_DEFAULT, FashionCNN, MOMENTUM_DEFAULT,
                                          WEIGHT_DECAY_DEFAULT, WORKLOADS, Workload, get_workload,
-                                         portable_workload, register_workload, resolve_workload,
-                                         sgd)
+                                         in_precision, portable_workload, register_workload,
+                                         resolve_workload, sgd)
 
 __all__ = ["EPOCHS_DEFAULT", "FashionCNN", "LR_DEFAULT", "MOMENTUM_DEFAULT", "WEIGHT_DECAY_DEFAULT",
-           "WORKLOADS", "Workload", "get_workload", "portable_workload", "register_workload",
+           "WORKLOADS", "Workload", "get_workload", "in_precision", "portable_workload",
+           "register_workload",
            "resolve_workload", "sgd"]

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import functools
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable, Iterable
 
 import torch
@@ -21,6 +21,7 @@ from torch import nn
 from torch.utils.data import Dataset
 
 from tula_ray.arguments import check_bool, check_int, check_text
+from tula_ray.precision import PRECISION_DEFAULT, check_precision
 from tula_ray.workloads.datasets import (FAKE_SIZE_DEFAULT, FASHION_MNIST_TRAIN_SIZE, NUM_CLASSES,
                                          SAMPLE_SHAPE, check_subset, fake_data, fashion_mnist)
 
@@ -55,6 +56,8 @@ class Workload:
     from a copy on the GPU when data_on_device (None: when they fit); any other Dataset
     goes through a DataLoader with loader_workers processes per rank (None: none on CPU,
     up to 4 on a GPU) and pin_memory (None: on a GPU).
+    precision: what a step computes in, "fp32", "tf32" or "bf16" (`tula_ray.precision`):
+    the same in profiling and training.
     """
 
     name: str
@@ -71,8 +74,10 @@ class Workload:
     loader_workers: int | None = None
     pin_memory: bool | None = None
     data_on_device: bool | None = None
+    precision: str = PRECISION_DEFAULT
 
     def __post_init__(self) -> None:
+        check_precision(self.precision)
         check_int("loader_workers", self.loader_workers, minimum=0, optional=True,
                   hint="DataLoader processes per rank; None picks for the device")
         for name in ("pin_memory", "data_on_device"):
@@ -179,10 +184,11 @@ def _build(name: str, model_fn: Callable[[], nn.Module], default_optimizer_fn: C
             check_subset(FASHION_MNIST_TRAIN_SIZE, train_subset)  # fail here, not in a worker
     else:
         raise ValueError(f"data={data!r} is unknown; use one of {DATA_SOURCES}")
-    unknown = sorted(set(fields) - {"loss_fn", "optimizer_fn", "epochs"})
+    unknown = sorted(set(fields) - {"loss_fn", "optimizer_fn", "epochs", "precision"})
     if unknown:
         raise ValueError(f"workload option {unknown[0]!r} is unknown; allowed: data, root, "
-                         "train_subset, subset_seed, fake_size, loss_fn, optimizer_fn, epochs")
+                         "train_subset, subset_seed, fake_size, loss_fn, optimizer_fn, epochs, "
+                         "precision")
     fields.setdefault("optimizer_fn", default_optimizer_fn)
     return Workload(name=name, model_fn=model_fn, train_dataset_fn=train_fn,
                     test_dataset_fn=test_fn, train_size=size, sample_shape=SAMPLE_SHAPE,
@@ -247,6 +253,19 @@ def portable_workload(spec: str | Workload, options: dict[str, Any],
             TORCHVISION_INPUT_SIZE):
         return spec, options
     return resolved, {}
+
+
+def in_precision(spec: str | Workload, options: dict[str, Any], resolved: Workload,
+                 precision: str | None) -> tuple[str | Workload, dict[str, Any], Workload]:
+    """(what to send Ray workers, its options, the resolved Workload) of the workload trained
+    in `precision` (`tula_ray.precision`; None: the workload's own): a built-in's option,
+    any other Workload's field."""
+    if precision is not None:
+        resolved = replace(resolved, precision=check_precision(precision))
+    spec, options = portable_workload(spec, options, resolved)
+    if precision is not None and isinstance(spec, str):
+        options = {**options, "precision": precision}
+    return spec, options, resolved
 
 
 def resolve_workload(spec: str | Workload, options: dict[str, Any] | None = None) -> Workload:

@@ -1,0 +1,55 @@
+"""Numerical precision of training (issue 24, item 4): what a step computes in, set the
+same way in the memory probe, the profile, the strategy-cost phase and `train`, so that
+the plan's times and memory are those of the training it plans.
+
+  "fp32"  float32 everywhere, TF32 off for matmuls and convolutions (torch leaves it
+          on for cuDNN's convolutions and off for matmuls: set here, not left to chance);
+  "tf32"  float32 tensors, TF32 math on a GPU that has it (Ampere and later);
+  "bf16"  autocast to bfloat16 (forward and loss; the backward follows the forward's
+          types), TF32 for what stays float32. No loss scaling is needed: bfloat16 has
+          float32's range. On CPU, torch's CPU autocast (the tests here).
+"fp16" (autocast with a GradScaler, AGS reading unscaled gradients) is not built yet and
+is refused by name. Shared vocabulary: no Ray, no tula_ray import but `arguments`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+from typing import Any, Callable, ContextManager
+
+import torch
+
+from tula_ray.arguments import check_choice
+
+PRECISIONS = ("fp32", "tf32", "bf16")
+PRECISION_DEFAULT = "fp32"
+AUTOCAST_DTYPES = {"bf16": torch.bfloat16}
+NOT_YET = {"fp16": "fp16 needs loss scaling (a GradScaler, with AGS reading unscaled "
+                   "gradients), which is not built yet; bf16 needs none (A100, H100)"}
+
+
+def check_precision(value: Any) -> str:
+    """`value` if it is a precision tula-ray trains in; else an error naming the choices."""
+    if value in NOT_YET:
+        raise ValueError(f"precision={value!r} is not supported yet: {NOT_YET[value]}; "
+                         f"use one of {PRECISIONS}")
+    return check_choice("precision", value, PRECISIONS, hint="what a training step computes in")
+
+
+def autocast_for(precision: str, device: torch.device | str) -> Callable[[], ContextManager]:
+    """A factory of the context a step's forward and loss run in: torch.autocast for a
+    reduced precision, else nothing."""
+    dtype = AUTOCAST_DTYPES.get(check_precision(precision))
+    if dtype is None:
+        return contextlib.nullcontext
+    return functools.partial(torch.autocast, device_type=torch.device(device).type, dtype=dtype)
+
+
+def set_math_mode(precision: str) -> dict[str, bool]:
+    """Set TF32 for this process as `precision` asks (off for "fp32", on otherwise) and
+    return what was set, to be recorded beside the measurements."""
+    allow = check_precision(precision) != "fp32"
+    torch.backends.cuda.matmul.allow_tf32 = allow
+    torch.backends.cudnn.allow_tf32 = allow
+    return {"tf32_matmul": allow, "tf32_cudnn": allow}
