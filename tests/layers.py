@@ -28,7 +28,8 @@ LAYERS: list[tuple[str, list[list[str]]]] = [
     ("planning and training", [["tula_ray.planning"], ["tula_ray.training"]]),
     ("models, workloads, ags", [["tula_ray.models"], ["tula_ray.workloads"], ["tula_ray.ags"]]),
     ("vocabulary", [["tula_ray.space", "tula_ray.profile_table", "tula_ray.failures",
-                     "tula_ray.arguments", "tula_ray.distributed", "tula_ray"]]),
+                     "tula_ray.arguments", "tula_ray.distributed", "tula_ray.precision",
+                     "tula_ray"]]),
 ]
 # Layers whose modules never import ray (DESIGN: the core is tested without a cluster).
 CORE_LAYERS = ("planning and training", "models, workloads, ags", "vocabulary")

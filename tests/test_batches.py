@@ -117,3 +117,14 @@ def test_a_user_dataset_trains_as_its_tensors_would():
     tensors = fit(workload(_tensors), global_batch=BATCH, strategy="lbt")
     columns = ["train_loss", "train_accuracy", "test_loss"]
     pd.testing.assert_frame_equal(plain[columns], tensors[columns])
+
+
+def test_only_data_kept_on_a_gpu_counts_in_the_memory_model():
+    from tula_ray.training.batches import device_resident_bytes
+
+    tensors = _tensors()
+    assert device_resident_bytes(tensors, "cpu") == 0  # CPU training: nothing moves
+    assert device_resident_bytes(PlainImages(), "cuda") == 0  # a DataLoader's: host memory
+    assert device_resident_bytes(tensors, "cuda", on_device=False) == 0
+    expected = sum(t.numel() * t.element_size() for t in tensors.tensors)
+    assert device_resident_bytes(tensors, "cuda", on_device=True) == expected

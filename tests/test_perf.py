@@ -1,13 +1,15 @@
+from dataclasses import replace
+
 import numpy as np
 import pandas as pd
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
+from paper_profiles import paper_profiles as synthetic_profiles
 
 from tula_ray.models import perf
-from tula_ray.profile_table import profile_frame
 from tula_ray.planning.search_strategies import make_search_strategy
+from tula_ray.profile_table import profile_frame
 from tula_ray.space import SearchSpace, corners
-from paper_profiles import paper_profiles as synthetic_profiles
 
 SPACE = SearchSpace.build((1, 2, 4, 8), min_batch=32, max_batch=2048)
 
@@ -199,3 +201,18 @@ def test_compute_between_profiled_cluster_sizes_is_interpolated_in_log2_n():
                              perf.ComputeCurve(0.0, 1.0), 0.0, "ring")
     predicted = perf.predict_compute_s(params, [2, 4, 8, 1, 16], 10)
     np.testing.assert_allclose(predicted, [10.0, 20.0, 30.0, 10.0, 30.0])
+
+
+def test_an_exposed_sync_that_falls_with_the_backward_is_fitted_and_never_negative():
+    """Issue 24, item 3: DDP hides more of the all-reduce behind a longer backward, so the
+    exposed sync may fall as b grows; the fit follows it (beta1 < 0) and a prediction
+    past the point where all of it is hidden is 0, not negative."""
+    space = SearchSpace.build((1, 2, 4), min_batch=32, max_batch=1024)
+    true = replace(truth(2e-3, 2e-4, 0.02, 0.0), sync_per_unit_per_sample_s=-2e-5)
+    rows = synthetic_profiles(space.candidates(), true, noise=0.0)
+    params = perf.fit(rows, form="additive")
+    assert params.sync_per_unit_per_sample_s == pytest.approx(-2e-5, rel=0.05)
+    measured = rows["sync_time_s"].to_numpy(float)
+    predicted = perf.predict_sync_s(params, rows["num_workers"], rows["local_batch"])
+    assert predicted == pytest.approx(measured, abs=2e-4)
+    assert perf.predict_sync_s(params, 4, 10_000) == 0.0  # all of it hidden: none exposed

@@ -14,8 +14,10 @@ reducing to the paper's form when the data do:
   are convex (larger batches spill out of cache: on 2 CPU cores a step costs
   b^1.12), then a power law a * b^p: the forms of `tula_ray.models.compute_forms`, where
   a user registers another;
-- exposed sync time may grow with b (stragglers; on CPU the collective competes
-  with compute for the cores): units(N) * (beta0 + beta1 * b), beta1 >= 0;
+- exposed sync time changes with b: max(0, units(N) * (beta0 + beta1 * b)). beta1 > 0
+  where it grows (stragglers; on CPU the collective competes with compute for the
+  cores), beta1 < 0 where it falls (DDP all-reduces buckets while the backward goes
+  on: a longer backward hides more of the same communication);
 - DDP overlaps the all-reduce with the backward pass. Besides the paper's
   additive form (eq. 2a) we fit AdaptDL's p-norm overlap form and keep it only
   when its leave-one-out error is lower.
@@ -93,7 +95,8 @@ class PerfParams:
     compute_pooled: Curve  # all rows together: used when no per-N curve applies
     sync_per_unit_s: float  # sync time per unit of the collective's shape (eq. 2c)
     collective: str  # key of COLLECTIVES
-    sync_per_unit_per_sample_s: float = 0.0  # growth of exposed sync with b (stragglers)
+    # change of exposed sync with b: > 0 with stragglers, < 0 where the backward hides it
+    sync_per_unit_per_sample_s: float = 0.0
     overlap_p: float = 1.0  # p-norm exponent; 1.0 is the paper's additive eq. 2a
     strategy: str = "full"  # the search strategy that chose the rows it was fitted from
     num_profiles: int = 0
@@ -148,12 +151,19 @@ def predict_compute_s(params: PerfParams, num_workers, local_batch) -> np.ndarra
 
 
 def predict_sync_s(params: PerfParams, num_workers, local_batch=0.0) -> np.ndarray:
-    """Eq. 2c: sync time per step, proportional to the collective's shape in N
-    (with a coefficient that may grow with b: see the module docstring)."""
+    """Eq. 2c: exposed sync time per step, proportional to the collective's shape in N,
+    with a coefficient that may rise or fall with b, never below 0 (module docstring)."""
     units = _collective(params.collective)(np.asarray(num_workers, dtype=float))
-    per_unit = params.sync_per_unit_s + params.sync_per_unit_per_sample_s * np.asarray(
-        local_batch, dtype=float)
-    return per_unit * units
+    return exposed_sync_s(units, params.sync_per_unit_s, params.sync_per_unit_per_sample_s,
+                          local_batch)
+
+
+def exposed_sync_s(units, per_unit_s: float, per_unit_per_sample_s: float,
+                   local_batch) -> np.ndarray:
+    """Eq. 2c with overlap: max(0, units(N) * (beta0 + beta1 * b)). The all-reduce that a
+    longer backward hides (beta1 < 0) cannot make the step shorter than its compute."""
+    per_unit = per_unit_s + per_unit_per_sample_s * np.asarray(local_batch, dtype=float)
+    return np.maximum(per_unit * np.asarray(units, dtype=float), 0.0)
 
 
 def combine_step_s(compute_s, sync_s, overlap_p: float = 1.0) -> np.ndarray:
@@ -205,8 +215,9 @@ def _fit_compute(rows: pd.DataFrame) -> tuple[dict[int, Curve], Curve]:
 def _fit_additive_sync(rows: pd.DataFrame, collective: str) -> tuple[float, float] | None:
     """(beta0, beta1) of sync = units(N) * (beta0 + beta1 * b) over the multi-worker rows.
 
-    Non-negative least squares with residuals relative to each row's STEP time
-    (what predictions are judged by): a near-zero sync does not dominate the fit.
+    Least squares with beta0 >= 0 and beta1 of either sign (exposed sync may fall as the
+    backward grows), residuals relative to each row's STEP time (what predictions are
+    judged by): a near-zero sync does not dominate the fit.
     """
     units = _collective(collective)(rows["num_workers"].to_numpy(float))
     synced = units > 0
@@ -220,7 +231,8 @@ def _fit_additive_sync(rows: pd.DataFrame, collective: str) -> tuple[float, floa
         return float(np.median(sync / u)), 0.0
     design = np.column_stack([u, u * b]) * weight[:, None]
     # bvls solves this 2-column problem exactly (trf stops at its cost tolerance).
-    beta0, beta1 = lsq_linear(design, sync * weight, bounds=(0.0, np.inf), method="bvls").x
+    beta0, beta1 = lsq_linear(design, sync * weight, bounds=([0.0, -np.inf], np.inf),
+                              method="bvls").x
     return float(beta0), float(beta1)
 
 
@@ -233,14 +245,14 @@ def _fit_overlap(params: PerfParams, rows: pd.DataFrame) -> PerfParams:
     units = _collective(params.collective)(n)
 
     def residuals(theta: np.ndarray) -> np.ndarray:
-        step = combine_step_s(compute, units * (theta[0] + theta[1] * b), theta[2])
+        step = combine_step_s(compute, exposed_sync_s(units, theta[0], theta[1], b), theta[2])
         return np.log(np.maximum(step, 1e-12)) - np.log(measured)
 
     start = np.array([max(params.sync_per_unit_s, 1e-6) * 2.0,
                       params.sync_per_unit_per_sample_s * 2.0, 2.0])
     solution = least_squares(
         residuals, start, loss="soft_l1",
-        bounds=([0.0, 0.0, OVERLAP_P_BOUNDS[0]], [np.inf, np.inf, OVERLAP_P_BOUNDS[1]]),
+        bounds=([0.0, -np.inf, OVERLAP_P_BOUNDS[0]], [np.inf, np.inf, OVERLAP_P_BOUNDS[1]]),
     ).x
     return replace(params, sync_per_unit_s=float(solution[0]),
                    sync_per_unit_per_sample_s=float(solution[1]), overlap_p=float(solution[2]))

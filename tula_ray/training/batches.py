@@ -89,6 +89,21 @@ def fits_on_device(tensors: Sequence[torch.Tensor], device: torch.device) -> boo
     return sum(t.numel() * t.element_size() for t in tensors) <= DEVICE_DATA_SHARE * free
 
 
+def device_resident_bytes(dataset: Dataset, device: torch.device | str,
+                          on_device: bool | None = None) -> int:
+    """Bytes of `dataset` that the data path keeps on `device` (`tensor_source`): its
+    tensors when they go to the GPU, else 0. The memory model counts them beside the
+    model (`tula_ray.training.measure.probe_peaks`)."""
+    device = torch.device(device)
+    found = in_memory_tensors(dataset)
+    if found is None or device.type != "cuda" or on_device is False:
+        return 0
+    tensors = found[0]
+    if on_device is None and not fits_on_device(tensors, device):
+        return 0
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
 def tensor_source(dataset: Dataset, device: torch.device | str, *,
                   on_device: bool | None = None) -> TensorSource | None:
     """The dataset's tensors placed for `device` (see `TensorSource`), or None when the

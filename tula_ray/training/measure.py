@@ -22,6 +22,7 @@ from torch import nn
 from tula_ray.arguments import check_int
 from tula_ray.failures import is_out_of_memory
 from tula_ray.precision import autocast_for
+from tula_ray.training.batches import device_resident_bytes
 from tula_ray.workloads import Workload
 
 MEMORY_STEPS_DEFAULT = 2  # step 1 creates the optimizer state; step 2 runs at steady state
@@ -169,7 +170,8 @@ def probe_peaks(workload: Workload, local_batches: list[int],
 
     Returns {"local_batches", "peaks": peak bytes at each, "static": eq. 3's static
     terms (`memory.static_memory`), "input_bytes_per_sample", "device_memory_bytes":
-    the GPU's size, None on CPU, "device_in_use_bytes": `device_in_use_bytes`}.
+    the GPU's size, None on CPU, "device_in_use_bytes": `device_in_use_bytes` plus, on
+    a GPU, the datasets the data path will keep there (`batches.device_resident_bytes`)}.
     """
     from tula_ray.models import memory  # eq. 3's static terms
 
@@ -179,9 +181,15 @@ def probe_peaks(workload: Workload, local_batches: list[int],
              for b in local_batches]
     total = torch.cuda.get_device_properties(device).total_memory if device.type == "cuda" \
         else None
+    in_use = device_in_use_bytes(device)
+    if device.type == "cuda":  # the datasets the data path keeps on the GPU, beside the model
+        datasets = [workload.train_dataset_fn()] + (
+            [workload.test_dataset_fn()] if workload.test_dataset_fn is not None else [])
+        in_use += sum(device_resident_bytes(data, device, workload.data_on_device)
+                      for data in datasets)
     return {"local_batches": list(local_batches), "peaks": peaks, "static": static,
             "input_bytes_per_sample": workload.input_bytes_per_sample,
-            "device_memory_bytes": total, "device_in_use_bytes": device_in_use_bytes(device)}
+            "device_memory_bytes": total, "device_in_use_bytes": in_use}
 
 
 def device_in_use_bytes(device: torch.device | str) -> float:
