@@ -1,14 +1,12 @@
 from dataclasses import replace
 
 import numpy as np
-import pandas as pd
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 from paper_profiles import paper_profiles as synthetic_profiles
 
 from tula_ray.models import perf
 from tula_ray.planning.search_strategies import make_search_strategy
-from tula_ray.profile_table import profile_frame
 from tula_ray.space import SearchSpace, corners
 
 SPACE = SearchSpace.build((1, 2, 4, 8), min_batch=32, max_batch=2048)
