@@ -17,8 +17,16 @@ import numpy as np
 RESULTS_DIR = Path(__file__).parent / "results"
 
 
+# The commit a run's tree is at, when it runs from a copy whose git history is not the
+# tree's (a device machine's copy of the working tree): set by whoever copied it.
+COMMIT_ENV = "TULA_BENCHMARK_COMMIT"
+
+
 def provenance() -> dict[str, Any]:
+    given = os.environ.get(COMMIT_ENV)
     try:
+        if given:
+            raise OSError(f"{COMMIT_ENV} is set")
         commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
                                 text=True, cwd=Path(__file__).parent, check=True).stdout.strip()
         # Dirty: code changed since the commit. The benchmarks' own outputs (results/ and
@@ -28,7 +36,7 @@ def provenance() -> dict[str, Any]:
              ":(exclude)benchmarks/results", ":(exclude)BENCHMARKS.md"],
             capture_output=True, text=True, cwd=Path(__file__).parents[1]).stdout.strip())
     except (OSError, subprocess.CalledProcessError):
-        commit, dirty = "unknown", False
+        commit, dirty = (f"{given} (from {COMMIT_ENV})" if given else "unknown"), False
     return {
         "command": " ".join([Path(sys.executable).name, "-m", "benchmarks", *sys.argv[1:]]),
         "commit": commit + ("+dirty" if dirty else ""),
