@@ -450,10 +450,19 @@ def test_the_plan_includes_the_training_strategys_measured_cost(partial_plan):
     assert (f"include {TRAINING_STRATEGY_DEFAULT}'s measured cost per step"
             in partial_plan.summary())
     table = partial_plan.table
-    steps = partial_plan.epochs * np.ceil(partial_plan.dataset_size / table["global_batch"])
-    assert table["total_time_s"].to_numpy() == pytest.approx(  # the model's
+    # Issue 24: whole steps as train takes them, and the epoch's measured other costs.
+    steps = np.floor(partial_plan.dataset_size / table["global_batch"])
+    assert (table["eval_time_s"] > 0).all() and (table["checkpoint_time_s"] > 0).all()
+    assert (table["startup_time_s"] > 0).all()
+
+    def total(step_s):
+        epoch = steps * (step_s + table["strategy_extra_s"])
+        return (partial_plan.epochs * (epoch + table["eval_time_s"] + table["checkpoint_time_s"])
+                + table["startup_time_s"]).to_numpy()
+
+    assert table["epoch_time_s"].to_numpy() == pytest.approx(
         (steps * (table["step_time_s"] + table["strategy_extra_s"])).to_numpy())
+    assert table["total_time_s"].to_numpy() == pytest.approx(total(table["step_time_s"]))
     step = table["measured_step_time_s"].where(table["estimate"] == "measured",
                                                table["step_time_s"])
-    assert table["estimated_total_time_s"].to_numpy() == pytest.approx(  # the policy's
-        (steps * (step + table["strategy_extra_s"])).to_numpy())
+    assert table["estimated_total_time_s"].to_numpy() == pytest.approx(total(step))  # policy's
