@@ -117,10 +117,13 @@ class Sweep:
         self.transition = int(self.distributed and any(True for _ in self.model.buffers()))
 
     def batches(self, local_batch: int) -> Iterator:
-        """This rank's batches at `local_batch`, forever: the data path `train` takes."""
-        return cycle(training_batches(
+        """This rank's batches at `local_batch`, forever: the data path `train` takes
+        (`self.data_path` says which)."""
+        batches = training_batches(
             self.dataset, local_batch, self.device, seed=self.seed, num_replicas=self.world_size,
-            rank=self.rank, source=self.source, **loader_options(self.workload)))
+            rank=self.rank, source=self.source, **loader_options(self.workload))
+        self.data_path = batches.path
+        return cycle(batches)
 
     def no_sync(self) -> contextlib.AbstractContextManager:
         return self.model.no_sync() if self.distributed else contextlib.nullcontext()
@@ -234,7 +237,7 @@ class Sweep:
             compute_time_s=compute_s, step_time_s=step_s, sync_time_s=step_s - compute_s,
             samples_per_s=global_batch / step_s, step_time_spread=spread,
             warmup_steps=len(warm), measure_steps=len(step), timed_wall_s=timed_s,
-            warmup_wall_s=warm_s, data_path=batches_path(self.source),
+            warmup_wall_s=warm_s, data_path=self.data_path,
             status=STATUS_OK, error="")
         if device.type == "cuda":
             result.update(peak_mem_bytes=reduced[5], memory_source="cuda")
@@ -249,8 +252,3 @@ def warmup_seconds_default(device: torch.device) -> float:
     """Warm-up time per batch: a GPU's clocks and cuDNN's autotuning need a fraction of a
     second; on CPU the few warm-up steps are enough."""
     return WARMUP_SECONDS_GPU if device.type == "cuda" else 0.0
-
-
-def batches_path(source: Any) -> str:
-    """How the batches were made (`tula_ray.training.batches.Batches.path`)."""
-    return "loader" if source is None else f"gather-{source.location}"
