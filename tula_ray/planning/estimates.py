@@ -102,8 +102,9 @@ def add_epoch_times(frame: pd.DataFrame, step_column: str, epochs: int, dataset_
         frame["eval_time_s"] = zero if costs.eval_s is None else costs.eval_s(n)
         frame["checkpoint_time_s"] = zero + costs.checkpoint_s
         frame["startup_time_s"] = zero if costs.startup_s is None else costs.startup_s(n)
-    steps = perf.steps_per_epoch(dataset_size, frame["global_batch"], whole_steps)
-    frame[f"{prefix}epoch_time_s"] = steps * (frame[step_column] + frame["strategy_extra_s"])
+    frame[f"{prefix}epoch_time_s"] = perf.training_time_s(  # eq. 4a for one epoch
+        frame[step_column] + frame["strategy_extra_s"], 1, dataset_size, frame["global_batch"],
+        whole_steps)
     frame[f"{prefix}total_time_s"] = (
         epochs * (frame[f"{prefix}epoch_time_s"] + frame["eval_time_s"]
                   + frame["checkpoint_time_s"]) + frame["startup_time_s"])
