@@ -36,9 +36,9 @@ EPOCHS = 3
 WARMUP_SECONDS = 0.5
 MEASURE_SECONDS = 1.0
 # (name, samples, global batches, precisions); the quick variant is a smoke test.
-GRID = (("cnn", 60_000, (32, 128, 512, 2048), ("fp32", "bf16")),
-        ("resnet18", 20_000, (32, 128, 512), ("fp32", "bf16")))
-QUICK_GRID = (("cnn", 512, (128,), ("fp32",)),)
+GRID = (("cnn", 60_000, (32, 128, 512, 2048), ("fp32", "bf16", "fp16")),
+        ("resnet18", 20_000, (32, 128, 512), ("fp32", "bf16", "fp16")))
+QUICK_GRID = (("cnn", 512, (128,), ("fp32", "fp16")),)
 
 
 def synthetic_data(samples: int, seed: int = 0) -> TensorDataset:
@@ -126,7 +126,7 @@ def data_path(workload, batch: int, device: torch.device) -> dict[str, Any]:
 def profiled_step_s(workload, batch: int, device: torch.device) -> dict[str, float]:
     """The mean step as the profiling loop times it, in this one process, in the
     workload's precision."""
-    from tula_ray.precision import autocast_for, set_math_mode
+    from tula_ray.precision import set_math_mode
     from tula_ray.training.batches import training_batches
     from tula_ray.training.epochs import EpochTally
     from tula_ray.training.step_timing import (cycle, max_measure_steps, mean_step_s,
@@ -136,8 +136,8 @@ def profiled_step_s(workload, batch: int, device: torch.device) -> dict[str, flo
     torch.manual_seed(0)
     set_math_mode(workload.precision)
     model = workload.model_fn().to(device).train()
-    setup = StrategySetup("plain", workload.optimizer_fn(model.parameters()),
-                          autocast=autocast_for(workload.precision, device))
+    setup = StrategySetup("plain", workload.optimizer_fn(model.parameters()))
+    setup.set_precision(workload.precision, device)
     tally = EpochTally(model, setup, workload.loss_fn(), device)
     batches = cycle(training_batches(workload.train_dataset_fn(), batch, device, seed=0))
 

@@ -180,6 +180,8 @@ def test_gpu_acceptance_refuses_without_a_gpu_and_its_ray_free_half_runs_on_cpu(
     assert done.returncode == 0, done.stderr[-3000:]
     markdown = (RESULTS_DIR / "gpu_acceptance_quick.md").read_text()
     assert "Ray importable: False" in markdown and "`gather-host`" in markdown
-    (row,) = _table_rows(markdown, "| workload | B |")
-    predicted_over_fit = float(row[7])
-    assert 0 < predicted_over_fit < 10  # a ratio of two measured times, both present
+    rows = _table_rows(markdown, "| workload | B |")
+    assert [row[2] for row in rows] == ["fp32", "fp16"]  # fp16's loss-scaled step too
+    for row in rows:
+        predicted_over_fit = float(row[7])
+        assert 0 < predicted_over_fit < 10  # a ratio of two measured times, both present

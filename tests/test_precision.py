@@ -1,5 +1,6 @@
-"""Training precision (issue 24, item 4), on CPU with a user's own Workload: bf16 autocast
-in the step, the evaluation and the memory probe; fp16 refused by name; the setting
+"""Training precision (issue 24, item 4), on CPU with a user's own Workload: bf16 and fp16
+autocast in the step, the evaluation and the memory probe; fp16's loss scaling (AGS reading
+unscaled gradients, overflowing steps skipped, the scale kept in checkpoints); the setting
 carried from search and train to the workers, and from the plan to train."""
 
 from __future__ import annotations
@@ -60,7 +61,8 @@ def _restore_math_mode():
 
 @pytest.mark.parametrize("strategy", ["lbt", "ags"])
 def test_bf16_trains_in_bf16_and_fp32_in_fp32(strategy):
-    for precision, dtype in (("bf16", torch.bfloat16), ("fp32", torch.float32)):
+    for precision, dtype in (("bf16", torch.bfloat16), ("fp32", torch.float32),
+                             ("fp16", torch.float16)):
         MODELS.clear()
         frame = fit(_workload(precision), global_batch=64, strategy=strategy)
         assert frame["train_loss"].notna().all() and frame["test_loss"].notna().all()
@@ -77,9 +79,7 @@ def test_the_memory_probe_steps_in_the_workloads_precision():
 
 def test_precisions_are_checked_by_name():
     assert check_precision("bf16") == "bf16" and "tf32" in PRECISIONS
-    with pytest.raises(ValueError, match="precision='fp16' is not supported yet: fp16 needs "
-                                         "loss scaling"):
-        check_precision("fp16")
+    assert check_precision("fp16") == "fp16"
     with pytest.raises(ValueError, match=r"precision='fp64' is not allowed; use one of"):
         _workload("fp64")
     with pytest.raises(TypeError, match="precision=16"):
@@ -122,5 +122,5 @@ def test_train_takes_the_plans_precision_unless_told_otherwise():
     job = resolve_job(plan, "lbt", None, None, None, None)
     assert job.workload.precision == "bf16" and job.options["precision"] == "bf16"
     assert resolve_job(plan, "lbt", None, None, None, None, "fp32").workload.precision == "fp32"
-    with pytest.raises(ValueError, match="precision='fp16' is not supported yet"):
-        resolve_job(plan, "lbt", None, None, None, None, "fp16")
+    with pytest.raises(ValueError, match="precision='fp8' is not allowed"):
+        resolve_job(plan, "lbt", None, None, None, None, "fp8")

@@ -134,8 +134,17 @@ def test_train_takes_a_plans_choice_at_agss_reference_batch(ray_session, tmp_pat
     assert math.isfinite(float(result.metrics["test_accuracy"].iloc[0]))
 
 
+def test_train_in_fp16_scales_the_loss_on_every_worker(ray_session, tmp_path):
+    """Issue 24, item 4: fp16 through Ray Train, AGS-NS's local source reading the scaled
+    gradients of two workers; every epoch reports the loss scale it ended with."""
+    result = tula_ray.train(_plan(), "ags-ns", epochs=1, precision="fp16",
+                            storage_path=str(tmp_path))
+    metrics = result.metrics
+    assert metrics["loss_scale"].gt(0).all() and metrics["loss_scale"].map(math.isfinite).all()
+    assert metrics["test_accuracy"].between(0, 1).all()
+    assert result.load_checkpoint()["loss_scaler"]["scale"] == metrics["loss_scale"].iloc[-1]
 
-def test_train_time_benchmark_quick(ray_session):
+
     """Issue 24's benchmark, smoke test: a search's plan against `train`'s epochs."""
     from result_checks import table_rows
 

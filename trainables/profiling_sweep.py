@@ -17,7 +17,7 @@ import torch
 from trainables.strategy_cost import measure_strategy_extra_s, strategy_batch
 from tula_ray.distributed import max_over_ranks
 from tula_ray.failures import is_out_of_memory, workload_code
-from tula_ray.precision import autocast_for, set_math_mode
+from tula_ray.precision import set_math_mode
 from tula_ray.profile_table import STATUS_OK, STATUS_OOM
 from tula_ray.training.batches import tensor_source, training_batches
 from tula_ray.training.data import loader_options
@@ -105,9 +105,10 @@ class Sweep:
             self.loss_fn = self.workload.loss_fn()
         # The workload's precision, as `train` will set it (`tula_ray.precision`).
         self.math_mode = set_math_mode(self.workload.precision)
-        self.autocast = autocast_for(self.workload.precision, self.device)
-        # The step `train` takes, plain.
-        self.plain = StrategySetup("plain", self.optimizer, autocast=self.autocast)
+        # The step `train` takes, plain (its autocast; fp16's loss scaler).
+        self.plain = StrategySetup("plain", self.optimizer)
+        self.plain.set_precision(self.workload.precision, self.device)
+        self.autocast = self.plain.autocast
         self.first_batch = min(int(b) for b in config.get(
             "global_batches", [config.get("global_batch")]))
         self.strategy_batch, self.strategy_options = strategy_batch(

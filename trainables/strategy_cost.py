@@ -69,7 +69,7 @@ def measure_strategy_extra_s(sweep: Any) -> float:
         steps_per_epoch=max(1, len(sweep.dataset) // global_batch),  # type: ignore[arg-type]
         epochs=int(sweep.config.get("epochs") or sweep.workload.epochs),
         options=sweep.strategy_options, **optimizer_hyperparameters(sweep.workload))
-    setup.autocast = sweep.autocast  # the workload's precision, as `train` sets it
+    setup.set_precision(sweep.workload.precision, sweep.device)  # as `train` sets it
     setup.start_epoch(0)
     tally = EpochTally(model, setup, sweep.loss_fn, sweep.device)
     # The first step builds the optimizer's state: untimed.

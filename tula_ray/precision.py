@@ -7,9 +7,14 @@ the plan's times and memory are those of the training it plans.
   "tf32"  float32 tensors, TF32 math on a GPU that has it (Ampere and later);
   "bf16"  autocast to bfloat16 (forward and loss; the backward follows the forward's
           types), TF32 for what stays float32. No loss scaling is needed: bfloat16 has
-          float32's range. On CPU, torch's CPU autocast (the tests here).
-"fp16" (autocast with a GradScaler, AGS reading unscaled gradients) is not built yet and
-is refused by name. Shared vocabulary: no Ray, no tula_ray import but `arguments`.
+          float32's range. On CPU, torch's CPU autocast (the tests here);
+  "fp16"  autocast to float16 with loss scaling (torch's GradScaler, its defaults): the
+          loss is multiplied before the backward so that small gradients do not flush to
+          zero, the gradients are divided back before the optimizer sees them, and a step
+          whose gradients overflowed is skipped (the scale then halves). AGS reads its
+          gradient norms unscaled and refreshes only on steps that were taken
+          (`TulaOptimizer.loss_scale`). For GPUs without bfloat16 (V100, T4).
+Shared vocabulary: no Ray, no tula_ray import but `arguments`.
 """
 
 from __future__ import annotations
@@ -22,18 +27,14 @@ import torch
 
 from tula_ray.arguments import check_choice
 
-PRECISIONS = ("fp32", "tf32", "bf16")
+PRECISIONS = ("fp32", "tf32", "bf16", "fp16")
 PRECISION_DEFAULT = "fp32"
-AUTOCAST_DTYPES = {"bf16": torch.bfloat16}
-NOT_YET = {"fp16": "fp16 needs loss scaling (a GradScaler, with AGS reading unscaled "
-                   "gradients), which is not built yet; bf16 needs none (A100, H100)"}
+AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+LOSS_SCALED = ("fp16",)  # float16's range is too narrow for small gradients
 
 
 def check_precision(value: Any) -> str:
     """`value` if it is a precision tula-ray trains in; else an error naming the choices."""
-    if value in NOT_YET:
-        raise ValueError(f"precision={value!r} is not supported yet: {NOT_YET[value]}; "
-                         f"use one of {PRECISIONS}")
     return check_choice("precision", value, PRECISIONS, hint="what a training step computes in")
 
 
@@ -44,6 +45,15 @@ def autocast_for(precision: str, device: torch.device | str) -> Callable[[], Con
     if dtype is None:
         return contextlib.nullcontext
     return functools.partial(torch.autocast, device_type=torch.device(device).type, dtype=dtype)
+
+
+def grad_scaler_for(precision: str, device: torch.device | str) -> torch.amp.GradScaler | None:
+    """A new loss scaler (torch's GradScaler, its defaults) for a precision that needs one,
+    else None. One per training run: it carries the scale from step to step (and in the
+    checkpoint)."""
+    if check_precision(precision) not in LOSS_SCALED:
+        return None
+    return torch.amp.GradScaler(torch.device(device).type)
 
 
 def set_math_mode(precision: str) -> dict[str, bool]:

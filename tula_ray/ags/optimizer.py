@@ -36,6 +36,9 @@ departure is also commented where it is made; tests/test_ags.py holds the optimi
 step for step against a plain re-implementation of Algorithm 1):
   - line 10: scales computed at a refresh act from the NEXT step (`step()` installs
     them after the base optimizer's update), as in the paper;
+  - lines 11-18 run inside `step()`, from the small-batch gradients the backward
+    observed (`observe_small_gradients`), against the gradient about to be applied: under
+    fp16's loss scaling that one is unscaled by then, and a skipped step refreshes nothing;
   - lines 13-14: the extra forward/backward on the sub-batch runs in training mode
     and leaves every buffer (BatchNorm running statistics) as it found it;
   - refresh frequency: Algorithm 1 refreshes every iteration, §IV-A once per epoch
@@ -121,14 +124,19 @@ class TulaOptimizer(torch.optim.Optimizer):
         self.large_batch, self.small_batch = int(large_batch), int(small_batch)
         self.refresh_every, self.granularity, self.source = refresh_every, granularity, source
         self.estimator, self.process_group = estimator, process_group
-        self.local_hook_registered = False  # set by ags_sources.register_local_gradient_hook
+        self.local_hook_registered = False  # set by sources.register_local_gradient_hook
         defaults = {"delta": delta, "s_max": max_scale(large_batch, small_batch, gain_exponent)
                     if s_max is None else float(s_max), "s_min": float(s_min), "eps": eps,
                     "gain_exponent": float(gain_exponent), "ema_decay": float(ema_decay)}
         super().__init__(base_optimizer.param_groups, defaults)
         self.param_groups = base_optimizer.param_groups  # one list: new groups reach both
         self.defaults = {**base_optimizer.defaults, **defaults}
-        self._local: dict[nn.Parameter, torch.Tensor] = {}  # the comm hook's, for this step
+        # Small-batch gradients (or their norms) observed for this step's refresh: the
+        # comm hook's (source "local") or the sub-batch backward's.
+        self._local: dict[nn.Parameter, torch.Tensor] = {}
+        # The factor the observed gradients carry: fp16's loss scale, set by the training
+        # step before `step()` (whose gradients its GradScaler has divided back by then).
+        self.loss_scale = 1.0
         self._previous_norm_sq: float | None = None
         self._counters = {"steps": 0, "scaled_steps": 0, "refreshes": 0, "steps_since_refresh": 0}
         self._epoch_pending = False
@@ -205,15 +213,31 @@ class TulaOptimizer(torch.optim.Optimizer):
                       norms=False)
 
     @torch.no_grad()
-    def observe_local_gradients(self, params: Sequence[torch.Tensor],
+    def observe_small_gradients(self, params: Sequence[torch.Tensor],
                                 grads: Sequence[torch.Tensor]) -> None:
-        """Source "local": this worker's gradients before the all-reduce (from the DDP comm
-        hook, one bucket at a time); `step()` refreshes from them. Per tensor only the
-        norms are kept, per element a copy."""
+        """Small-batch gradients for this step's refresh, which `step()` makes: source
+        "local", this worker's gradients before the all-reduce (from the DDP comm hook,
+        one bucket at a time); source "sub-batch", the sub-batch backward's. Per tensor
+        only the norms are kept, per element a copy. They carry `loss_scale`."""
         if self.granularity == "element":
             self._local.update({p: g.detach().clone() for p, g in zip(params, grads)})
         else:
             self._local.update(zip(params, torch._foreach_norm([g.detach() for g in grads])))
+
+    def _unscaled_observed(self) -> dict[torch.Tensor, torch.Tensor] | None:
+        """The observed small-batch gradients divided by `loss_scale`, or None when one of
+        them overflowed (fp16: the large-batch gradient may be finite when a sub-batch's
+        is not); then this step does not refresh, and the next one tries again. The
+        workers agree on it: a refresh all-reduces, and a worker's sub-batch is its own."""
+        local, self._local = self._local, {}
+        if self.loss_scale == 1.0 or not local:
+            return local
+        norms = torch.stack([torch.linalg.vector_norm(v.float()) for v in local.values()])
+        finite = norms.isfinite().all().float().reshape(1)
+        average_tensors_over_ranks([finite], self.process_group)
+        if finite.item() < 1.0:
+            return None
+        return {p: v / self.loss_scale for p, v in local.items()}
 
     def _refresh(self, small: dict[torch.Tensor, torch.Tensor], *, norms: bool) -> None:
         """New scales (from the next step on) from small-batch gradients (or their norms)."""
@@ -290,8 +314,10 @@ class TulaOptimizer(torch.optim.Optimizer):
             with torch.enable_grad():
                 loss = closure()
         with torch.no_grad():
-            if self._local:  # the comm hook's local gradients; p.grad is now all-reduced
-                local, self._local = self._local, {}
+            # The observed small-batch gradients; p.grad is the large-batch one (all-reduced
+            # under DDP, unscaled under fp16).
+            local = self._unscaled_observed() if self._local else None
+            if local:
                 self._refresh(local, norms=self.granularity == "tensor")
             grads = [p.grad for p in self.parameters() if p.grad is not None]
             # One host sync per step on GPU: the decision is a Python branch.

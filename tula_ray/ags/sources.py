@@ -39,7 +39,8 @@ def _take_grads(params: list[nn.Parameter]) -> list[torch.Tensor | None]:
 
 def backward_with_refresh(model: nn.Module, optimizer: torch.optim.Optimizer, loss_fn: Callable,
                           inputs: torch.Tensor, targets: torch.Tensor, *,
-                          autocast: Callable[[], ContextManager] = contextlib.nullcontext
+                          autocast: Callable[[], ContextManager] = contextlib.nullcontext,
+                          scaler: torch.amp.GradScaler | None = None
                           ) -> tuple[torch.Tensor, torch.Tensor]:
     """Forward and backward of one step, taking a sub-batch gradient when a refresh is due.
 
@@ -47,8 +48,10 @@ def backward_with_refresh(model: nn.Module, optimizer: torch.optim.Optimizer, lo
     returns (loss, outputs) of the full local batch. Any other optimizer, source
     "local" (its hook reads the gradients during this backward), or a step without a
     refresh, is exactly that plain backward. autocast: the context each forward and loss
-    run in (bf16 autocast; the gradients AGS reads are float32 either way: the
-    parameters are).
+    run in (bf16 or fp16 autocast; the gradients AGS reads are float32 either way: the
+    parameters are). scaler: fp16's loss scaler; both backwards then run on the scaled
+    loss. The sub-batch gradient is handed to the optimizer (`observe_small_gradients`),
+    which refreshes its scales in `step()`, on the unscaled gradients of a step taken.
     """
     refresh = (isinstance(optimizer, TulaOptimizer) and optimizer.source == "sub-batch"
                and optimizer.refresh_due)
@@ -57,11 +60,14 @@ def backward_with_refresh(model: nn.Module, optimizer: torch.optim.Optimizer, lo
         raise ValueError("source='local' takes g_small from each DDP worker's own gradient: "
                          "call register_local_gradient_hook(model, optimizer) on the "
                          "DistributedDataParallel model first (>= 2 workers)")
+    def scaled(loss: torch.Tensor) -> torch.Tensor:
+        return loss if scaler is None else scaler.scale(loss)
+
     if not refresh:
         with autocast():
             outputs = model(inputs)
             loss = loss_fn(outputs, targets)
-        loss.backward()
+        scaled(loss).backward()
         return loss, outputs
     if optimizer.small_batch >= len(inputs):
         raise ValueError(f"small_batch={optimizer.small_batch} must be smaller than the local "
@@ -76,16 +82,17 @@ def backward_with_refresh(model: nn.Module, optimizer: torch.optim.Optimizer, lo
         with autocast():
             small_loss = loss_fn(model(inputs[: optimizer.small_batch]),
                                  targets[: optimizer.small_batch])
-        small_loss.backward()
+        scaled(small_loss).backward()
     with torch.no_grad():
         for buffer, saved in zip(model.buffers(), buffers):
             buffer.copy_(saved)
     small = _take_grads(params)
+    optimizer.observe_small_gradients(
+        [p for p, g in zip(params, small) if g is not None], [g for g in small if g is not None])
     with autocast():
         outputs = model(inputs)
         loss = loss_fn(outputs, targets)
-    loss.backward()
-    optimizer.refresh_scales(small)
+    scaled(loss).backward()
     return loss, outputs
 
 
@@ -104,7 +111,7 @@ def local_gradient_hook(state, bucket):  # no annotations: DDP checks them again
     then all-reduce the bucket as DDP's default does (torch's `allreduce_hook`)."""
     optimizer = state.optimizer
     if optimizer.refresh_due:
-        optimizer.observe_local_gradients(bucket.parameters(), bucket.gradients())
+        optimizer.observe_small_gradients(bucket.parameters(), bucket.gradients())
     return allreduce_hook(state.process_group, bucket)
 
 

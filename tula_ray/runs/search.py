@@ -90,7 +90,7 @@ def search(
       probe is not rerun; the other arguments must be those of the saved search. Without
       a saved search it starts one.
     epochs: E of eq. 4a, the training the plan predicts (default the workload's).
-    precision: "fp32", "tf32" or "bf16" (`tula_ray.precision`), what every profiled step
+    precision: "fp32", "tf32", "bf16" or "fp16" (`tula_ray.precision`), what every profiled step
       computes in and what `train` takes from the plan; default the workload's ("fp32").
     warmup_steps, measure_steps, measure_seconds: per batch, untimed steps, then at least
       measure_steps timed steps per phase, more while they fit in measure_seconds.

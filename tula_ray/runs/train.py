@@ -47,7 +47,7 @@ class TrainResult:
 
     metrics: one row per epoch (epoch, resumed_from, train_loss, train_accuracy,
       test_loss, test_accuracy, lr, seconds, steps; for AGS scaled_fraction,
-      variability_median, scale_mean/min/max), in epoch order.
+      variability_median, scale_mean/min/max; for fp16 loss_scale), in epoch order.
     checkpoint_path: the last epoch's checkpoint directory (None if none was kept).
     result: Ray Train's `Result` (its `path` is the run directory).
     """
@@ -114,7 +114,7 @@ def train(
       reachable from every node (a shared file system or a cloud URI).
     runtime_env: the Ray runtime environment every worker inherits (your own modules,
       environment variables, pip packages), as `tula_ray.search`'s.
-    precision: "fp32", "tf32" or "bf16" (`tula_ray.precision`); default the plan's (what
+    precision: "fp32", "tf32", "bf16" or "fp16" (`tula_ray.precision`); default the plan's (what
       its steps were profiled in), else the workload's.
     Raises ValueError for a bad argument, before any worker starts; the workload is
     checked on one worker first (`tula_ray.search` says how), so its own code failing

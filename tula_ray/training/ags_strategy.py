@@ -54,7 +54,15 @@ class AGSSetup(StrategySetup):
     def backward(self, model: nn.Module, loss_fn: Callable, inputs: torch.Tensor,
                  targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return backward_with_refresh(model, self.optimizer, loss_fn, inputs, targets,
-                                     autocast=self.autocast)
+                                     autocast=self.autocast, scaler=self.scaler)
+
+    def step(self) -> None:
+        """With a loss scaler, AGS learns the scale the step's gradients carry: it reads
+        its small-batch norms unscaled. (A skipped step's observations are overwritten by
+        the next backward's, the refresh being still due.)"""
+        if self.scaler is not None:
+            self.optimizer.loss_scale = float(self.scaler.get_scale())
+        super().step()
 
     def step_telemetry(self) -> dict[str, Any]:
         telemetry = self.optimizer.telemetry
@@ -62,10 +70,12 @@ class AGSSetup(StrategySetup):
 
     def epoch_metrics(self, telemetry: list[dict[str, Any]]) -> dict[str, Any]:
         """scaled_fraction (share of scaled steps), variability_median (eq. 5; a run's first
-        step is inf and sorts last), variability (every step), the last scale statistics."""
+        step is inf and sorts last), variability (every step), the last scale statistics;
+        fp16's loss_scale."""
         variability = [t["variability"] for t in telemetry]
         last = self.optimizer.telemetry
-        return {"scaled_fraction": float(np.mean([t["scaled"] for t in telemetry])),
+        return {**super().epoch_metrics(telemetry),
+                "scaled_fraction": float(np.mean([t["scaled"] for t in telemetry])),
                 "variability_median": float(np.median(variability)) if variability else math.nan,
                 "variability": variability,
                 **{key: float(last[key]) for key in ("scale_mean", "scale_min", "scale_max")}}

@@ -13,18 +13,23 @@ from torch import nn
 from tula_ray.distributed import unwrapped
 from tula_ray.training.strategy_base import StrategySetup, base_optimizer
 
-CHECKPOINT_KEYS = {"strategy", "epoch", "model", "optimizer", "scheduler", "comm_iter"}
+CHECKPOINT_KEYS = {"strategy", "epoch", "model", "optimizer", "scheduler", "comm_iter",
+                   "loss_scaler"}
+# Keys a checkpoint written before fp16 training lacks (it loads as one without a scaler).
+LATER_KEYS = {"loss_scaler"}
 
 
 def checkpoint_state(model: nn.Module, setup: StrategySetup, epoch: int) -> dict[str, Any]:
     """A snapshot after `epoch` (torch.save-able, every tensor copied to the CPU): the model
     unwrapped from DDP, the optimizer (AGS state included), the scheduler and PoLo's hook
-    counter. Copies go to the CPU, not next to the live tensors: a snapshot on the GPU
-    would double the model's and optimizer's memory on the device."""
+    counter, and fp16's loss scaler (its scale and growth count). Copies go to the CPU,
+    not next to the live tensors: a snapshot on the GPU would double the model's and
+    optimizer's memory on the device."""
     state = {"strategy": setup.name, "epoch": epoch, "model": unwrapped(model).state_dict(),
              "optimizer": setup.optimizer.state_dict(),
              "scheduler": None if setup.scheduler is None else setup.scheduler.state_dict(),
-             "comm_iter": None if setup.comm_state is None else setup.comm_state.iter}
+             "comm_iter": None if setup.comm_state is None else setup.comm_state.iter,
+             "loss_scaler": None if setup.scaler is None else setup.scaler.state_dict()}
     return cpu_copy(state)  # state_dicts are views of live tensors that training mutates
 
 
@@ -45,7 +50,8 @@ def restore_state(state: dict[str, Any], model: nn.Module, setup: StrategySetup)
     Returns the next epoch to run. Raises ValueError if the snapshot is not one or
     belongs to another strategy.
     """
-    if not isinstance(state, dict) or set(state) != CHECKPOINT_KEYS:
+    if not isinstance(state, dict) or not CHECKPOINT_KEYS - LATER_KEYS <= set(state) \
+            or not set(state) <= CHECKPOINT_KEYS:
         got = sorted(state) if isinstance(state, dict) else type(state).__name__
         raise ValueError(f"not a training checkpoint: expected keys {sorted(CHECKPOINT_KEYS)}, "
                          f"got {got}")
@@ -64,4 +70,6 @@ def restore_state(state: dict[str, Any], model: nn.Module, setup: StrategySetup)
         setup.scheduler.load_state_dict(state["scheduler"])
     if setup.comm_state is not None and state["comm_iter"] is not None:
         setup.comm_state.iter = state["comm_iter"]  # else the hook would all-reduce again
+    if setup.scaler is not None and state.get("loss_scaler"):
+        setup.scaler.load_state_dict(state["loss_scaler"])  # a resumed fp16 run keeps its scale
     return int(state["epoch"]) + 1

@@ -18,7 +18,7 @@ from torch import nn
 
 from tula_ray.arguments import check_int
 from tula_ray.distributed import max_over_ranks
-from tula_ray.precision import autocast_for, set_math_mode
+from tula_ray.precision import set_math_mode
 from tula_ray.training.batches import Batches
 from tula_ray.training.data import make_loaders
 from tula_ray.training.epochs import evaluate, train_epoch
@@ -31,7 +31,8 @@ from tula_ray.workloads import (LR_DEFAULT, MOMENTUM_DEFAULT, WEIGHT_DECAY_DEFAU
 logger = logging.getLogger(__name__)
 
 COLUMNS = ("epoch", "strategy", "global_batch", "seed", "train_loss", "train_accuracy",
-           "test_loss", "test_accuracy", "lr", "seconds", "scaled_fraction", "variability_median")
+           "test_loss", "test_accuracy", "lr", "seconds", "scaled_fraction", "variability_median",
+           "loss_scale")
 
 
 def optimizer_hyperparameters(workload: Workload) -> dict[str, float]:
@@ -129,7 +130,7 @@ def prepare_run(workload: str | Workload, *, global_batch: int,
                            **hyper)
     # The workload's precision, as the profile measured it (`tula_ray.precision`).
     set_math_mode(workload.precision)
-    setup.autocast = autocast_for(workload.precision, device)
+    setup.set_precision(workload.precision, device)
     train_loader, test_loader = make_loaders(
         workload, global_batch // num_replicas, seed=seed, num_replicas=num_replicas, rank=rank,
         device=device, validation_fraction=validation_fraction)

@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from tula_ray.arguments import check_mapping
+from tula_ray.precision import autocast_for, grad_scaler_for
 
 # --------------------------------------------------------------------------- the protocol
 
@@ -35,9 +36,22 @@ class StrategySetup:
     scheduler: torch.optim.lr_scheduler.LRScheduler | None = None
     notes: list[str] = field(default_factory=list)
     comm_state: Any = None
-    # The context a step's forward and loss run in (`tula_ray.training.precision`:
-    # torch.autocast for bf16); a strategy that overrides `backward` enters it there too.
+    # The context a step's forward and loss run in (`tula_ray.precision`: torch.autocast
+    # for bf16 and fp16); a strategy that overrides `backward` enters it there too.
     autocast: Callable[[], ContextManager] = contextlib.nullcontext
+    # fp16's loss scaler (torch's GradScaler), or None: `backward` scales the loss, `step`
+    # unscales, skips a step whose gradients overflowed, and moves the scale.
+    scaler: torch.amp.GradScaler | None = None
+
+    def set_precision(self, precision: str, device: torch.device | str) -> None:
+        """Compute the steps in `precision` (`tula_ray.precision`): its autocast and, for
+        fp16, a new loss scaler."""
+        self.autocast = autocast_for(precision, device)
+        self.scaler = grad_scaler_for(precision, device)
+
+    def scaled(self, loss: torch.Tensor) -> torch.Tensor:
+        """The loss to call backward on: scaled by the loss scaler, when there is one."""
+        return loss if self.scaler is None else self.scaler.scale(loss)
 
     def start_epoch(self, epoch: int) -> None:
         """Called before the first step of every epoch."""
@@ -49,12 +63,19 @@ class StrategySetup:
         with self.autocast():
             outputs = model(inputs)
             loss = loss_fn(outputs, targets)
-        loss.backward()  # outside autocast, as torch advises: it follows the forward's types
+        # Outside autocast, as torch advises: it follows the forward's types.
+        self.scaled(loss).backward()
         return loss, outputs
 
     def step(self) -> None:
-        """The optimizer step, then the scheduler's."""
-        self.optimizer.step()
+        """The optimizer step (through the loss scaler, which skips it when the gradients
+        overflowed), then the scheduler's, every step alike (torch's AMP recipe: the
+        schedule counts steps taken and skipped)."""
+        if self.scaler is None:
+            self.optimizer.step()
+        else:
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
         if self.scheduler is not None:
             self.scheduler.step()
 
@@ -76,8 +97,10 @@ class StrategySetup:
 
     def epoch_metrics(self, telemetry: list[dict[str, Any]]) -> dict[str, Any]:
         """The epoch's extra metrics from its steps' telemetry (float values are averaged
-        over the ranks by `train_epoch`; lists are per-step series)."""
-        return {}
+        over the ranks by `train_epoch`; lists are per-step series); with a loss scaler,
+        its scale at the epoch's end (a scale that keeps falling means overflowing
+        steps, which were skipped)."""
+        return {} if self.scaler is None else {"loss_scale": float(self.scaler.get_scale())}
 
 
 @runtime_checkable

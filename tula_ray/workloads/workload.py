@@ -56,7 +56,7 @@ class Workload:
     from a copy on the GPU when data_on_device (None: when they fit); any other Dataset
     goes through a DataLoader with loader_workers processes per rank (None: none on CPU,
     up to 4 on a GPU) and pin_memory (None: on a GPU).
-    precision: what a step computes in, "fp32", "tf32" or "bf16" (`tula_ray.precision`):
+    precision: what a step computes in, "fp32", "tf32", "bf16" or "fp16" (`tula_ray.precision`):
     the same in profiling and training.
     """
 
