@@ -18,6 +18,7 @@ BENCHMARKS = {"search": "benchmarks.search_cost", "ags-overhead": "benchmarks.ag
               "simulation": "benchmarks.strategy_simulation",
               "first-contact": "benchmarks.first_contact",
               "train-time": "benchmarks.train_time",
+              "profiling-wall": "benchmarks.profiling_wall",
               "gpu-acceptance": "benchmarks.gpu_acceptance"}
 REPORT = Path(__file__).parents[1] / "BENCHMARKS.md"
 HEADER = """# Benchmarks
