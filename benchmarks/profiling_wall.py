@@ -1,13 +1,16 @@
-"""Issue 24's last goal: the demo's profiling wall no more than 10 % above what it was
-before the issue changed how a step is timed (one data path, alternating blocks, warm-up
-by time, the evaluation, checkpoint and strategy phases). Measured side by side: the
-demo as a user types it (`tula-ray demo`, its own local Ray) from this tree and from a
-checkout of the baseline commit, runs interleaved, the order alternating, so that the
-machine's drift (NOTES-ENV: ~15 % between processes) falls on both alike.
+"""The demo's profiling wall, this tree against earlier commits, side by side:
+  - issue 24's goal: no more than 10 % above the wall before the issue changed how a step
+    is timed (one data path, alternating blocks, warm-up by time, the evaluation,
+    checkpoint and strategy phases): `BASELINES[1]` against `BASELINES[0]`;
+  - issue 25's: the gradient-noise phase may add at most 25 %: this tree against
+    `BASELINES[1]`, the last commit without it.
+Each run is the demo as a user types it (`tula-ray demo`, its own local Ray), from this
+tree or from a checkout of a commit, runs interleaved with the order rotating, so that
+the machine's drift (NOTES-ENV: ~15 % between processes) falls on every tree alike.
 
 Every run is appended to profiling_wall.runs.jsonl as it ends: a session that stops
-mid-run resumes from the runs recorded at the same two commits. `--quick` runs this tree
-once on a tiny grid (N = 1, B <= 64): a smoke test of the plumbing, no baseline.
+mid-run resumes from the runs recorded at the same commits. `--quick` runs this tree
+once on a tiny grid (N = 1, B = 32): a smoke test of the plumbing, no baseline.
 """
 
 from __future__ import annotations
@@ -27,10 +30,12 @@ from benchmarks.common import RESULTS_DIR, provenance, write_result
 from benchmarks.markdown import markdown_table
 
 NAME = "profiling_wall"
-# The last commit before issue 24's data path and step timing (db765aa and after).
-BASELINE = "ee46365"
+# The last commit before issue 24's data path and step timing (db765aa and after), and the
+# last before issue 25's gradient-noise phase.
+BASELINES = ("ee46365", "c6185ee")
 RUNS = 2  # per tree
-GOAL_RATIO = 1.10
+GOALS = {("c6185ee", "ee46365"): ("issue 24: its timing", 1.10),
+         ("this", "c6185ee"): ("issue 25: the gradient-noise phase", 1.25)}
 REPO = Path(__file__).parents[1]
 
 
@@ -73,23 +78,25 @@ def _environment() -> dict[str, str]:
 
 
 def _recorded(path: Path, commits: dict[str, str]) -> list[dict[str, Any]]:
-    """The runs already recorded at these two commits (a resumed benchmark's)."""
+    """The runs already recorded at these commits (a resumed benchmark's)."""
     if not path.exists():
         return []
     runs = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
     return [r for r in runs if r["commits"] == commits]
 
 
-def run(quick: bool = False, baseline: str = BASELINE, runs: int = RUNS) -> dict:
-    head = commit_of(REPO)
-    commits = {"baseline": head if quick else commit_of(REPO, baseline), "this": head}
+def run(quick: bool = False, baselines: tuple[str, ...] = BASELINES, runs: int = RUNS) -> dict:
+    commits = {"this": commit_of(REPO)}
+    if not quick:
+        commits.update({commit_of(REPO, ref): commit_of(REPO, ref) for ref in baselines})
     log = RESULTS_DIR / f"{NAME}{'_quick' if quick else ''}.runs.jsonl"
     if quick:
         log.unlink(missing_ok=True)
     recorded = _recorded(log, commits)
-    extra = ["--cluster-sizes", "1", "--max-batch", "64"] if quick else []
-    order = [("this",)] if quick else [
-        ("baseline", "this") if i % 2 == 0 else ("this", "baseline") for i in range(runs)]
+    extra = ["--cluster-sizes", "1", "--max-batch", "32"] if quick else []
+    names = list(commits)
+    # Each round starts with the next tree: none is always first (a fresh machine) or last.
+    order = [names[i % len(names):] + names[:i % len(names)] for i in range(runs)]
     with contextlib.ExitStack() as stack, tempfile.TemporaryDirectory() as scratch:
         trees = {"this": REPO}
         for index, pair in enumerate(order):
@@ -113,16 +120,20 @@ def run(quick: bool = False, baseline: str = BASELINE, runs: int = RUNS) -> dict
 
 
 def summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
-    """Median profiling wall per tree, its spread, and this tree's over the baseline's."""
-    walls = {tree: [r["profiling_wall_s"] for r in runs if r["tree"] == tree]
-             for tree in ("baseline", "this")}
-    medians = {tree: statistics.median(w) if w else None for tree, w in walls.items()}
+    """Median profiling wall per tree, its spread, and the ratios the goals name."""
+    walls: dict[str, list[float]] = {}
+    for r in runs:
+        walls.setdefault(r["tree"], []).append(r["profiling_wall_s"])
+    medians = {tree: statistics.median(w) for tree, w in walls.items()}
     spreads = {tree: (max(w) - min(w)) / statistics.median(w) if len(w) > 1 else None
                for tree, w in walls.items()}
-    ratio = (medians["this"] / medians["baseline"]
-             if medians["this"] and medians["baseline"] else None)
-    return {"median_profiling_wall_s": medians, "spread": spreads, "ratio": ratio,
-            "goal_met": None if ratio is None else ratio <= GOAL_RATIO}
+    goals = []
+    for (new, old), (what, limit) in GOALS.items():
+        if new in medians and old in medians:
+            ratio = medians[new] / medians[old]
+            goals.append({"goal": what, "new": new, "old": old, "ratio": ratio,
+                          "limit": limit, "met": ratio <= limit})
+    return {"median_profiling_wall_s": medians, "spread": spreads, "goals": goals}
 
 
 def report(result: dict) -> str:
@@ -134,24 +145,21 @@ def report(result: dict) -> str:
     medians, spreads = result["median_profiling_wall_s"], result["spread"]
 
     def figure(tree: str) -> str:
-        if medians[tree] is None:
-            return "-"
         spread = "" if spreads[tree] is None else f" (spread {spreads[tree]:.0%})"
-        return f"{medians[tree]:.1f} s{spread}"
+        return f"{tree} ({result['commits'][tree]}) {medians[tree]:.1f} s{spread}"
 
-    ratio = result["ratio"]
-    verdict = "-" if ratio is None else (f"{ratio:.2f} (goal <= {GOAL_RATIO:.2f}: "
-                                         f"{'met' if result['goal_met'] else 'missed'})")
+    verdicts = [f"- {g['goal']}: {g['new']} / {g['old']} = {g['ratio']:.2f} (goal <= "
+                f"{g['limit']:.2f}: {'met' if g['met'] else 'missed'})." for g in result["goals"]]
     return "\n".join([
         "### The demo's profiling wall, before and after issue 24's timing (side by side)\n",
         f"`{p['command']}` at {p['commit']}, {p['date']}, {p['machine']}.\n",
         "Each run is `tula-ray demo` as a user types it (its own local Ray), from this tree "
-        "and from a checkout of the baseline commit, interleaved; profiling wall = the "
-        "plan's `meta.profiling_wall_s` (launches and their batches; Ray's start and the "
-        "memory probe excluded).\n",
+        "and from checkouts of earlier commits, interleaved; profiling wall = the plan's "
+        "`meta.profiling_wall_s` (launches and their batches; Ray's start and the memory "
+        "probe excluded).\n",
         markdown_table(["run", "tree", "commit", "wall s", "probe s", "profiling wall s",
                         "launches", "per launch s"], body),
         "",
-        f"- Median profiling wall: baseline {figure('baseline')}, this tree {figure('this')}.",
-        f"- This tree / baseline: {verdict}.",
+        "- Median profiling wall: " + "; ".join(figure(tree) for tree in medians) + ".",
+        *verdicts,
     ]) + "\n"

@@ -126,6 +126,17 @@ def test_one_and_two_workers_report_every_field(rows):
     assert len(profile_frame([one, two])) == 2  # the table the models fit from accepts them
 
 
+def test_every_row_measures_the_gradient_noise(rows):
+    """Issue 25, item 1: one worker from the halves of its batch, two from their own
+    gradients and the all-reduced one; a user's plain Dataset too."""
+    for row in (*rows["one"], *rows["two"], *rows["ags-ns"], *rows["user-plain"]):
+        assert row["noise_steps"] >= 3, row
+        # Random images and labels: the noise is sure, the signal |G|^2 near 0 (a few
+        # pairs may estimate it below 0; the plan reads that as all noise).
+        assert row["grad_var"] > 0 and math.isfinite(row["grad_sqr"]), row
+        assert abs(row["grad_sqr"]) < row["grad_var"], row
+
+
 def test_each_worker_group_measures_the_epochs_other_costs_once(rows):
     """Issue 24: a worker group's first row carries one evaluation pass (split over its
     N workers), rank 0's checkpoint write and the data load; the steps are the data path

@@ -18,7 +18,10 @@ is what `train`'s `seconds` measures. Phases for each batch, at local batch b = 
      DDP broadcasting buffers in the forward after a synced step only (NOTES-ENV);
      steps are marked as they are queued (`tula_ray.training.step_timing`), with no host
      sync inside a block; a phase's time is the mean step, as an epoch adds them up;
-  4. once per worker group, after its first batch: what the training strategy adds to a
+  4. untimed: the gradient noise at this batch (`tula_ray.training.gradient_noise`),
+     pairs of a b-sample and a B-sample gradient of the same weights, whose squared norms
+     give the row's grad_sqr and grad_var (issue 25);
+  5. once per worker group, after its first batch: what the training strategy adds to a
      step (`trainables.strategy_cost`), one evaluation pass and one checkpoint write
      (`tula_ray.training.epoch_costs`): the epoch's costs beyond its steps.
 

@@ -23,6 +23,7 @@ from tula_ray.training.batches import tensor_source, training_batches
 from tula_ray.training.data import loader_options
 from tula_ray.training.epoch_costs import checkpoint_s, evaluation_s
 from tula_ray.training.epochs import EpochTally
+from tula_ray.training.gradient_noise import measure_gradient_noise
 from tula_ray.training.measure import memtracker_peak_bytes, train_step
 from tula_ray.training.step_timing import (cycle, max_measure_steps, mean_step_s,
                                            measured_step_count, spread as step_spread, time_block,
@@ -38,6 +39,10 @@ MEASURE_STEPS_DEFAULT = 5  # at least this many timed steps per phase
 # mean of a few steps is noisiest relative to the step (fixed costs, scheduler jitter).
 MEASURE_SECONDS_DEFAULT = 1.0
 SEED_DEFAULT = 0
+# The gradient-noise pairs per batch (untimed): at least this many, more while they fit in
+# NOISE_SECONDS; each costs about one step.
+NOISE_MIN_STEPS = 3
+NOISE_SECONDS = 0.5
 
 
 class PeerOutOfMemoryError(torch.OutOfMemoryError):
@@ -219,6 +224,15 @@ class Sweep:
                 step += time_block(per_block, run_step, device, transition=self.transition)
         if not self.distributed:
             step = compute
+        # 4. The gradient noise at this batch, untimed: pairs of a b- and a B-sample
+        # gradient of the same weights (the same count on every worker: it all-reduces).
+        noise = measure_gradient_noise(
+            self.model, self.plain, self.loss_fn, batches,
+            measured_step_count(warm_s, NOISE_MIN_STEPS, NOISE_SECONDS,
+                                max_measure_steps(device)),
+            world_size=world_size if self.distributed else 1, no_sync=self.no_sync)
+        grad_sqr, grad_var = noise.estimate()
+        result.update(grad_sqr=grad_sqr, grad_var=grad_var, noise_steps=noise.steps)
 
         if global_batch == self.first_batch:
             result.update(self.epoch_costs())

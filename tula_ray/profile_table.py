@@ -38,6 +38,11 @@ PROFILE_COLUMNS = (
     "eval_time_s",
     "checkpoint_time_s",
     "data_load_s",  # the worker's dataset load and placement (once per worker group)
+    # the gradient noise at this (N, B) (`tula_ray.models.noise_scale`): |G|^2, tr(Sigma)
+    # of one sample, and the untimed steps whose squared norms they average
+    "grad_sqr",
+    "grad_var",
+    "noise_steps",
     "peak_mem_bytes",  # peak device memory of one worker
     "samples_per_s",  # B / step_time_s
     "step_time_spread",  # (q3 - q1) / median of the synced steps: this row's own timing noise

@@ -1,0 +1,105 @@
+"""The gradient noise scale (issue 25, item 1): how much of a gradient is signal and how
+much is sampling noise, from which the plan learns how many more steps a larger batch
+needs (McCandlish et al. 2018, "An Empirical Model of Large-Batch Training"; AdaptDL and
+Pollux measure it the same way while training).
+
+Two gradient estimates of one model at one point, averaged over b samples (each worker's
+own gradient, or a sub-batch's) and over B > b samples (their mean), give unbiased
+estimates of the true gradient's squared norm |G|^2 and of the per-sample covariance's
+trace tr(Sigma), since E|g_b|^2 = |G|^2 + tr(Sigma) / b (`signal_and_noise`). A single
+step's pair is noisy: `NoiseAverage` averages the squared norms over steps (a running
+mean, or a moving average with bias correction for a model that moves) before taking
+the ratio. The noise scale phi = tr(Sigma) / |G|^2 (`noise_scale`) is the batch at which
+a step's noise equals its signal.
+
+No Ray, no torch (core module): squared norms arrive as floats.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+
+def signal_and_noise(small_sqr: float, small_batch: float, large_sqr: float,
+                     large_batch: float) -> tuple[float, float]:
+    """(|G|^2, tr(Sigma)) from the squared norms of a b-sample and a B-sample gradient of
+    the same model (McCandlish et al. 2018, Appendix A.1, eqs. A.2 and A.3):
+
+        |G|^2     = (B |g_B|^2 - b |g_b|^2) / (B - b)
+        tr(Sigma) = (|g_b|^2 - |g_B|^2) / (1/b - 1/B)
+
+    tr(Sigma) is the trace of one sample's gradient covariance. Either may come out
+    negative from a noisy pair: average the squared norms over steps first."""
+    if not 0 < small_batch < large_batch:
+        raise ValueError(f"need 0 < small_batch < large_batch, got small_batch={small_batch}, "
+                         f"large_batch={large_batch}")
+    grad_sqr = (large_batch * large_sqr - small_batch * small_sqr) / (large_batch - small_batch)
+    grad_var = (small_sqr - large_sqr) / (1.0 / small_batch - 1.0 / large_batch)
+    return grad_sqr, grad_var
+
+
+def noise_scale(grad_sqr: float, grad_var: float) -> float:
+    """phi = tr(Sigma) / |G|^2, McCandlish et al.'s simple noise scale B_simple (eq. 2.8):
+    the batch whose gradient noise equals the gradient; inf when no signal is measured."""
+    if not grad_sqr > 0:
+        return math.inf
+    return max(grad_var, 0.0) / grad_sqr
+
+
+def efficiency(noise_scale: float, global_batch: float, reference_batch: float) -> float:
+    """E(B) = (phi + M0) / (phi + B): the share of a step at B that counts, measured in
+    epochs at the reference batch M0 (McCandlish et al. eq. 2.11, epochs = E_min (1 + B /
+    B_noise), taken at B over M0; Pollux's statistical efficiency). An epoch budget E0 at
+    M0 becomes E0 / E(B) at B."""
+    if math.isinf(noise_scale):
+        return 1.0  # all noise: every sample counts alike, whatever the batch
+    return (noise_scale + reference_batch) / (noise_scale + global_batch)
+
+
+@dataclass
+class NoiseAverage:
+    """Squared gradient norms averaged over steps, then turned into |G|^2 and tr(Sigma).
+
+    decay None: the running mean (a profile, where the model barely moves); a float in
+    (0, 1): an exponential moving average per step with Adam's bias correction (a
+    training run, where the noise scale drifts). The batch sizes may differ from step
+    to step only by the pair's ratio being kept: give each step its own b and B."""
+
+    decay: float | None = None
+    small_sqr: float = 0.0
+    large_sqr: float = 0.0
+    small_batch: float = 0.0
+    large_batch: float = 0.0
+    weight: float = 0.0  # the sum of the steps' weights (bias correction's denominator)
+    steps: int = 0
+
+    def __post_init__(self) -> None:
+        if self.decay is not None and not 0.0 < self.decay < 1.0:
+            raise ValueError(f"decay={self.decay!r}: use None (a running mean) or a number "
+                             "in (0, 1)")
+
+    def update(self, small_sqr: float, small_batch: float, large_sqr: float,
+               large_batch: float) -> None:
+        """Add one step's pair: |g_b|^2 over b samples and |g_B|^2 over B samples."""
+        if not (math.isfinite(small_sqr) and math.isfinite(large_sqr)):
+            return  # an overflowed step (fp16) carries no estimate
+        keep = (self.steps / (self.steps + 1)) if self.decay is None else self.decay
+        for name, value in (("small_sqr", small_sqr), ("large_sqr", large_sqr),
+                            ("small_batch", small_batch), ("large_batch", large_batch)):
+            setattr(self, name, keep * getattr(self, name) + (1 - keep) * value)
+        self.weight = keep * self.weight + (1 - keep)
+        self.steps += 1
+
+    def estimate(self) -> tuple[float, float]:
+        """(|G|^2, tr(Sigma)) from the averages; (nan, nan) before any step."""
+        if self.steps == 0:
+            return math.nan, math.nan
+        unbias = 1.0 / self.weight  # 1 for the running mean
+        return signal_and_noise(self.small_sqr * unbias, self.small_batch * unbias,
+                                self.large_sqr * unbias, self.large_batch * unbias)
+
+    @property
+    def noise_scale(self) -> float:
+        grad_sqr, grad_var = self.estimate()
+        return noise_scale(grad_sqr, grad_var) if self.steps else math.nan
