@@ -19,6 +19,7 @@ BENCHMARKS = {"search": "benchmarks.search_cost", "ags-overhead": "benchmarks.ag
               "first-contact": "benchmarks.first_contact",
               "train-time": "benchmarks.train_time",
               "profiling-wall": "benchmarks.profiling_wall",
+              "noise-evolution": "benchmarks.noise_evolution",
               "gpu-acceptance": "benchmarks.gpu_acceptance"}
 REPORT = Path(__file__).parents[1] / "BENCHMARKS.md"
 HEADER = """# Benchmarks

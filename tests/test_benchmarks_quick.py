@@ -185,3 +185,16 @@ def test_gpu_acceptance_refuses_without_a_gpu_and_its_ray_free_half_runs_on_cpu(
     for row in rows:
         predicted_over_fit = float(row[7])
         assert 0 < predicted_over_fit < 10  # a ratio of two measured times, both present
+
+
+def test_noise_evolution_quick():
+    """Issue 25's measurement along a run, smoke test: phi at steps 0, 25 and the epoch's end
+    of a 1024-image CNN run, each from 4 pairs."""
+    from benchmarks import noise_evolution
+
+    result = noise_evolution.run(quick=True)
+    (points,) = result["traces"].values()
+    assert [p["step"] for p in points] == [0, 25, 32] and points[-1]["last"]
+    assert all(p["pairs"] == 4 and p["grad_var"] > 0 for p in points)
+    markdown = (RESULTS_DIR / "noise_evolution_quick.md").read_text()
+    assert len(_table_rows(markdown, "| workload | step |")) == 3
