@@ -95,6 +95,7 @@ def run(quick: bool = False, baselines: tuple[str, ...] = BASELINES, runs: int =
     recorded = _recorded(log, commits)
     extra = ["--cluster-sizes", "1", "--max-batch", "32"] if quick else []
     names = list(commits)
+    runs = 1 if quick else runs
     # Each round starts with the next tree: none is always first (a fresh machine) or last.
     order = [names[i % len(names):] + names[:i % len(names)] for i in range(runs)]
     with contextlib.ExitStack() as stack, tempfile.TemporaryDirectory() as scratch:

@@ -198,3 +198,12 @@ def test_noise_evolution_quick():
     assert all(p["pairs"] == 4 and p["grad_var"] > 0 for p in points)
     markdown = (RESULTS_DIR / "noise_evolution_quick.md").read_text()
     assert len(_table_rows(markdown, "| workload | step |")) == 3
+
+
+def test_profiling_wall_checks_out_an_earlier_commit_and_removes_it():
+    from benchmarks.profiling_wall import REPO, checkout, commit_of
+
+    with checkout("HEAD") as tree:
+        assert commit_of(tree) == commit_of(REPO)
+        assert (tree / "tula_ray" / "cli" / "__main__.py").is_file()
+    assert not tree.exists()

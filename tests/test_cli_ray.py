@@ -102,3 +102,16 @@ def test_demo_searches_and_trains_with_one_ray(tmp_path):
     # The workers' output reaches the driver's terminal (Ray's log_to_driver).
     assert "(RayTrainWorker pid=" in demo.stdout + demo.stderr
     shutil.rmtree(tmp_path / "ray_results", ignore_errors=True)
+
+
+def test_profiling_wall_benchmark_quick():
+    """Issue 24's side-by-side wall benchmark, smoke test: one tiny demo of this tree, its
+    plan's walls read back and reported."""
+    from benchmarks import profiling_wall
+    from benchmarks.common import RESULTS_DIR
+
+    result = profiling_wall.run(quick=True)
+    (run,) = result["runs"]
+    assert run["tree"] == "this" and run["launches"] == 1
+    assert 0 < run["profiling_wall_s"] < run["wall_s"]
+    assert "this (" in (RESULTS_DIR / "profiling_wall_quick.md").read_text()
