@@ -34,10 +34,9 @@ def flat_gradient(params: list[nn.Parameter], loss_scale: float = 1.0) -> torch.
 
 def _backward(model: nn.Module, setup: StrategySetup, loss_fn: Callable, inputs: torch.Tensor,
               targets: torch.Tensor) -> None:
+    """Fresh gradients of one batch: the plain step's backward (its autocast, its loss scale)."""
     model.zero_grad(set_to_none=True)
-    with setup.autocast():
-        loss = loss_fn(model(inputs), targets)
-    setup.scaled(loss).backward()
+    setup.backward(model, loss_fn, inputs, targets)
 
 
 def measure_gradient_noise(model: nn.Module, setup: StrategySetup, loss_fn: Callable,
