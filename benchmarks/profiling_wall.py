@@ -17,17 +17,15 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import statistics
 import subprocess
-import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any, Iterator
 
 from benchmarks.common import RESULTS_DIR, provenance, write_result
 from benchmarks.markdown import markdown_table
+from benchmarks.search_cost import DEMO_MAX_BATCH, time_demo
 
 NAME = "profiling_wall"
 # The last commit before issue 24's data path and step timing (db765aa and after), and the
@@ -58,23 +56,13 @@ def checkout(commit: str) -> Iterator[Path]:
                            capture_output=True)
 
 
-def demo(tree: Path, out: Path, extra: list[str]) -> dict[str, Any]:
-    """One `tula-ray demo` from `tree` (its packages first on the path of the driver and,
-    through the environment Ray's workers inherit, of every worker): the plan's walls."""
-    started = time.perf_counter()
-    subprocess.run([sys.executable, "-m", "tula_ray.cli", "demo", "--out", str(out),
-                    "--storage-path", str(out / "ray"), *extra], cwd=tree, check=True,
-                   env={**_environment(), "PYTHONPATH": str(tree)},
-                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    wall = time.perf_counter() - started
+def demo(tree: Path, out: Path, max_batch: int, extra: tuple[str, ...]) -> dict[str, Any]:
+    """One default `tula-ray demo` (partial search) from `tree`: the plan's walls."""
+    wall = time_demo("partial", out, out / "ray", max_batch, extra=extra, tree=tree)
     meta = json.loads((out / "plan.json").read_text())["meta"]
     return {"wall_s": wall, "profiling_wall_s": meta["profiling_wall_s"],
             "probe_wall_s": meta["probe_wall_s"], "launches": meta["launches"],
             "sweeps_s": [round(s["wall_s"], 2) for s in meta.get("sweeps", [])]}
-
-
-def _environment() -> dict[str, str]:
-    return {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
 
 
 def _recorded(path: Path, commits: dict[str, str]) -> list[dict[str, Any]]:
@@ -93,7 +81,7 @@ def run(quick: bool = False, baselines: tuple[str, ...] = BASELINES, runs: int =
     if quick:
         log.unlink(missing_ok=True)
     recorded = _recorded(log, commits)
-    extra = ["--cluster-sizes", "1", "--max-batch", "32"] if quick else []
+    max_batch, extra = (32, ("--cluster-sizes", "1")) if quick else (DEMO_MAX_BATCH, ())
     names = list(commits)
     runs = 1 if quick else runs
     # Each round starts with the next tree: none is always first (a fresh machine) or last.
@@ -107,7 +95,7 @@ def run(quick: bool = False, baselines: tuple[str, ...] = BASELINES, runs: int =
                 if tree not in trees:
                     trees[tree] = stack.enter_context(checkout(commits[tree]))
                 row = {"commits": commits, "index": index, "tree": tree,
-                       **demo(trees[tree], Path(scratch, f"{tree}-{index}"), extra)}
+                       **demo(trees[tree], Path(scratch, f"{tree}-{index}"), max_batch, extra)}
                 recorded.append(row)
                 with log.open("a") as handle:
                     handle.write(json.dumps(row) + "\n")

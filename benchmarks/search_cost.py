@@ -27,13 +27,21 @@ RUNS = 3
 GOAL_PROFILING_S = 60.0  # issue 11: demo profiling wall time on this machine
 
 
-def time_demo(strategy: str, out: Path, storage: Path, max_batch: int = DEMO_MAX_BATCH) -> float:
-    """Wall time of one `tula-ray demo` (Ray start and probe included), as a user runs it."""
+def time_demo(strategy: str, out: Path, storage: Path, max_batch: int = DEMO_MAX_BATCH, *,
+              extra: tuple[str, ...] = (), tree: Path | None = None) -> float:
+    """Wall time of one `tula-ray demo` (Ray start and probe included), as a user runs it.
+    tree: run the code of this source tree instead (its packages first on the path of the
+    driver and, through the environment Ray's workers inherit, of every worker)."""
+    environment = None
+    if tree is not None:
+        environment = {**{k: v for k, v in os.environ.items() if k != "PYTHONPATH"},
+                       "PYTHONPATH": str(tree)}
     started = time.perf_counter()
     subprocess.run([sys.executable, "-m", "tula_ray.cli", "demo", "--max-batch", str(max_batch),
                     "--search-strategy", strategy, "--out", str(out),
-                    "--storage-path", str(storage)],
-                   check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                    "--storage-path", str(storage), *extra],
+                   cwd=tree, env=environment, check=True, stdout=subprocess.DEVNULL,
+                   stderr=subprocess.DEVNULL)
     return time.perf_counter() - started
 
 
