@@ -11,7 +11,8 @@ from tula_ray.cluster.lifetime import cluster_for_run
 from tula_ray.cluster.session import (ADDRESS_ENV, DRIVER_RESOURCE, DRIVER_SLOTS_DEFAULT,
                                       LOCAL_ADDRESS, LOCAL_NODE_IP, LOCAL_ONLY_ENV,
                                       check_address, check_runtime_env, ensure_ray,
-                                      ray_session, start_local_ray)
+                                      ray_session, refuse_a_second_ray, running_ray_address,
+                                      start_local_ray, started_ray_here)
 from tula_ray.cluster.storage import check_storage_path, nodes_not_seeing
 from tula_ray.cluster.workers import (AUTOSCALING_CONFIG_ENV, AUTOSCALING_CONFIG_PATH,
                                       CPU_MEMORY_SHARE_DEFAULT, CPU_WORKER, GPU_WORKER,
@@ -19,7 +20,7 @@ from tula_ray.cluster.workers import (AUTOSCALING_CONFIG_ENV, AUTOSCALING_CONFIG
                                       RESOURCE_PRECISION, WORKER_GROUP_START_RETRIES, Workers,
                                       alive_node_resources, autoscaler_node_types,
                                       check_resources_per_worker, check_worker_request,
-                                      node_memory_bytes, provision_workers,
+                                      joined_node_types, node_memory_bytes, provision_workers,
                                       release_workers, task_options, trial_resources,
                                       use_gpu_default, worker_shape, workers_that_fit)
 
@@ -30,7 +31,7 @@ __all__ = ['ADDRESS_ENV', 'cluster_for_run', 'AUTOSCALING_CONFIG_ENV', 'AUTOSCAL
            'RESOURCE_PRECISION', 'WORKER_GROUP_START_RETRIES', 'Workers',
            'alive_node_resources', 'autoscaler_node_types', 'check_address',
            'check_resources_per_worker', 'check_runtime_env', 'check_storage_path',
-           'check_worker_request', 'ensure_ray', 'node_memory_bytes',
-           'nodes_not_seeing', 'provision_workers', 'ray_session', 'release_workers',
-           'start_local_ray', 'task_options', 'trial_resources', 'use_gpu_default',
+           'check_worker_request', 'ensure_ray', 'joined_node_types', 'node_memory_bytes',
+           'nodes_not_seeing', 'provision_workers', 'ray_session', 'refuse_a_second_ray',
+           'release_workers', 'running_ray_address', 'start_local_ray', 'started_ray_here', 'task_options', 'trial_resources', 'use_gpu_default',
            'worker_shape', 'workers_that_fit']

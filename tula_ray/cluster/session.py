@@ -7,7 +7,9 @@ Joining: `ensure_ray(address)` joins the Ray cluster the user names (an address,
 for the cluster this machine belongs to, or the RAY_ADDRESS environment variable, which
 `ray job submit` sets for a submitted driver). Nothing named: a new local Ray that keeps
 everything on loopback (`start_local_ray`), so a search on a laptop exposes nothing to
-the network.
+the network; but not beside a Ray that `ray start` runs on this machine (a cluster head):
+that is refused at once (`refuse_a_second_ray`), since a second, separate Ray would read
+the head's autoscaler config and wait for nodes that never join it.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import contextlib
 import copy
 import logging
 import os
+import socket
 from typing import Any, Iterator
 
 import ray
@@ -36,6 +39,9 @@ LOCAL_ONLY_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
 # {DRIVER_RESOURCE: k})` allows k concurrent trials. Cluster nodes declare it in cluster.yaml.
 DRIVER_RESOURCE = "train_driver"
 DRIVER_SLOTS_DEFAULT = 4  # trial drivers a local Ray offers (trials run one at a time anyway)
+# How long a Ray recorded by `ray start` may take to accept a connection before the record
+# is taken as stale (a Ray that died without `ray stop`); a live GCS answers in milliseconds.
+RUNNING_RAY_PROBE_S = 1.0
 
 
 def check_address(address: str | None) -> None:
@@ -44,7 +50,8 @@ def check_address(address: str | None) -> None:
         raise ValueError(
             f"address={address!r}; it must be a Ray cluster address (e.g. '10.0.0.1:6379' or "
             f"'ray://host:10001'), 'auto' (the cluster this machine belongs to), "
-            f"'{LOCAL_ADDRESS}' (a new local Ray) or None (${ADDRESS_ENV}, else a local Ray)")
+            f"'{LOCAL_ADDRESS}' (a new local Ray) or None (${ADDRESS_ENV}, else a new local Ray "
+            "unless `ray start` runs one on this machine)")
 
 
 def check_runtime_env(runtime_env: Any) -> dict[str, Any] | None:
@@ -90,6 +97,10 @@ def ensure_ray(address: str | None = None, runtime_env: dict[str, Any] | None = 
     started Ray, so the caller should `ray.shutdown()` it (which leaves a joined
     cluster running).
 
+    Nothing named while a Ray that `ray start` started runs on this machine (the head of
+    `ray up`): ValueError at once, naming address="auto" and address="local"
+    (`refuse_a_second_ray`).
+
     runtime_env: the job's Ray runtime environment, which every task, Tune trial and
     Train worker of this driver inherits (the user's own modules, environment variables,
     pip packages). A Ray already initialised keeps its own: a different one is refused.
@@ -109,7 +120,10 @@ def ensure_ray(address: str | None = None, runtime_env: dict[str, Any] | None = 
         if address not in (None, LOCAL_ADDRESS):
             logger.info("Ray is already initialised in this process; using it, not %r", address)
         return False
-    target = address or os.environ.get(ADDRESS_ENV) or LOCAL_ADDRESS
+    target = address or os.environ.get(ADDRESS_ENV) or None
+    if target is None:
+        refuse_a_second_ray()
+        target = LOCAL_ADDRESS
     # ray.init rewrites the dict it is given (local paths become package URIs): give it a copy.
     if target == LOCAL_ADDRESS:
         start_local_ray(runtime_env=copy.deepcopy(runtime_env))
@@ -121,6 +135,53 @@ def ensure_ray(address: str | None = None, runtime_env: dict[str, Any] | None = 
                     sum(1 for node in ray.nodes() if node["Alive"]))
     _session_runtime_env = runtime_env
     return True
+
+
+def running_ray_address() -> str | None:
+    """The address of the Ray that `ray start` runs on this machine, if one answers now.
+
+    Ray records the address of the last `ray start --head` (and of `ray start` on a
+    worker node) in <Ray's temp dir>/ray_current_cluster (/tmp/ray unless $RAY_TMPDIR) and
+    removes it at `ray stop`; a plain `ray.init()` joins that Ray. A record left by a Ray
+    that died without `ray stop` is stale: its GCS port no longer accepts connections."""
+    from ray._private.services import find_bootstrap_address
+
+    recorded = find_bootstrap_address(None)
+    if not recorded:
+        return None
+    host, _, port = recorded.rpartition(":")
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=RUNNING_RAY_PROBE_S):
+            return recorded
+    except (OSError, ValueError) as exc:
+        logger.info("Ray's record of a running Ray at %s is stale (%s); ignoring it",
+                    recorded, exc)
+        return None
+
+
+def refuse_a_second_ray() -> None:
+    """ValueError when a Ray that `ray start` started runs on this machine (a cluster head or
+    node): with no address named, tula-ray would otherwise start a separate local Ray beside
+    it, which sees none of the cluster's nodes."""
+    running = running_ray_address()
+    if running is not None:
+        raise ValueError(
+            f"address=None and ${ADDRESS_ENV} is unset, but a Ray started by `ray start` is "
+            f"running on this machine at {running} (e.g. this is the head of `ray up`). "
+            "tula-ray does not start a second, separate Ray beside it. To run on that "
+            "cluster: `--address auto` on the command line, address='auto' in Python (or "
+            f"set ${ADDRESS_ENV}); to start a separate local Ray anyway: `--address "
+            f"{LOCAL_ADDRESS}`, address='{LOCAL_ADDRESS}'")
+
+
+def started_ray_here() -> bool:
+    """Whether the Ray this process is connected to is one it started itself (a new local
+    Ray), not a cluster it joined. Only a joined cluster's autoscaler config describes
+    the nodes this Ray can get (tula_ray.cluster.workers)."""
+    from ray._private import worker  # Ray keeps the node this driver started there
+
+    node = getattr(worker, "_global_node", None)
+    return ray.is_initialized() and node is not None and bool(getattr(node, "head", False))
 
 
 def start_local_ray(num_cpus: int | None = None,

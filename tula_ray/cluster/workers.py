@@ -16,7 +16,7 @@ import ray
 import yaml
 
 from tula_ray.arguments import check_mapping, check_number
-from tula_ray.cluster.session import DRIVER_RESOURCE
+from tula_ray.cluster.session import DRIVER_RESOURCE, started_ray_here
 
 logger = logging.getLogger(__name__)
 
@@ -121,6 +121,15 @@ def autoscaler_node_types(path: str | None = None) -> list[tuple[dict[str, float
     return [(resources, count) for resources, count in types if count > 0]
 
 
+def joined_node_types() -> list[tuple[dict[str, float], int]] | None:
+    """`autoscaler_node_types()` of the cluster this process joined; None for a Ray it
+    started itself: a new local Ray on a cluster head would otherwise take the head's
+    autoscaler config as its own and wait for nodes that only join the head's Ray."""
+    if started_ray_here():
+        return None
+    return autoscaler_node_types()
+
+
 def worker_shape(resources_per_worker: dict[str, float] | None = None, *,
                  use_gpu: bool | None = None) -> dict[str, float]:
     """One worker's resources: the one answer for the search, training, tuning and the
@@ -135,7 +144,7 @@ def worker_shape(resources_per_worker: dict[str, float] | None = None, *,
         return dict(resources_per_worker)
     if use_gpu is None:
         can_add_gpus = any(resources.get("GPU", 0) > 0 and count > 0
-                           for resources, count in autoscaler_node_types() or [])
+                           for resources, count in joined_node_types() or [])
         use_gpu = ray.cluster_resources().get("GPU", 0.0) > 0 or can_add_gpus
     return dict(GPU_WORKER if use_gpu else CPU_WORKER)
 
@@ -162,7 +171,7 @@ def provision_workers(num_workers: int, resources_per_worker: dict[str, float] |
     zero. Raises ValueError when the cluster can never hold them, TimeoutError when the
     autoscaler did not deliver in time; each names what is missing and what to do.
     """
-    node_types = autoscaler_node_types()
+    node_types = joined_node_types()
     worker = worker_shape(resources_per_worker, use_gpu=use_gpu)
     fits_now = workers_that_fit(worker, alive_node_resources())
     if fits_now >= num_workers:
