@@ -9,6 +9,8 @@ import gzip
 import hashlib
 import http.server
 import io
+import multiprocessing
+import os
 import socket
 import struct
 import subprocess
@@ -23,7 +25,7 @@ import torch
 
 from tula_ray.workloads import datasets
 from tula_ray.workloads import fashion_mnist_files as files
-from tula_ray.workloads import get_workload
+from tula_ray.workloads import get_workload, stage
 
 REAL_DEBIAN_FETCH = files.fetch_debian_package  # `places` switches the downloads off
 
@@ -234,6 +236,80 @@ def test_sources_that_never_answer_are_given_up_within_the_budget(places):
     assert took < 4.0 + 1.0, took
     assert len(failures) == 3 and "timed out" in failures[0]
     assert "not tried" in failures[-1] or "timed out" in failures[-1]
+
+
+# ------------------------------------------- one download per machine (issue 26 item 5)
+
+RANKS = 4  # processes of one node that all want the data at once
+
+
+def _slow_fetch(directory: Path, deadline: float, *, source: Path, runs: Path) -> str:
+    """A download that takes a while: the other ranks arrive while it runs."""
+    with open(runs, "a") as log:  # O_APPEND: one line per run, whichever process
+        log.write(f"{os.getpid()}\n")
+    time.sleep(1.0)
+    for gz in source.glob("*.gz"):
+        (directory / gz.name).write_bytes(gz.read_bytes())
+    return "https://fake.example/fashion"
+
+
+def _rank(barrier, results) -> None:
+    barrier.wait()  # every rank asks at the same moment
+    located = files.locate()
+    labels = (files._raw_dir(located.root) / "train-labels-idx1-ubyte").read_bytes()
+    results.put((str(located.root), located.source, labels))
+
+
+def test_concurrent_ranks_download_once_and_all_read_the_data(places, tmp_path, monkeypatch):
+    _write_idx(tmp_path / "original", n=13)
+    runs = tmp_path / "runs.log"
+    monkeypatch.setattr(files, "fetch_debian_package", functools.partial(
+        _slow_fetch, source=tmp_path / "original", runs=runs))
+    context = multiprocessing.get_context("fork")  # the ranks inherit the fake download
+    barrier, results = context.Barrier(RANKS), context.Queue()
+    ranks = [context.Process(target=_rank, args=(barrier, results)) for _ in range(RANKS)]
+    for rank in ranks:
+        rank.start()
+    got = [results.get(timeout=60) for _ in ranks]
+    for rank in ranks:
+        rank.join(timeout=60)
+        assert rank.exitcode == 0
+    assert len(runs.read_text().split()) == 1  # one rank downloaded, the others waited
+    expected = (tmp_path / "original" / "train-labels-idx1-ubyte.gz").read_bytes()
+    assert {root for root, _, _ in got} == {str(files.cache_dir())}
+    assert all("downloaded from https://fake.example/fashion" in source for _, source, _ in got)
+    assert all(labels == gzip.decompress(expected)
+               for _, _, labels in got)
+    assert not [p.name for p in files._raw_dir(files.cache_dir()).iterdir()
+                if p.name.startswith(".")]  # no temporary file left behind
+
+
+def test_a_lock_held_too_long_is_a_clear_timeout(tmp_path):
+    lock = tmp_path / "held.lock"
+    with files.exclusive_lock(lock, timeout_s=1.0):
+        started = time.monotonic()
+        with pytest.raises(TimeoutError, match=f"waited 0.3 s for the lock {lock}"):
+            with files.exclusive_lock(lock, timeout_s=0.3):
+                pass
+        assert time.monotonic() - started < 2.0
+    with files.exclusive_lock(lock, timeout_s=0.3):  # released: free again
+        pass
+
+
+def test_staging_fetches_and_decodes_both_splits(places, tmp_path, monkeypatch, capsys):
+    _write_idx(tmp_path / "original", n=8)
+    monkeypatch.setattr(files, "fetch_debian_package", functools.partial(
+        _slow_fetch, source=tmp_path / "original", runs=tmp_path / "runs.log"))
+    assert stage.main([]) == 0
+    assert "Fashion-MNIST staged:" in capsys.readouterr().out
+    decoded = sorted(p.name.split("-")[0] for p in (files.cache_dir() / "decoded").glob("*.pt"))
+    assert decoded == ["t10k", "train"]
+    assert len(datasets.fashion_mnist(True)) == 8
+
+
+def test_staging_without_any_source_says_what_to_do(places, capsys):
+    assert stage.main([]) == 1
+    assert "apt-get install dataset-fashion-mnist" in capsys.readouterr().err
 
 
 def test_the_ar_reader_refuses_what_is_no_debian_package():

@@ -3,6 +3,7 @@
   workload             `Workload`, the built-in workloads, `get_workload`/`resolve_workload`;
   datasets             Fashion-MNIST and FakeData, offline;
   fashion_mnist_files  where the demo's data come from (a cache, Debian's archive);
+  stage                the built-ins' data fetched and decoded once per node (cluster setup);
   check                a workload's first samples and one step: what it is, before any run.
 
 Core: no Ray. `Workload` is also `tula_ray.Workload`.

@@ -13,6 +13,9 @@ and then downloads into the cache from the first source that answers:
   5. torchvision's mirrors of the original files, checked against torchvision's md5s.
 Each place may hold torchvision's layout (FashionMNIST/raw/...) or the four idx files,
 plain or .gz. The result says where the files came from (`Located.source`).
+One process per machine downloads (`exclusive_lock` on a file in the cache): the other
+ranks of a node wait, then read its files. Every file is written under a private name
+and renamed, so no process reads half of one.
 
 No torch at import: the `tula-ray demo` driver calls this before anything heavy, so a
 machine with no means to get the data stops within seconds with what to do.
@@ -20,6 +23,8 @@ machine with no means to get the data stops within seconds with what to do.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import gzip
 import hashlib
 import io
@@ -33,7 +38,7 @@ import urllib.request
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 logger = logging.getLogger(__name__)
 
@@ -54,6 +59,8 @@ DEBIAN_FILES_IN_PACKAGE = "./usr/share/datasets/fashion-mnist/"
 CONNECT_TIMEOUT_S = 3.0
 DOWNLOAD_BUDGET_S = 6.0
 DOWNLOAD_LOCK_TIMEOUT_S = 600.0  # a worker waits this long for another's download
+DOWNLOAD_LOCK_FILE = ".download.lock"  # in the cache: held by the one process downloading
+LOCK_POLL_S = 0.2  # how often a waiting process tries the lock again
 SOURCE_FILE = "SOURCE"  # in the cache's raw directory: where its files came from
 IDX_FILES = ("train-images-idx3-ubyte", "train-labels-idx1-ubyte",
              "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")
@@ -103,8 +110,11 @@ def _into_cache(source: Path, gz: bool) -> Path:
         target = raw / name
         if target.is_file():
             continue
-        if not gz:
-            target.symlink_to((source / name).resolve())
+        if not gz:  # a link made under a private name, renamed: two workers may link at once
+            link = raw / f".{name}.{os.getpid()}.link"
+            link.unlink(missing_ok=True)
+            link.symlink_to((source / name).resolve())
+            os.replace(link, target)
             continue
         # Two Ray workers may unpack at once: write privately, rename atomically.
         fd, tmp = tempfile.mkstemp(dir=raw, prefix=f".{name}.")
@@ -145,10 +155,9 @@ def locate(root: str | os.PathLike | None = None, download: bool = True) -> Loca
             return located
     tried = [f"{place} (no Fashion-MNIST files)" for place in places]
     if download:
-        from filelock import FileLock  # torch's and Ray's dependency: one download per machine
-
+        # One download per machine: the 8 ranks of a GPU node all start here at once.
         cache_dir().mkdir(parents=True, exist_ok=True)
-        with FileLock(str(cache_dir() / ".download.lock"), timeout=DOWNLOAD_LOCK_TIMEOUT_S):
+        with exclusive_lock(cache_dir() / DOWNLOAD_LOCK_FILE, DOWNLOAD_LOCK_TIMEOUT_S):
             located = _found(cache_dir())  # another process's download, while we waited
             if located is not None:
                 return located
@@ -159,6 +168,41 @@ def locate(root: str | os.PathLike | None = None, download: bool = True) -> Loca
         tried += failures
     raise FileNotFoundError("Fashion-MNIST is not on this machine and could not be "
                             f"downloaded; tried: {'; '.join(tried)}. {HOW_TO_GET_IT}")
+
+
+@contextlib.contextmanager
+def exclusive_lock(path: Path, timeout_s: float) -> Iterator[None]:
+    """Hold an exclusive `fcntl.flock` on `path` (created if absent) for the block.
+
+    Every process on this machine that asks for it waits its turn, at most `timeout_s`;
+    the kernel releases it when its holder exits, even killed, so a crashed download
+    never blocks the next. TimeoutError names the file when the wait is longer."""
+    deadline = time.monotonic() + timeout_s
+    with open(path, "a") as handle:  # "a": never truncates what another process holds
+        while True:
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    raise TimeoutError(
+                        f"waited {timeout_s:g} s for the lock {path}, held by another "
+                        "process downloading Fashion-MNIST (`fuser` names it): let it "
+                        f"finish, or set {CACHE_DIR_ENV} to another directory") from None
+                time.sleep(LOCK_POLL_S)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _write_text_atomically(path: Path, text: str) -> None:
+    """`path` holds `text` or its previous content, never half of it."""
+    fd, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    with os.fdopen(fd, "w") as stream:
+        stream.write(text)
+    os.chmod(temporary, 0o644)  # mkstemp makes it private; it is public data
+    os.replace(temporary, path)
 
 
 # --------------------------------------------------------------------------- downloads
@@ -190,7 +234,7 @@ def download_into_cache(sources: list[tuple[str, Callable[[Path, float], str]]] 
                 continue
             _into_cache(Path(directory), gz=True)
         stamp = f"downloaded from {url} on {datetime.now(timezone.utc):%Y-%m-%d}"
-        (_raw_dir(cache_dir()) / SOURCE_FILE).write_text(stamp + "\n")
+        _write_text_atomically(_raw_dir(cache_dir()) / SOURCE_FILE, stamp + "\n")
         return failures
     return failures
 
