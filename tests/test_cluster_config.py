@@ -1,14 +1,27 @@
-"""cluster.yaml is a valid Ray autoscaler config for one-GPU workers (no Ray session needed)."""
+"""cluster.yaml is a valid Ray autoscaler config for one-GPU workers (no Ray session needed),
+and its nodes are set up as issue 26 item 4 asks: workers reach the storage bucket, `ray up`
+ships no local venv, every package is pinned (constraints.txt), no setup pipe hides a
+failure, and a GPU worker has a CUDA torch that sees its GPU."""
 
 import copy
+import re
+import shlex
+import subprocess
+import sys
+import tomllib
+from importlib import metadata
 from pathlib import Path
 
 import pytest
 import yaml
 from jsonschema import ValidationError
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
 from ray.autoscaler._private.util import prepare_config, validate_config
 
-CONFIG = yaml.safe_load((Path(__file__).parents[1] / "cluster.yaml").read_text())
+ROOT = Path(__file__).parents[1]
+CONFIG = yaml.safe_load((ROOT / "cluster.yaml").read_text())
+CONSTRAINTS = ROOT / "constraints.txt"
 
 
 def test_cluster_yaml_passes_rays_schema():
@@ -81,3 +94,116 @@ def test_the_local_cluster_config_passes_rays_schema_and_stays_on_loopback():
     commands = " ".join(local["head_start_ray_commands"] + local["worker_start_ray_commands"])
     for address in addresses:  # every node binds its own loopback address, not the default
         assert f"--node-ip-address={address}" in commands
+
+
+# ------------------------------------------------- node setup (issue 26 item 4)
+
+def _all_commands() -> list[str]:
+    return [command for key in ("initialization_commands", "setup_commands",
+                                "head_setup_commands", "worker_setup_commands")
+            for command in CONFIG.get(key) or []]
+
+
+def test_gpu_workers_get_an_instance_profile_that_reaches_storage():
+    # Ray's AWS provider gives its default profile (ray-autoscaler-v1) to the head only.
+    profile = CONFIG["available_node_types"]["gpu_worker"]["node_config"]["IamInstanceProfile"]
+    assert set(profile) in ({"Name"}, {"Arn"}) and all(profile.values()), profile
+
+
+def test_ray_up_ships_no_local_venv_git_history_or_build_output():
+    excluded = CONFIG["rsync_exclude"]
+    for name in (".venv", ".git", "/build", "__pycache__"):
+        assert name in excluded, (name, excluded)
+    assert CONFIG["rsync_filter"] == [".gitignore"]  # and what git ignores
+    assert CONFIG["file_mounts"] == {"~/tula-ray": "."}
+
+
+def test_every_piped_setup_command_runs_under_pipefail():
+    piped = [c for c in _all_commands() if re.search(r"(?<!\|)\|(?!\|)", c)]
+    assert piped  # the driver check pipes nvidia-smi into awk
+    for command in piped:
+        assert command.startswith("set -o pipefail;"), command
+
+
+@pytest.mark.parametrize("nvidia_smi, accepted", [
+    ("echo 580.65.06", True), ("echo 575.57.08", False),
+    ("echo 'NVIDIA-SMI has failed: no driver' >&2; exit 9", False)])  # awk reads nothing
+def test_a_failing_nvidia_smi_fails_the_driver_check(tmp_path, nvidia_smi, accepted):
+    fake = tmp_path / "nvidia-smi"
+    fake.write_text(f"#!/bin/bash\n{nvidia_smi}\n")
+    fake.chmod(0o755)
+    check = next(c for c in CONFIG["worker_setup_commands"] if "nvidia-smi" in c)
+    completed = subprocess.run(["bash", "-c", check], capture_output=True, text=True,
+                               env={"PATH": f"{tmp_path}:/usr/bin:/bin"})
+    assert (completed.returncode == 0) == accepted, (completed.stdout, completed.stderr)
+
+
+def test_gpu_workers_refuse_a_torch_that_is_no_cuda_build_or_sees_no_gpu():
+    check = next(c for c in CONFIG["worker_setup_commands"] if "torch.version.cuda" in c)
+    argv = shlex.split(check)
+    assert argv[:2] == ["python3", "-c"] and "torch.cuda.is_available()" in argv[2]
+    import torch
+
+    # Here: the pinned CUDA build of torch, and no GPU: the check must say so.
+    completed = subprocess.run([sys.executable, "-c", argv[2]], capture_output=True, text=True)
+    if torch.cuda.is_available():
+        assert completed.returncode == 0, completed.stderr
+    else:
+        assert torch.version.cuda is not None  # the pin is a CUDA build
+        assert completed.returncode != 0 and "sees no GPU" in completed.stderr
+
+
+def _pins() -> dict[str, str]:
+    pins = {}
+    for line in CONSTRAINTS.read_text().splitlines():
+        line = line.split("#", 1)[0].strip()
+        if line:
+            name, _, version = line.partition("==")
+            assert name and version and " " not in line, f"not name==version: {line!r}"
+            pins[canonicalize_name(name)] = version
+    return pins
+
+
+def _runtime_closure() -> set[str]:
+    """Names of every installed package tula-ray's runtime dependencies pull in (extras
+    followed, e.g. ray[tune,train,default]; not tula-ray's own test or bench extras)."""
+    todo = [Requirement(r) for r in metadata.requires("tula-ray")
+            if Requirement(r).marker is None or Requirement(r).marker.evaluate({"extra": ""})]
+    seen: dict[str, set[str]] = {}
+    while todo:
+        requirement = todo.pop()
+        name = canonicalize_name(requirement.name)
+        if name in seen and set(requirement.extras) <= seen[name]:
+            continue
+        seen[name] = seen.get(name, set()) | set(requirement.extras)
+        for line in metadata.requires(name) or []:
+            needed = Requirement(line)
+            if needed.marker is None or any(needed.marker.evaluate({"extra": extra})
+                                            for extra in ["", *seen[name]]):
+                todo.append(needed)
+    return set(seen)
+
+
+def test_the_nodes_install_under_a_constraints_file_that_pins_every_package():
+    install = next(c for c in CONFIG["setup_commands"] if "pip install" in c and "tula-ray" in c)
+    assert "-c ~/tula-ray/constraints.txt" in install
+    pins = _pins()
+    assert pins["torch"] == "2.14.1"
+    # Every dependency of pyproject is pinned, to a version it allows.
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    for line in project["dependencies"]:
+        requirement = Requirement(line)
+        pinned = pins.get(canonicalize_name(requirement.name))
+        assert pinned is not None and requirement.specifier.contains(pinned), (line, pinned)
+    # ... and so is every package they pull into this venv (else regenerate constraints.txt,
+    # as its header says).
+    missing = sorted(_runtime_closure() - set(pins))
+    assert not missing, f"constraints.txt does not pin {missing}"
+
+
+def test_worker_nodes_stage_the_built_in_data_once():
+    from tula_ray.workloads import stage
+
+    assert callable(stage.main)
+    assert any(c.startswith("python3 -m tula_ray.workloads.stage")
+               for c in CONFIG["worker_setup_commands"])
