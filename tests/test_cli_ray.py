@@ -59,6 +59,7 @@ cluster_sizes: [1, 2]
 min_batch: 32
 max_batch: 64
 objective: time
+reference_batch: 64
 warmup_steps: 1
 measure_steps: 2
 storage_path: {tmp_path / "ray_results"}
@@ -69,6 +70,7 @@ runtime_env: {{env_vars: {{TULA_CLI_MARK: "1"}}}}
     plan = check_plan(tmp_path / "plan", searched.stdout, measured={
         (n, b) for n in (1, 2) for b in (32, 64)})  # a 2 x 2 grid: every strategy runs it all
     assert plan.meta["workload_options"] == {"train_subset": 512}
+    assert plan.meta["reference_batch"] == 64  # the config's key reaches the plan
 
     tuned = tula_ray_command(
         "tune", str(tmp_path / "plan" / "plan.json"), "--strategy", "lrs", "--trials", "2",
@@ -92,10 +94,18 @@ runtime_env: {{env_vars: {{TULA_CLI_MARK: "1"}}}}
 def test_demo_searches_and_trains_with_one_ray(tmp_path):
     demo = tula_ray_command(
         "demo", "--cluster-sizes", "1", "--min-batch", "64", "--max-batch", "64",
+        "--objective", "time_to_accuracy", "--reference-batch", "32",
         "--train", "--strategy", "lbt", "--epochs", "1",
         "--storage-path", str(tmp_path / "ray_results"), "--out", str(tmp_path / "demo"),
         cwd=tmp_path)
-    check_plan(tmp_path / "demo", demo.stdout, measured={(1, 64)})
+    plan = check_plan(tmp_path / "demo", demo.stdout, measured={(1, 64)})
+    # the time to accuracy, from the gradient noise the one profile row measured
+    assert plan.choice.objective == "time_to_accuracy" and plan.meta["reference_batch"] == 32
+    assert plan.meta["noise"]["steps"] >= 3 and plan.meta["launches"] == 1
+    row = plan.chosen
+    assert row["efficiency"] <= 1.0 and row["epochs_to_target"] >= plan.epochs
+    assert row["time_to_accuracy_s"] >= row["estimated_total_time_s"] > 0
+    assert "gradient noise" in demo.stdout
     check_metrics(tmp_path / "demo" / "train_metrics.csv", epochs=1)
     assert "memory probe" in demo.stdout and "trained N=1, B=64 with lbt" in demo.stdout
     assert demo.stdout.startswith("Fashion-MNIST: ")  # where the data came from, first

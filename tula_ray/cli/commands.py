@@ -128,7 +128,7 @@ def run_replay(args: argparse.Namespace) -> None:
         space = SearchSpace.of_pairs(profiles["num_workers"], profiles["global_batch"])
     plan = build_plan(space, profiles, epochs=epochs, dataset_size=dataset_size,
                       strategy=args.search_strategy, objective=args.objective,
-                      pricing=args.pricing,
+                      pricing=args.pricing, reference_batch=args.reference_batch,
                       workload=workload, meta=meta, untrainable=untrainable)
     write_plan(plan, args.out)
 
@@ -147,7 +147,8 @@ def run_demo(args: argparse.Namespace) -> None:
                       strategy=args.search_strategy, objective=args.objective,
                       pricing=args.pricing, address=args.address,
                       storage_path=args.storage_path, training_strategy=args.strategy,
-                      runtime_env=args.runtime_env, precision=args.precision)
+                      runtime_env=args.runtime_env, precision=args.precision,
+                      reference_batch=args.reference_batch)
         write_plan(plan, args.out)
         meta = plan.meta
         print(f"memory probe {meta['probe_wall_s']:.0f} s, profiling "

@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from tula_ray.planning.accuracy import REFERENCE_BATCH_DEFAULT
 from tula_ray.planning.policy import OBJECTIVES
 from tula_ray.planning.search_strategies import SEARCH_STRATEGIES
 from tula_ray.precision import PRECISIONS
@@ -27,7 +28,14 @@ def add_plan_options(parser: argparse.ArgumentParser) -> None:
                              "(partial, the default), all (full), or the extremes and then "
                              "the choice and its contenders (adaptive); --mode is the former "
                              "name")
-    parser.add_argument("--objective", choices=OBJECTIVES, default="knee")
+    parser.add_argument("--objective", choices=OBJECTIVES, default="knee",
+                        help="what the choice minimises: training time or cost of the "
+                             "plan's epochs (time, cost, knee, weighted), or to the "
+                             "accuracy those epochs reach at --reference-batch "
+                             "(time_to_accuracy, cost_to_accuracy, knee_to_accuracy)")
+    parser.add_argument("--reference-batch", type=int, default=REFERENCE_BATCH_DEFAULT,
+                        help="M0: the global batch at which the plan's epochs reach the "
+                             "target accuracy (default %(default)s)")
     parser.add_argument("--pricing", default="fixed",
                         help="fixed[:USD_PER_NODE_HOUR] or memory[:USD_PER_GB_HOUR]")
     parser.add_argument("--out", type=Path, default=Path("plan"),

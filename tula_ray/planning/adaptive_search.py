@@ -14,7 +14,9 @@ import pandas as pd
 
 from tula_ray.arguments import check_int, check_number
 from tula_ray.models import memory as memory_model
+from tula_ray.planning.accuracy import REFERENCE_BATCH_DEFAULT
 from tula_ray.planning.plan import build_plan
+from tula_ray.planning.policy import KNEE_OBJECTIVES
 from tula_ray.planning.search_strategies import (PartialSearch, Proposal, candidate_key,
                                                  open_candidates, register_search_strategy)
 from tula_ray.profile_table import usable
@@ -52,7 +54,8 @@ class AdaptiveSearch:
                  max_launches: int | None = None, max_seconds: float | None = None,
                  objective: str = "knee", epochs: int = 1, dataset_size: int = 1,
                  pricing: Any = "fixed", weight_time: float = 0.5, collective: str = "ring",
-                 memory: dict | None = None, max_local_batch: int | None = None) -> None:
+                 memory: dict | None = None, max_local_batch: int | None = None,
+                 reference_batch: int = REFERENCE_BATCH_DEFAULT) -> None:
         for label, value in (("max_rounds", max_rounds), ("max_launches", max_launches)):
             check_int(label, value, minimum=1, optional=True)
         check_number("max_seconds", max_seconds, low=0.0, low_open=True, high=math.inf,
@@ -60,7 +63,7 @@ class AdaptiveSearch:
         self.max_rounds, self.max_launches, self.max_seconds = max_rounds, max_launches, max_seconds
         self.context = dict(objective=objective, epochs=epochs, dataset_size=dataset_size,
                             pricing=pricing, weight_time=weight_time, collective=collective,
-                            max_local_batch=max_local_batch)
+                            max_local_batch=max_local_batch, reference_batch=reference_batch)
         self.memory = memory
         self._corners = PartialSearch()
 
@@ -110,7 +113,7 @@ class AdaptiveSearch:
 def _knee_neighbours(choice, grid: Sequence[Candidate], objective: str) -> list[tuple[int, int]]:
     """For the knee, the next smaller and larger batch at the chosen N: a knee is a
     property of the curve's shape around it, which these measurements pin down."""
-    if objective != "knee":
+    if objective not in KNEE_OBJECTIVES:
         return []
     batches = sorted(c.global_batch for c in grid if c.num_workers == choice.num_workers)
     i = batches.index(choice.global_batch) if choice.global_batch in batches else -1

@@ -23,6 +23,8 @@ from tula_ray.arguments import check_int
 from tula_ray.failures import describe_errors
 from tula_ray.models import memory as memory_model, perf
 from tula_ray.models.pricing import Pricing, parse_pricing, pricing_to_dict
+from tula_ray.planning.accuracy import (NOISE_CALIBRATION_DEFAULT, REFERENCE_BATCH_DEFAULT,
+                                        ProfiledNoise, add_time_to_accuracy, profiled_noise)
 from tula_ray.planning.estimates import (EpochCosts, add_epoch_times, add_estimates,
                                          add_uncertainty, dense_curve, predict_candidates,
                                          strategy_extra_by_n, through_measurements)
@@ -32,6 +34,9 @@ from tula_ray.profile_table import oom_local_batch, profile_frame, usable
 from tula_ray.space import SearchSpace
 
 PLAN_FORMAT = 1
+# What the plan says of each candidate's way to the target accuracy (issue 25)
+ACCURACY_COLUMNS = ("noise_scale", "efficiency", "epochs_to_target", "time_to_accuracy_s",
+                    "cost_to_accuracy_usd")
 UNTRAINABLE = "the training strategy cannot train it: "  # infeasible_reason's prefix
 
 
@@ -131,8 +136,8 @@ class Plan:
         """A printable table of the candidates and the choice."""
         columns = ["num_workers", "global_batch", "local_batch", "step_time_s",
                    "measured_step_time_s", "epoch_time_s", "eval_time_s", "rel_uncertainty",
-                   "estimated_total_time_s",
-                   "estimated_cost_usd", "peak_mem_bytes", "estimate", "feasible"]
+                   "estimated_total_time_s", "estimated_cost_usd", "epochs_to_target",
+                   "time_to_accuracy_s", "peak_mem_bytes", "estimate", "feasible"]
         shown = self.table[[c for c in columns if c in self.table]].copy()
         shown["peak_mem_bytes"] = (shown["peak_mem_bytes"] / 2**20).round(1)
         shown = shown.rename(columns={"peak_mem_bytes": "peak_mem_MiB"})
@@ -150,6 +155,9 @@ class Plan:
             lines.append(c.describe_ties())
         lines.append(self.describe_strategy_cost())
         lines.append(EpochCosts.from_profiles(self.profiles).describe())
+        if "noise" in self.meta:
+            noise = ProfiledNoise.from_dict(self.meta["noise"])
+            lines.append(noise.describe(self.meta["reference_batch"]))
         if "trainable" in self.table and not self.table["trainable"].all():
             refused = self.table[~self.table["trainable"]]
             named = ", ".join(f"N={n} B={b}" for n, b in zip(refused["num_workers"],
@@ -227,6 +235,8 @@ def build_plan(
     meta: dict[str, Any] | None = None,
     mode: str | None = None,
     untrainable: Mapping[tuple[int, int], str] | None = None,
+    reference_batch: int = REFERENCE_BATCH_DEFAULT,
+    noise_calibration: float = NOISE_CALIBRATION_DEFAULT,
 ) -> Plan:
     """Fit, predict every candidate of `space`, apply constraints, choose (DESIGN step 4).
 
@@ -235,9 +245,13 @@ def build_plan(
     mode: the former name of `strategy` (deprecated).
     untrainable: (N, B) -> why the training strategy the plan is for cannot train it
       (`tula_ray.training.strategies.refusals`): marked `trainable` False, never chosen.
+    reference_batch: M0, the batch at which `epochs` reach the target accuracy; each
+      candidate's epochs to that accuracy scale with the profiled gradient noise
+      (`tula_ray.planning.accuracy`), times `noise_calibration`.
     """
     strategy = deprecated_mode(strategy, mode)
-    for name, value in (("epochs", epochs), ("dataset_size", dataset_size)):
+    for name, value in (("epochs", epochs), ("dataset_size", dataset_size),
+                        ("reference_batch", reference_batch)):
         check_int(name, value, minimum=1, numpy=True)
     pricing = parse_pricing(pricing)
     profiles = profile_frame(profiles.to_dict("records"))
@@ -280,18 +294,26 @@ def build_plan(
                           for n, b in zip(table["num_workers"], table["global_batch"])]
 
     estimates = add_estimates(table, pricing)
+    noise = profiled_noise(profiles, noise_calibration)
+    add_time_to_accuracy(estimates, noise, reference_batch, epochs, pricing,
+                         peak_column="estimated_peak_mem_bytes")
+    for column in ACCURACY_COLUMNS:
+        table[column] = estimates[column]
     dense = dense_curve(space, params, memory, pricing, epochs, dataset_size,
                          oom_bound, max_local_batch, max_workers, max_global_batch, extra,
                          costs)
     dense = through_measurements(dense, table, pricing)
+    add_time_to_accuracy(dense, noise, reference_batch, epochs, pricing)
     choice = choose(estimates, objective, dense=dense, weight_time=weight_time,
                     uncertainty="rel_uncertainty", dense_uncertainty=predicted_u)
     source = estimates.loc[(estimates["num_workers"] == choice.num_workers)
                            & (estimates["global_batch"] == choice.global_batch), "estimate"]
     choice = replace(choice, reason=f"{choice.reason}; the choice's own figures are "
                                     f"{source.iloc[0]}")
+    meta = {**dict(meta or {}), "reference_batch": reference_batch,
+            "noise": noise.to_dict()}
     return Plan(workload, strategy, objective, epochs, dataset_size, profiles, params, memory,
-                pricing_to_dict(pricing), table, choice, dict(meta or {}))
+                pricing_to_dict(pricing), table, choice, meta)
 
 
 def deprecated_mode(strategy: str, mode: str | None) -> str:

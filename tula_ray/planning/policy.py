@@ -2,7 +2,10 @@
 
 Chooses one (N, B) from the predicted candidates: the fastest, the cheapest,
 the knee of the time-vs-batch curve (Kneedle, paper [32], via `kneed`), or a
-weighted balance of time and cost, among the feasible candidates only.
+weighted balance of time and cost, among the feasible candidates only. The same
+for a target accuracy (issue 25): the fastest or cheapest to it, or the knee of the
+time-to-accuracy curve, which falls and then rises again past the batch where more
+epochs outweigh faster ones: its knee is found on the falling part.
 """
 
 from __future__ import annotations
@@ -12,7 +15,14 @@ from dataclasses import asdict, dataclass, replace
 import numpy as np
 import pandas as pd
 
-OBJECTIVES = ("time", "cost", "knee", "weighted")
+OBJECTIVES = ("time", "cost", "knee", "weighted",
+              "time_to_accuracy", "cost_to_accuracy", "knee_to_accuracy")
+# The table column each objective minimises; a knee objective's is the curve it bends.
+OBJECTIVE_METRICS = {"time": "total_time_s", "cost": "cost_usd", "knee": "total_time_s",
+                     "time_to_accuracy": "time_to_accuracy_s",
+                     "cost_to_accuracy": "cost_to_accuracy_usd",
+                     "knee_to_accuracy": "time_to_accuracy_s"}
+KNEE_OBJECTIVES = ("knee", "knee_to_accuracy")
 WEIGHT_TIME_DEFAULT = 0.5  # "weighted": equal say to time and cost
 # When Kneedle finds no knee (e.g. a curve that never flattens, or rises), we
 # take the smallest batch whose time is within this fraction of the best one:
@@ -107,8 +117,17 @@ def _row_choice(row: pd.Series, objective: str, reason: str, knee: float | None 
     return Choice(int(row["num_workers"]), int(row["global_batch"]), objective, reason, knee)
 
 
-def _knee(feasible: pd.DataFrame, dense: pd.DataFrame | None, metric: str) -> Choice:
+def falling_part(curve: pd.DataFrame, metric: str) -> pd.DataFrame:
+    """The curve up to its minimum: a knee is where the fall flattens, and past the
+    minimum the curve rises (time to accuracy: more epochs outweigh faster ones)."""
+    return curve.iloc[: int(np.argmin(curve[metric].to_numpy(float))) + 1]
+
+
+def _knee(feasible: pd.DataFrame, dense: pd.DataFrame | None, metric: str,
+          objective: str = "knee") -> Choice:
     curve = envelope(dense if dense is not None else feasible, metric)
+    if objective == "knee_to_accuracy":
+        curve = falling_part(curve, metric)
     knee = find_knee(curve["global_batch"], curve[metric])
     if knee is None:
         limit = curve[metric].min() * (1.0 + KNEE_FALLBACK_TOLERANCE)
@@ -122,7 +141,7 @@ def _knee(feasible: pd.DataFrame, dense: pd.DataFrame | None, metric: str) -> Ch
     distance = np.abs(np.log2(feasible["global_batch"].to_numpy(float)) - np.log2(target))
     nearest = feasible[distance == distance.min()]
     row = nearest.loc[nearest[metric].idxmin()]
-    return _row_choice(row, "knee", how, knee)
+    return _row_choice(row, objective, how, knee)
 
 
 def _minimum_ties(feasible: pd.DataFrame, score: pd.Series, chosen: int,
@@ -150,7 +169,7 @@ def _knee_ties(feasible: pd.DataFrame, dense: pd.DataFrame | None, metric: str, 
     picks = set()
     for sign in (1.0, -1.0):
         tilted = dense.assign(**{metric: dense[metric] * (1.0 + sign * u * t)})
-        other = _knee(feasible, tilted, metric)
+        other = _knee(feasible, tilted, metric, chosen.objective)
         picks.add((other.num_workers, other.global_batch))
     picks.discard((chosen.num_workers, chosen.global_batch))
     return tuple(sorted(picks))
@@ -177,8 +196,9 @@ def choose(
         return choice
     feasible = _feasible(table)
     u = feasible[uncertainty] if uncertainty in feasible else None
-    if objective == "knee":
-        ties = _knee_ties(feasible, dense, knee_metric, choice, dense_uncertainty)
+    if objective in KNEE_OBJECTIVES:
+        ties = _knee_ties(feasible, dense, _knee_metric(objective, knee_metric), choice,
+                          dense_uncertainty)
         how = ("the knee of the central predicted curve (the tied candidates are where the "
                "knee lands when the curve is tilted within its uncertainty)")
     else:
@@ -190,11 +210,15 @@ def choose(
     return replace(choice, ties=ties, tie_break=how if ties else "")
 
 
+def _knee_metric(objective: str, knee_metric: str) -> str:
+    """The curve a knee objective bends: `knee_metric` for the fixed-epoch knee (the
+    caller's choice of curve), time to accuracy for the to-accuracy knee."""
+    return knee_metric if objective == "knee" else OBJECTIVE_METRICS[objective]
+
+
 def _score(feasible: pd.DataFrame, objective: str, weight_time: float) -> pd.Series:
-    if objective == "time":
-        return feasible["total_time_s"]
-    if objective == "cost":
-        return feasible["cost_usd"]
+    if objective in OBJECTIVE_METRICS:
+        return _column(feasible, OBJECTIVE_METRICS[objective], objective)
     return (weight_time * feasible["total_time_s"] / feasible["total_time_s"].min()
             + (1 - weight_time) * feasible["cost_usd"] / feasible["cost_usd"].min())
 
@@ -210,7 +234,8 @@ def _choose(
     """Pick the candidate that best meets `objective` among the feasible rows of `table`.
 
     table: one row per candidate with num_workers, global_batch, total_time_s,
-      cost_usd and a boolean `feasible` (constraints already applied).
+      cost_usd and a boolean `feasible` (constraints already applied); the to-accuracy
+      objectives rank on time_to_accuracy_s or cost_to_accuracy_usd.
     dense: the model's predictions on a dense batch grid (same columns), used
       for the knee so that it does not depend on how coarse the candidate grid is.
     weight_time: for "weighted", the weight of time in
@@ -218,9 +243,23 @@ def _choose(
     """
     _check(objective, weight_time)
     feasible = _feasible(table)
-    if objective == "knee":
-        return _knee(feasible, dense, knee_metric)
+    if objective in KNEE_OBJECTIVES:
+        metric = _knee_metric(objective, knee_metric)
+        _column(feasible, metric, objective)
+        return _knee(feasible, dense, metric, objective)
     row = feasible.loc[_score(feasible, objective, weight_time).idxmin()]
     reason = {"time": "lowest training time", "cost": "lowest training cost",
-              "weighted": f"best weighted score (time weight {weight_time:g})"}[objective]
+              "weighted": f"best weighted score (time weight {weight_time:g})",
+              "time_to_accuracy": "lowest time to the target accuracy",
+              "cost_to_accuracy": "lowest cost to the target accuracy"}[objective]
     return _row_choice(row, objective, reason)
+
+
+def _column(feasible: pd.DataFrame, column: str, objective: str) -> pd.Series:
+    """The column an objective ranks on; a clear error when the table lacks it (a table
+    built without the gradient noise has no time to accuracy)."""
+    if column not in feasible:
+        raise ValueError(f"objective {objective!r} ranks on {column!r}, which this table "
+                         f"lacks (columns: {sorted(feasible.columns)}); plans made by "
+                         "build_plan have it")
+    return feasible[column]

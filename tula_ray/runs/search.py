@@ -23,6 +23,7 @@ from tula_ray.cluster import (CPU_MEMORY_SHARE_DEFAULT, PROVISION_TIMEOUT_S_DEFA
 from tula_ray.failures import UserCodeError
 from tula_ray.models import memory as memory_model
 from tula_ray.models.pricing import Pricing, parse_pricing, pricing_to_dict
+from tula_ray.planning.accuracy import REFERENCE_BATCH_DEFAULT
 from tula_ray.planning.plan import Plan, build_plan, deprecated_mode
 from tula_ray.planning.search_strategies import with_plan_context
 from tula_ray.profile_table import STATUS_OK, profile_frame
@@ -70,6 +71,7 @@ def search(
     training_options: dict[str, Any] | None = None,
     runtime_env: dict[str, Any] | None = None,
     precision: str | None = None,
+    reference_batch: int = REFERENCE_BATCH_DEFAULT,
 ) -> Plan:
     """Profile candidates on Ray, fit the models, and return the Plan with the choice.
 
@@ -82,6 +84,9 @@ def search(
       profiles only the extremes, "full" every candidate; strategy_options go to it.
       (`mode` is its former, deprecated name: Ray's `mode` means min/max.)
     objective, weight_time, pricing: see tula_ray.planning.policy.choose and tula_ray.models.pricing.
+      "time_to_accuracy", "cost_to_accuracy" and "knee_to_accuracy" rank each candidate
+      by the epochs it needs to reach what `epochs` reach at `reference_batch` (M0),
+      from the gradient noise every profile row measures (tula_ray.planning.accuracy).
     device_memory_gb: memory of one device; GPUs report theirs, on CPU this is the
       share of RAM a worker may use (default 25 % of the node's RAM).
     storage_path, name: where Ray Tune keeps the experiment (default ~/ray_results).
@@ -136,7 +141,7 @@ def search(
         named_arguments(parse_pricing, "pricing")(pricing), weight_time,
         device_memory_gb, headroom, collective, warmup_steps, measure_steps, storage_path, name,
         resolved.epochs if epochs is None else epochs, measure_seconds, provision_timeout_s,
-        training_strategy, dict(training_options or {}))
+        training_strategy, dict(training_options or {}), reference_batch=reference_batch)
     check_request(request)
     resources = check_worker_request(resources_per_worker, provision_timeout_s)
     with cluster_for_run(request.cluster_sizes[-1], resources, address=address,
@@ -186,7 +191,8 @@ def search(
             strategy=request.strategy, objective=request.objective, pricing=request.pricing,
             memory=probe.params, max_local_batch=probe.max_local_batch,
             weight_time=request.weight_time, collective=request.collective,
-            workload=workload.name, meta=meta, untrainable=untrainable)
+            workload=workload.name, meta=meta, untrainable=untrainable,
+            reference_batch=request.reference_batch)
 
 
 def _checked(request: SearchRequest, workload: Workload) -> SearchRequest:
@@ -256,7 +262,7 @@ def _strategy_options(request: SearchRequest, probe: MemoryProbe) -> dict[str, A
         epochs=request.epochs, dataset_size=request.workload.dataset_size,
         pricing=pricing_to_dict(request.pricing), weight_time=request.weight_time,
         collective=request.collective, memory=probe.params.to_dict(),
-        max_local_batch=probe.max_local_batch)
+        max_local_batch=probe.max_local_batch, reference_batch=request.reference_batch)
 
 
 def _profile(request: SearchRequest, space: SearchSpace, use_gpu: bool, device_bytes: float,

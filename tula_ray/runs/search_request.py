@@ -15,6 +15,7 @@ from tula_ray.arguments import (check_bool, check_choice, check_int, check_mappi
 from tula_ray.cluster import check_runtime_env, check_worker_request
 from tula_ray.models.perf import COLLECTIVES
 from tula_ray.models.pricing import Pricing
+from tula_ray.planning.accuracy import REFERENCE_BATCH_DEFAULT
 from tula_ray.planning.policy import OBJECTIVES
 from tula_ray.planning.search_strategies import SEARCH_STRATEGIES, make_search_strategy
 from tula_ray.space import check_positive_ints
@@ -47,6 +48,7 @@ def check_search_arguments(a: dict[str, Any]) -> None:
     check_int("warmup_steps", a["warmup_steps"], minimum=0)
     check_int("measure_steps", a["measure_steps"], minimum=1)
     check_int("epochs", a["epochs"], minimum=1, optional=True)
+    check_int("reference_batch", a["reference_batch"], minimum=1)
     check_mapping("workload_options", a["workload_options"])
     check_mapping("training_options", a["training_options"])
     for label in ("storage_path", "name", "address"):
@@ -106,6 +108,7 @@ class SearchRequest:
     provision_timeout_s: float
     training_strategy: str | TrainingStrategy | None
     training_options: dict[str, Any]
+    reference_batch: int = REFERENCE_BATCH_DEFAULT  # M0 of the plan's time to accuracy
 
     @property
     def training_strategy_name(self) -> str | None:

@@ -1,0 +1,167 @@
+"""The plan's time to accuracy (issue 25, item 2): the profiled gradient noise, the epochs
+each batch needs to reach what the workload's epochs reach at the reference batch, and
+the objectives that rank on it. Pure logic: no Ray."""
+
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given, strategies as st
+from paper_profiles import paper_profiles as synthetic_profiles
+
+from tula_ray.planning.accuracy import (ProfiledNoise, epochs_to_target, profiled_noise)
+from tula_ray.planning.plan import ACCURACY_COLUMNS, Plan, build_plan
+from tula_ray.planning.policy import choose, find_knee
+from tula_ray.planning.synthetic import example_params
+from tula_ray.profile_table import profile_frame
+from tula_ray.space import SearchSpace
+
+SPACE = SearchSpace.build((1, 2), min_batch=32, max_batch=1024)
+EPOCHS = 5
+
+
+def profiles_with_noise(grad_sqr=1.0, grad_var=100.0, steps=4):
+    """Every candidate profiled (full search), each row with the same gradient noise."""
+    profiles = synthetic_profiles(SPACE.candidates(), example_params(), seed=2)
+    return profiles.assign(grad_sqr=grad_sqr, grad_var=grad_var, noise_steps=steps)
+
+
+def make_plan(profiles=None, **kwargs):
+    options = dict(epochs=EPOCHS, dataset_size=10000, strategy="full", objective="time",
+                   noise_calibration=1.0)
+    options.update(kwargs)
+    return build_plan(SPACE, profiles_with_noise() if profiles is None else profiles, **options)
+
+
+def test_profiled_noise_pools_the_ok_rows_by_their_steps():
+    rows = profile_frame([
+        {"num_workers": 1, "global_batch": 32, "step_time_s": 0.1, "status": "ok",
+         "grad_sqr": 1.0, "grad_var": 10.0, "noise_steps": 3},
+        {"num_workers": 2, "global_batch": 64, "step_time_s": 0.1, "status": "ok",
+         "grad_sqr": 3.0, "grad_var": 50.0, "noise_steps": 1},
+        # no measurement, and a failed row: neither counts
+        {"num_workers": 2, "global_batch": 128, "step_time_s": 0.1, "status": "ok"},
+        {"num_workers": 2, "global_batch": 256, "status": "oom", "grad_sqr": 99.0,
+         "grad_var": 1.0, "noise_steps": 5},
+    ])
+    noise = profiled_noise(rows, calibration=2.0)
+    assert (noise.steps, noise.rows) == (4, 2)
+    assert noise.grad_sqr == pytest.approx((3 * 1.0 + 3.0) / 4)
+    assert noise.grad_var == pytest.approx((3 * 10.0 + 50.0) / 4)
+    assert noise.noise_scale == pytest.approx(2.0 * 20.0 / 1.5)
+
+
+def test_a_bad_calibration_is_refused_by_name():
+    with pytest.raises(ValueError, match="noise_calibration=0"):
+        profiled_noise(profiles_with_noise(), calibration=0)
+
+
+@given(phi=st.floats(1.0, 1e5), epochs=st.integers(1, 100),
+       batches=st.lists(st.integers(1, 1 << 14), min_size=2, max_size=8))
+def test_epochs_to_target_grow_with_the_batch_and_equal_the_epochs_at_the_reference(
+        phi, epochs, batches):
+    batches = sorted(set(batches))
+    needed = epochs_to_target(epochs, phi, np.array(batches), reference_batch=32)
+    assert np.all(np.diff(needed) > 0)
+    assert epochs_to_target(epochs, phi, np.array([32]), 32)[0] == pytest.approx(epochs)
+    # steps to the target (epochs x D / B) never rise with B: a larger batch never takes
+    # more steps, which is what makes it worth having (McCandlish et al. eq. 2.11)
+    steps = needed / np.array(batches)
+    assert np.all(np.diff(steps) <= 1e-12 * steps[:-1])
+
+
+def test_unknown_noise_keeps_the_workloads_epochs():
+    assert np.all(epochs_to_target(7, math.nan, np.array([32, 1024]), 32) == 7)
+
+
+def test_the_plan_counts_the_epochs_each_batch_needs():
+    plan = make_plan()
+    table = plan.table.set_index(["num_workers", "global_batch"])
+    phi = 100.0  # grad_var / grad_sqr, calibration 1
+    for (n, b), row in table.iterrows():
+        assert row["noise_scale"] == pytest.approx(phi)
+        assert row["efficiency"] == pytest.approx((phi + 32) / (phi + b))
+        assert row["epochs_to_target"] == pytest.approx(EPOCHS * (phi + b) / (phi + 32))
+        per_epoch = (row["estimated_total_time_s"] - row["startup_time_s"]) / EPOCHS
+        assert row["time_to_accuracy_s"] == pytest.approx(
+            row["epochs_to_target"] * per_epoch + row["startup_time_s"])
+    at_reference = table.xs(32, level="global_batch")
+    assert np.allclose(at_reference["time_to_accuracy_s"],
+                       at_reference["estimated_total_time_s"])
+    assert plan.meta["reference_batch"] == 32
+    assert plan.meta["noise"]["noise_scale"] == pytest.approx(phi)
+
+
+@pytest.mark.parametrize("objective, column", [("time_to_accuracy", "time_to_accuracy_s"),
+                                               ("cost_to_accuracy", "cost_to_accuracy_usd")])
+def test_the_to_accuracy_objectives_choose_the_minimum_of_their_column(objective, column):
+    plan = make_plan(objective=objective, profiles=profiles_with_noise(grad_var=40.0))
+    feasible = plan.table[plan.table["feasible"]]
+    best = feasible.loc[feasible[column].idxmin()]
+    assert (plan.choice.num_workers, plan.choice.global_batch) == (
+        best["num_workers"], best["global_batch"])
+    assert plan.choice.objective == objective
+
+
+def test_a_small_noise_scale_moves_the_choice_to_a_smaller_batch_than_fixed_epochs_do():
+    # These profiles' step time falls with B, so fixed epochs favour the largest batch;
+    # with phi = 40, a batch of 1024 needs 5 x 1064 / 72 = 74 epochs to do 5 epochs' work.
+    noisy = profiles_with_noise(grad_var=40.0)
+    fixed = make_plan(profiles=noisy, objective="time").choice
+    to_accuracy = make_plan(profiles=noisy, objective="time_to_accuracy").choice
+    assert to_accuracy.global_batch < fixed.global_batch
+
+
+def test_all_noise_makes_every_batch_need_the_same_epochs():
+    # a profile with no signal (|G|^2 <= 0, as random data gives): phi is infinite
+    plan = make_plan(profiles=profiles_with_noise(grad_sqr=-0.5), objective="time_to_accuracy")
+    assert np.allclose(plan.table["epochs_to_target"], EPOCHS)
+    assert plan.table["noise_scale"].isna().all()
+    again = Plan.from_json(plan.to_json())
+    assert again.meta["noise"]["noise_scale"] is None
+    assert "no signal measured" in again.summary()
+
+
+def test_profiles_without_the_noise_give_the_fixed_epochs_and_say_so():
+    plan = make_plan(profiles=synthetic_profiles(SPACE.candidates(), example_params(), seed=2))
+    assert np.allclose(plan.table["time_to_accuracy_s"], plan.table["estimated_total_time_s"])
+    assert "not measured" in plan.summary()
+
+
+def test_the_plan_round_trips_its_time_to_accuracy(tmp_path):
+    plan = make_plan(objective="knee_to_accuracy", reference_batch=64)
+    again = Plan.from_json(plan.to_json(tmp_path / "plan.json"))
+    for column in ACCURACY_COLUMNS:
+        assert np.allclose(again.table[column], plan.table[column], equal_nan=True)
+    assert again.meta["reference_batch"] == 64
+    assert ProfiledNoise.from_dict(again.meta["noise"]).noise_scale == pytest.approx(100.0)
+    text = again.summary()
+    assert "time_to_accuracy_s" in text and "gradient noise scale phi = 100" in text
+
+
+def test_a_bad_reference_batch_is_refused_by_name():
+    with pytest.raises((TypeError, ValueError), match="reference_batch"):
+        make_plan(reference_batch=0)
+
+
+def test_the_to_accuracy_knee_is_on_the_falling_part_of_the_curve():
+    # time to accuracy falls to B = 256, then rises: Kneedle on the whole curve would be
+    # told it is not decreasing; on the falling part it finds where the fall flattens
+    batches = np.array([32, 64, 128, 256, 512, 1024])
+    seconds = np.array([100.0, 40.0, 25.0, 22.0, 30.0, 60.0])
+    import pandas as pd
+    table = pd.DataFrame({"num_workers": 1, "global_batch": batches, "feasible": True,
+                          "total_time_s": seconds, "cost_usd": seconds,
+                          "time_to_accuracy_s": seconds})
+    choice = choose(table, "knee_to_accuracy")
+    assert choice.global_batch in (64, 128)
+    assert choice.global_batch <= choose(table, "time_to_accuracy").global_batch
+    assert find_knee(batches[:4], seconds[:4]) is not None
+
+
+def test_an_objective_on_a_column_the_table_lacks_names_it():
+    import pandas as pd
+    table = pd.DataFrame({"num_workers": [1], "global_batch": [32], "feasible": [True],
+                          "total_time_s": [1.0], "cost_usd": [1.0]})
+    with pytest.raises(ValueError, match="time_to_accuracy_s"):
+        choose(table, "time_to_accuracy")
