@@ -6,6 +6,7 @@ import pandas as pd
 
 from tula_ray.cli import main
 from tula_ray.planning.plan import Plan
+from tula_ray.training.budget import BUDGETS
 from tula_ray.training.strategies import TRAINING_STRATEGY_DEFAULT
 
 
@@ -61,6 +62,11 @@ def test_train_arguments_are_parsed():
     tune = build_parser().parse_args(["tune", "plan/plan.json"])
     # The CLI's defaults are the library's (it repeats the name to keep torch out of start-up).
     assert defaults.strategy == tune.strategy == TRAINING_STRATEGY_DEFAULT
+    budget = build_parser().parse_args(["train", "plan.json", "--budget", "scale-invariant"])
+    assert defaults.budget == "epochs" and budget.budget == "scale-invariant"
+    parser_budgets = next(a.choices for a in build_parser()._subparsers._group_actions[0]
+                          .choices["train"]._actions if a.dest == "budget")
+    assert tuple(parser_budgets) == BUDGETS
 
 
 def test_train_of_a_missing_plan_is_a_clear_error(tmp_path, capsys):

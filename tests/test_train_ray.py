@@ -134,15 +134,24 @@ def test_train_takes_a_plans_choice_at_agss_reference_batch(ray_session, tmp_pat
     assert math.isfinite(float(result.metrics["test_accuracy"].iloc[0]))
 
 
-def test_train_in_fp16_scales_the_loss_on_every_worker(ray_session, tmp_path):
+def test_train_in_fp16_to_a_scale_invariant_budget(ray_session, tmp_path):
     """Issue 24, item 4: fp16 through Ray Train, AGS-NS's local source reading the scaled
-    gradients of two workers; every epoch reports the loss scale it ended with."""
+    gradients of two workers; every epoch reports the loss scale it ended with.
+    Issue 25, item 3 in the same run (one Ray Train job, not two): the scale-invariant
+    budget of 1 epoch at AGS-NS's reference batch 32 trains B = 64 until its progress
+    reaches 1024 / 32 reference steps: 1 or 2 epochs."""
     result = tula_ray.train(_plan(), "ags-ns", epochs=1, precision="fp16",
-                            storage_path=str(tmp_path))
+                            budget="scale-invariant", storage_path=str(tmp_path))
     metrics = result.metrics
     assert metrics["loss_scale"].gt(0).all() and metrics["loss_scale"].map(math.isfinite).all()
     assert metrics["test_accuracy"].between(0, 1).all()
     assert result.load_checkpoint()["loss_scaler"]["scale"] == metrics["loss_scale"].iloc[-1]
+    target = TRAIN_SUBSET / 32
+    progress = metrics["progress"].tolist()
+    assert 1 <= len(progress) <= CHOSEN_B // 32
+    assert progress[-1] >= target and all(p < target for p in progress[:-1])
+    assert result.load_checkpoint()["optimizer"]["ags"]["progress"] == pytest.approx(
+        progress[-1])
 
 
     """Issue 24's benchmark, smoke test: a search's plan against `train`'s epochs."""

@@ -165,8 +165,10 @@ def test_fit_returns_one_row_per_epoch(workload):
     assert set(frame["global_batch"]) == {BATCH} and set(frame["seed"]) == {3}
     assert frame["lr"].tolist() == [0.01, 0.01]  # lr=None: the workload's (paper §IV-B)
     assert frame["scaled_fraction"].between(0, 1).all()
-    assert frame.drop(columns=["strategy", "loss_scale"]).map(math.isfinite).all().all()
+    assert frame.drop(columns=["strategy", "loss_scale", "progress"]).map(
+        math.isfinite).all().all()
     assert frame["loss_scale"].isna().all()  # fp32: no loss scaler
+    assert frame["progress"].isna().all()  # the paper's AGS keeps no running gain
     assert [len(m["variability"]) for m in seen] == [4, 4]
     assert frame.attrs["notes"] == []
 

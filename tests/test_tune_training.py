@@ -83,6 +83,7 @@ def test_every_strategy_has_a_search_space_of_its_own_options():
     ({"epochs": 0}, ValueError, "epochs=0"),
     ({"grace_period": 5}, ValueError, "grace_period=5 exceeds the 2 epochs"),
     ({"seed": 1.5}, TypeError, "seed=1.5"),
+    ({"budget": "steps"}, ValueError, "budget='steps'"),
 ])
 def test_bad_arguments_fail_before_ray_starts(kwargs, error, message):
     import ray
@@ -90,6 +91,18 @@ def test_bad_arguments_fail_before_ray_starts(kwargs, error, message):
     with pytest.raises(error, match=message):
         tula_ray.tune_training(_plan(), **kwargs)
     assert not ray.is_initialized()
+
+
+def test_a_scale_invariant_trial_is_finished_when_its_progress_reaches_the_epochs():
+    from tula_ray.runs.tune_training import EPOCH_TIME, PROGRESS_TIME, asha, finished
+
+    assert finished({"epoch": 1}, 2) and not finished({"epoch": 0}, 2)
+    # counted in progress, the epoch number says nothing: a trial at B > 32 may take more
+    assert finished({"epoch": 3, PROGRESS_TIME: 2.01}, 2, PROGRESS_TIME)
+    assert not finished({"epoch": 1, PROGRESS_TIME: 1.5}, 2, PROGRESS_TIME)
+    assert not finished(None, 2) and not finished({"epoch": -1}, 2, PROGRESS_TIME)
+    assert asha(2, 1, PROGRESS_TIME)._time_attr == PROGRESS_TIME
+    assert asha(2, 1)._time_attr == EPOCH_TIME
 
 
 class _FailingTrainer:
@@ -154,6 +167,20 @@ def test_tuning_a_users_workload_returns_a_config_train_accepts(ray_session, tmp
                              storage_path=str(tmp_path / "train"), **best.config)
     assert trained.metrics["lr"].notna().all() and math.isfinite(
         trained.metrics["test_accuracy"].iloc[-1])
+
+
+@pytest.mark.ray
+def test_tuning_ags_ns_to_a_scale_invariant_budget_counts_progress(ray_session, tmp_path):
+    """Issue 25, item 3: each trial trains until its progress reaches the epoch at the
+    reference batch 32 (B = 64: one or two epochs), and reports it for ASHA."""
+    workload = user_workload()
+    best = tula_ray.tune_training(_plan(meta={}, workload="user-tiny"), "ags-ns", trials=2,
+                                  epochs=1, workload=workload, budget="scale-invariant",
+                                  storage_path=str(tmp_path))
+    trials = best.trials
+    assert len(trials) == 2 and trials["progress_epochs"].ge(1.0 - 1e-9).all()
+    assert trials["epoch"].between(0, 1).all()  # at most B / 32 = 2 epochs
+    assert 0.0 <= best.val_accuracy <= 1.0
 
 
 @pytest.mark.ray

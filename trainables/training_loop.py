@@ -55,7 +55,8 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
     strategy (a registered name or a TrainingStrategy object), strategy_options, seed, lr (optional: the base LR before any
     strategy scaling; default the workload's), validation_fraction (tuning: score a
     held-out share of the training set as val_loss/val_accuracy), checkpoint (default
-    True: rank 0 keeps one per epoch), fail_at_epoch + fail_marker_dir
+    True: rank 0 keeps one per epoch), budget ("epochs" or "scale-invariant":
+    `tula_ray.training.budget`), fail_at_epoch + fail_marker_dir
     (tests only: rank 0 raises once, at the start of that epoch).
     """
     context = ray.train.get_context()
@@ -70,7 +71,8 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
         device=ray.train.torch.get_device(), options=config.get("strategy_options"),
         lr=None if config.get("lr") is None else float(config["lr"]),
         num_replicas=world_size, rank=rank, wrap_model=ray.train.torch.prepare_model,
-        validation_fraction=float(config.get("validation_fraction") or 0.0))
+        validation_fraction=float(config.get("validation_fraction") or 0.0),
+        budget=config.get("budget", "epochs"))
     # Tuning: the held-out split is scored as "val_*" (the test set is never loaded) and,
     # trials being throw-away, no checkpoint is written.
     validating = bool(config.get("validation_fraction"))

@@ -31,8 +31,8 @@ def tune_trial(config: dict[str, Any], fixed: dict[str, Any]) -> None:
     """Tune function trainable: train with the sampled `config` ("lr" and strategy options).
 
     fixed (through `tune.with_parameters`): workload, workload_options, num_workers,
-    global_batch, epochs, strategy, strategy_options, seed, validation_fraction, use_gpu,
-    resources (one worker's, as `tula_ray.cluster.provision_workers` settled them).
+    global_batch, epochs, strategy, strategy_options, seed, validation_fraction, budget,
+    use_gpu, resources (one worker's, as `tula_ray.cluster.provision_workers` settled them).
     """
     sampled = dict(config)
     lr = sampled.pop("lr", None)
@@ -41,7 +41,8 @@ def tune_trial(config: dict[str, Any], fixed: dict[str, Any]) -> None:
         "global_batch": fixed["global_batch"], "epochs": fixed["epochs"],
         "strategy": fixed["strategy"], "seed": fixed["seed"], "lr": lr,
         "strategy_options": {**fixed["strategy_options"], **sampled},
-        "validation_fraction": fixed["validation_fraction"], "checkpoint": False}
+        "validation_fraction": fixed["validation_fraction"], "checkpoint": False,
+        "budget": fixed.get("budget", "epochs")}
     num_workers, use_gpu = int(fixed["num_workers"]), bool(fixed["use_gpu"])
     trainer = TorchTrainer(
         train_loop_per_worker, train_loop_config=loop_config,

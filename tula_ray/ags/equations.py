@@ -57,6 +57,19 @@ def gain_ratio(norm_ratio: torch.Tensor, *, large_batch: int, measured_batch: in
     return 1 + (x - 1) * carry
 
 
+def scalar_gain(small_sq: torch.Tensor, large_sq: torch.Tensor, *, large_batch: int,
+                measured_batch: int, reference_batch: int) -> torch.Tensor:
+    """AdaScale's gain ratio for the whole model (Johnson et al. 2020, "AdaScale SGD"):
+    r = E|g_bref|^2 / E|g_B|^2 from |g_b|^2 and |g_B|^2 summed over every tensor
+    (`gain_ratio`), bounded to AdaScale's [1, B / b_ref]: the reference-batch steps one
+    step at B is worth, from 1 (all signal: the larger batch only repeats the gradient)
+    to B / b_ref (all noise: it averages away B / b_ref steps' worth of it)."""
+    ratio = (small_sq / large_sq.clamp(min=torch.finfo(large_sq.dtype).tiny)).sqrt()
+    r = gain_ratio(ratio, large_batch=large_batch, measured_batch=measured_batch,
+                   reference_batch=reference_batch)
+    return r.clamp(min=1.0, max=max(1.0, large_batch / reference_batch))
+
+
 def scale_factor(g_small: torch.Tensor, g_large: torch.Tensor, *, s_max: float,
                  s_min: float = 0.0, eps: float = EPS_DEFAULT,
                  granularity: str = "tensor") -> torch.Tensor:

@@ -66,7 +66,8 @@ from torch import nn
 
 from tula_ray.ags.equations import (DELTA_DEFAULT, EMA_DECAY_DEFAULT, EPS_DEFAULT,
                                     GAIN_EXPONENT_PAPER, REFRESH_EPOCH, SMALL_BATCH_DEFAULT,
-                                    gain_ratio, gradient_variability, max_scale, scale_factor)
+                                    gain_ratio, gradient_variability, max_scale, scalar_gain,
+                                    scale_factor)
 from tula_ray.ags.options import GROUP_HYPERPARAMETERS, check_group, check_options
 from tula_ray.distributed import average_tensors_over_ranks, world_size
 
@@ -141,6 +142,10 @@ class TulaOptimizer(torch.optim.Optimizer):
         self._counters = {"steps": 0, "scaled_steps": 0, "refreshes": 0, "steps_since_refresh": 0}
         self._epoch_pending = False
         self._scale_stats = {"scale_mean": 1.0, "scale_min": 1.0, "scale_max": 1.0}
+        # AdaScale's progress (estimator "ema"): the sum of the whole model's gain over the
+        # steps, in reference-batch steps; on the device, read once an epoch.
+        self._gain: torch.Tensor | None = None
+        self._progress: torch.Tensor | float = 0.0
         self.telemetry: dict[str, Any] = {"variability": math.nan, "scaled": False,
                                           **self._scale_stats, **self._counters}
 
@@ -287,6 +292,10 @@ class TulaOptimizer(torch.optim.Optimizer):
                     state[key].mul(decay).add_(value, alpha=1 - decay)
             ratio = state["small_sq_avg"].sqrt() / (state["large_sq_avg"].sqrt() + group["eps"])
             scales[p] = self._to_scale(ratio, group)
+        self._gain = scalar_gain(sum(self.state[p]["small_sq_avg"] for _, p in groups),
+                                 sum(self.state[p]["large_sq_avg"] for _, p in groups),
+                                 large_batch=self.large_batch, measured_batch=self.measured_batch,
+                                 reference_batch=self.small_batch)
         return scales
 
     def _to_scale(self, ratio: torch.Tensor, group: dict[str, Any]) -> torch.Tensor:
@@ -334,6 +343,8 @@ class TulaOptimizer(torch.optim.Optimizer):
                         p.grad.mul_(scale)
             self._previous_norm_sq = norm_sq  # eq. 5 compares unscaled large-batch norms
         self.base.step()
+        if self._gain is not None:  # AdaScale: this step was worth r reference steps
+            self._progress = self._progress + self._gain.double()
         for state in self.state.values():  # line 10, after the weight update of line 9
             if "next_scale" in state:
                 state["scale"] = state.pop("next_scale")
@@ -344,6 +355,13 @@ class TulaOptimizer(torch.optim.Optimizer):
                           **self._scale_stats, **self._counters}
         return loss
 
+    @property
+    def progress(self) -> float | None:
+        """AdaScale's progress: the whole model's gain summed over the steps, in steps of
+        the reference batch `small_batch` (`scalar_gain`); None for the estimator
+        "refresh", which keeps no running gain."""
+        return float(self._progress) if self.estimator == "ema" else None
+
     # ------------------------------------------------------------------ checkpoints
 
     def state_dict(self) -> dict[str, Any]:  # type: ignore[override]
@@ -353,7 +371,8 @@ class TulaOptimizer(torch.optim.Optimizer):
         state["base_state"] = self.base.state_dict()["state"]
         state["ags"] = {"previous_norm_sq": self._previous_norm_sq,
                         "epoch_pending": self._epoch_pending,
-                        "counters": dict(self._counters), "scale_stats": dict(self._scale_stats)}
+                        "counters": dict(self._counters), "scale_stats": dict(self._scale_stats),
+                        "progress": float(self._progress)}
         return state
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:  # type: ignore[override]
@@ -373,3 +392,4 @@ class TulaOptimizer(torch.optim.Optimizer):
         self._epoch_pending = ags["epoch_pending"]
         self._counters = dict(ags["counters"])
         self._scale_stats = dict(ags["scale_stats"])
+        self._progress = float(ags.get("progress", 0.0))  # checkpoints before issue 25: 0

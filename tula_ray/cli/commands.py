@@ -60,7 +60,7 @@ def train_andwrite_plan(plan: Any, args: argparse.Namespace, workload: str | Non
     tuned = _tuned_config(getattr(args, "config", None)) or {"strategy": args.strategy}
     result = train(plan, workload=workload, epochs=args.epochs, storage_path=storage,
                    address=args.address, runtime_env=args.runtime_env,
-                   precision=args.precision, **tuned, **retries)
+                   precision=args.precision, budget=args.budget, **tuned, **retries)
     shown = [c for c in SHOWN_COLUMNS if c in result.metrics.columns]
     print(f"trained N={result.num_workers}, B={result.global_batch} with {result.strategy}:")
     print(result.metrics[shown].to_string(index=False, float_format=lambda v: f"{v:.4g}"))

@@ -18,7 +18,7 @@ METRICS_FILE = "train_metrics.csv"
 STRATEGY_DEFAULT = "ags-ns"
 TUNED_FILE = "tuned.json"  # `tula-ray tune`'s best configuration: `tula-ray train --config`
 SHOWN_COLUMNS = ("epoch", "resumed_from", "train_loss", "train_accuracy", "test_loss",
-                 "test_accuracy", "lr", "seconds", "scaled_fraction")
+                 "test_accuracy", "lr", "seconds", "scaled_fraction", "progress")
 
 
 def add_plan_options(parser: argparse.ArgumentParser) -> None:
@@ -81,6 +81,11 @@ def add_train_options(parser: argparse.ArgumentParser) -> None:
                              "(tula_ray.training.strategies.TRAINING_STRATEGIES)")
     parser.add_argument("--epochs", type=int, default=None,
                         help="epochs to train (default: the plan's)")
+    # tula_ray.training.budget.BUDGETS, repeated as STRATEGY_DEFAULT is (tests/test_cli.py)
+    parser.add_argument("--budget", choices=("epochs", "scale-invariant"), default="epochs",
+                        help="epochs: train --epochs; scale-invariant: train until AGS-NS's "
+                             "AdaScale progress reaches --epochs at its reference batch "
+                             "(tula_ray.training.budget)")
     add_precision_option(parser, "default: the plan's, else the workload's, fp32")
     parser.add_argument("--max-failures", type=int, default=None,
                         help="restarts from the last checkpoint after a worker failure "

@@ -138,8 +138,8 @@ def add_estimates(table: pd.DataFrame, pricing: Pricing) -> pd.DataFrame:
     the prediction where nothing was measured. A search measures a candidate to check the
     model there, so its choice rests on what it measured (adaptive search measures its
     choice for this reason). Adds `estimated_total_time_s`, `estimated_peak_mem_bytes`,
-    `estimated_cost_usd` and `estimate` ("measured"/"predicted") to `table`; returns the table with the estimates
-    in the policy's columns (total_time_s, cost_usd)."""
+    `estimated_cost_usd` and `estimate` ("measured"/"predicted") to `table`; returns the
+    table with the estimates in the policy's columns (total_time_s, cost_usd)."""
     measured = ((table["status"] == STATUS_OK) & table["measured_total_time_s"].notna()).to_numpy()
     time_s = np.where(measured, table["measured_total_time_s"], table["total_time_s"])
     peak = table["measured_peak_mem_bytes"].where(table["measured_peak_mem_bytes"] > 0)

@@ -27,11 +27,13 @@ from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
 from ray.train.torch import TorchTrainer
 
 from trainables.training_loop import load_checkpoint_state, train_loop_per_worker
-from tula_ray.arguments import check_bool, check_int, check_mapping, check_number, check_text
+from tula_ray.arguments import (check_bool, check_choice, check_int, check_mapping, check_number,
+                                check_text)
 from tula_ray.cluster import (PROVISION_TIMEOUT_S_DEFAULT, check_runtime_env, check_worker_request,
                               cluster_for_run)
 from tula_ray.planning.plan import Plan
 from tula_ray.runs.training_job import Job, checked_on_worker, dry_run, resolve_job
+from tula_ray.training.budget import BUDGETS
 from tula_ray.training.strategies import TRAINING_STRATEGY_DEFAULT, TrainingStrategy
 from tula_ray.workloads import Workload
 
@@ -89,6 +91,7 @@ def train(
     provision_timeout_s: float = PROVISION_TIMEOUT_S_DEFAULT,
     runtime_env: dict[str, Any] | None = None,
     precision: str | None = None,
+    budget: str = "epochs",
 ) -> TrainResult:
     """Train the plan's chosen N and B as a Ray Train job and return the per-epoch metrics.
 
@@ -116,6 +119,11 @@ def train(
       environment variables, pip packages), as `tula_ray.search`'s.
     precision: "fp32", "tf32", "bf16" or "fp16" (`tula_ray.precision`); default the plan's (what
       its steps were profiled in), else the workload's.
+    budget: "epochs" (train `epochs`), or "scale-invariant" (`tula_ray.training.budget`):
+      train until AdaScale's progress, reported every epoch as `progress`, reaches `epochs`
+      at the strategy's reference batch (AGS-NS's small_batch, 32): between `epochs` and
+      `epochs` x B / 32 epochs. A strategy without a gain trains its epochs (a note says so).
+      A resumed run keeps its progress (the checkpoint holds it).
     Raises ValueError for a bad argument, before any worker starts; the workload is
     checked on one worker first (`tula_ray.search` says how), so its own code failing
     raises a `tula_ray.failures.UserCodeError` before the training job starts.
@@ -124,6 +132,7 @@ def train(
                      strategy_options=strategy_options, storage_path=storage_path, name=name,
                      max_failures=max_failures, seed=seed, use_gpu=use_gpu, lr=lr,
                      address=address)
+    check_choice("budget", budget, BUDGETS)
     resources = check_worker_request(resources_per_worker, provision_timeout_s, use_gpu)
     check_runtime_env(runtime_env)
     plan = plan if isinstance(plan, Plan) else Plan.from_json(plan)
@@ -138,7 +147,7 @@ def train(
                              timeout_s=provision_timeout_s) as workers:
             job = checked_on_worker(job, workers)
             trainer = _trainer(job, storage_path, name, max_failures, seed, workers.use_gpu, lr,
-                               fail_at_epoch, marker_dir, workers.resources)
+                               fail_at_epoch, marker_dir, workers.resources, budget)
             result = trainer.fit()
     finally:
         if marker_dir is not None:
@@ -173,11 +182,12 @@ def _check_fail_at_epoch(job: Job, fail_at_epoch: int | None) -> None:
 
 def _trainer(job: Job, storage_path: str | None, name: str | None, max_failures: int,
              seed: int, use_gpu: bool, lr: float | None, fail_at_epoch: int | None,
-             marker_dir: str | None, resources: dict[str, float]) -> TorchTrainer:
+             marker_dir: str | None, resources: dict[str, float],
+             budget: str = "epochs") -> TorchTrainer:
     config: dict[str, Any] = {
         "workload": job.spec, "workload_options": job.options, "global_batch": job.global_batch,
         "epochs": job.epochs, "strategy": job.strategy, "strategy_options": job.strategy_options,
-        "seed": seed, "lr": lr}
+        "seed": seed, "lr": lr, "budget": budget}
     if fail_at_epoch is not None:
         config.update(fail_at_epoch=fail_at_epoch, fail_marker_dir=marker_dir)
     name = name or (f"tula-train-{job.workload.name}-{job.strategy_name}-N{job.num_workers}"

@@ -17,8 +17,9 @@ from trainables.memory_probe import check_workload
 from tula_ray.arguments import check_int, named_arguments
 from tula_ray.cluster import Workers
 from tula_ray.planning.plan import Plan
-from tula_ray.training.strategies import (TrainingStrategy, build_strategy, get_training_strategy,
-                                          logger as strategies_logger, portable_training_strategy)
+from tula_ray.training.strategies import (StrategySetup, TrainingStrategy, build_strategy,
+                                          get_training_strategy, logger as strategies_logger,
+                                          portable_training_strategy)
 from tula_ray.workloads import Workload, in_precision, portable_workload, resolve_workload
 
 logger = logging.getLogger(__name__)
@@ -117,10 +118,11 @@ def checked_on_worker(job: Job, workers: Workers) -> Job:
     return replace(job, workload=workload, spec=spec, options=options)
 
 
-def dry_run(job: Job, dataset_size: int) -> None:
+def dry_run(job: Job, dataset_size: int) -> StrategySetup:
     """Build the strategy once on a stand-in model, so a bad option value fails here and
     not in every worker, max_failures + 1 times over. dataset_size: the plan's, for the
-    steps per epoch a scheduler is built with (the workload's data are not read here)."""
+    steps per epoch a scheduler is built with (the workload's data are not read here).
+    Returns what was built (whether it has a gain: `StrategySetup.progress`)."""
     strategy = get_training_strategy(job.strategy)
     # What one process can build of a job of N workers (e.g. AGS's "local" source needs
     # DDP workers): the strategy says (BaseStrategy.one_process_options).
@@ -130,7 +132,7 @@ def dry_run(job: Job, dataset_size: int) -> None:
     steps = max(1, dataset_size // job.global_batch)
     # Its notes describe one process, not the job's N workers: the workers log the real ones.
     with _quiet(strategies_logger):
-        named_arguments(build_strategy, "strategy_options")(
+        return named_arguments(build_strategy, "strategy_options")(
             strategy, nn.Linear(1, 1), global_batch=job.global_batch, steps_per_epoch=steps,
             epochs=job.epochs, options=options)
 

@@ -29,11 +29,13 @@ from ray.tune.schedulers import ASHAScheduler
 from ray.tune.search.optuna import OptunaSearch
 
 from trainables.tuning_trial import METRIC, tune_trial
-from tula_ray.arguments import check_bool, check_int, check_mapping, check_number, check_text
+from tula_ray.arguments import (check_bool, check_choice, check_int, check_mapping, check_number,
+                                check_text)
 from tula_ray.cluster import (alive_node_resources, check_runtime_env, cluster_for_run,
                               trial_resources, workers_that_fit)
 from tula_ray.planning.plan import Plan
 from tula_ray.runs.training_job import checked_on_worker, dry_run, resolve_job
+from tula_ray.training.budget import BUDGETS, budget_for
 from tula_ray.training.strategies import (TRAINING_STRATEGY_DEFAULT, TrainingStrategy,
                                           get_training_strategy)
 from tula_ray.workloads import Workload
@@ -43,6 +45,8 @@ logger = logging.getLogger(__name__)
 TRIALS_DEFAULT = 16  # the same budget for every strategy (issue 12)
 VALIDATION_FRACTION_DEFAULT = 0.2  # of the training set, held out to judge trials
 ASHA_REDUCTION_FACTOR = 3  # ASHA's default (Li et al.): keep the best third at each rung
+EPOCH_TIME = "training_iteration"  # ASHA's clock: one report per epoch
+PROGRESS_TIME = "progress_epochs"  # ... or the scale-invariant progress, in reference epochs
 MODE = "max"
 KINDS = {"loguniform": tune.loguniform, "uniform": tune.uniform, "choice": tune.choice}
 
@@ -72,7 +76,8 @@ def tune_training(plan: Plan | str | Path,
                   grace_period: int | None = None, storage_path: str | None = None,
                   name: str | None = None, use_gpu: bool | None = None,
                   address: str | None = None,
-                  runtime_env: dict[str, Any] | None = None) -> TuneResult:
+                  runtime_env: dict[str, Any] | None = None,
+                  budget: str = "epochs") -> TuneResult:
     """Tune `strategy` at the plan's chosen N and B; return the best configuration.
 
     trials: sampled configurations (Optuna's TPE), each a Ray Train job of `epochs`.
@@ -82,6 +87,11 @@ def tune_training(plan: Plan | str | Path,
       storage_path must be one every node reaches (checked, as `tula_ray.train` does).
     runtime_env: the Ray runtime environment every trial and worker inherits, as
       `tula_ray.train`'s.
+    budget: as `tula_ray.train`'s. "scale-invariant", for a strategy with a gain (AGS-NS):
+      every trial trains until its progress reaches `epochs` at the reference batch, and
+      ASHA counts that progress (`progress_epochs`), not epochs, so trials are compared
+      at equal progress; grace_period is then in those epochs. A strategy without a gain
+      keeps its epochs (a warning says so).
     Raises ValueError for a bad argument, before Ray starts; the workload is checked on
     one worker before any trial (a UserCodeError when its own code fails there).
     """
@@ -96,6 +106,7 @@ def tune_training(plan: Plan | str | Path,
     for label, value in (("storage_path", storage_path), ("name", name), ("address", address)):
         check_text(label, value, optional=True)
     check_runtime_env(runtime_env)
+    check_choice("budget", budget, BUDGETS)
     plan = plan if isinstance(plan, Plan) else Plan.from_json(plan)
     job = resolve_job(plan, strategy, workload, workload_options, epochs, {})
     grace = max(1, job.epochs // 4) if grace_period is None else grace_period
@@ -103,7 +114,11 @@ def tune_training(plan: Plan | str | Path,
     if grace > job.epochs:
         raise ValueError(f"grace_period={grace} exceeds the {job.epochs} epochs of a trial")
     space = _search_space(get_training_strategy(job.strategy), job.global_batch)
-    dry_run(job, plan.dataset_size)
+    built = dry_run(job, plan.dataset_size)
+    _, note = budget_for(budget, job.epochs, built.progress(), plan.dataset_size)
+    if note:
+        logger.warning("%s", note)
+    time_attr = PROGRESS_TIME if budget == "scale-invariant" and not note else EPOCH_TIME
     # Refuses a cluster too small for N (or asks its autoscaler), as `train` does; every
     # trial's checkpoints must reach the driver (the storage check).
     with cluster_for_run(job.num_workers, address=address, runtime_env=runtime_env,
@@ -113,10 +128,11 @@ def tune_training(plan: Plan | str | Path,
                  "num_workers": job.num_workers, "global_batch": job.global_batch,
                  "epochs": job.epochs, "strategy": job.strategy,
                  "strategy_options": job.strategy_options, "seed": seed,
-                 "validation_fraction": validation_fraction,
+                 "validation_fraction": validation_fraction, "budget": budget,
                  "use_gpu": workers.use_gpu, "resources": workers.resources}
-        grid = _tuner(job, fixed, space, trials, grace, seed, storage_path, name).fit()
-    return _best(grid, job)
+        grid = _tuner(job, fixed, space, trials, asha(job.epochs, grace, time_attr), seed,
+                      storage_path, name).fit()
+    return _best(grid, job, time_attr)
 
 
 def _search_space(strategy: TrainingStrategy, global_batch: int) -> dict[str, Any]:
@@ -135,8 +151,16 @@ def _search_space(strategy: TrainingStrategy, global_batch: int) -> dict[str, An
     return space
 
 
-def _tuner(job: Any, fixed: dict[str, Any], space: dict[str, Any], trials: int, grace: int,
-           seed: int, storage_path: str | None, name: str | None) -> tune.Tuner:
+def asha(epochs: int, grace: int, time_attr: str = EPOCH_TIME) -> ASHAScheduler:
+    """ASHA over a trial's `epochs`, counted in reported epochs (`training_iteration`) or,
+    for a scale-invariant budget, in the progress's epochs at the reference batch."""
+    return ASHAScheduler(time_attr=time_attr, max_t=epochs, grace_period=grace,
+                         reduction_factor=ASHA_REDUCTION_FACTOR)
+
+
+def _tuner(job: Any, fixed: dict[str, Any], space: dict[str, Any], trials: int,
+           scheduler: ASHAScheduler, seed: int, storage_path: str | None,
+           name: str | None) -> tune.Tuner:
     name = name or (f"tula-tune-{job.workload.name}-{job.strategy_name}-N{job.num_workers}"
                     f"-B{job.global_batch}-{datetime.now():%Y%m%d-%H%M%S}")
     logger.info("tuning %s at N=%d, B=%d: %d trials of %d epochs (run %s)", job.strategy_name,
@@ -148,8 +172,7 @@ def _tuner(job: Any, fixed: dict[str, Any], space: dict[str, Any], trials: int, 
         tune_config=tune.TuneConfig(
             metric=METRIC, mode=MODE, num_samples=trials,
             search_alg=OptunaSearch(seed=seed),
-            scheduler=ASHAScheduler(time_attr="training_iteration", max_t=job.epochs,
-                                    grace_period=grace, reduction_factor=ASHA_REDUCTION_FACTOR),
+            scheduler=scheduler,
             # N workers per trial: as many trials at once as the cluster holds groups of N
             # of the provisioned workers (the same shape every trial asks for), at least one.
             max_concurrent_trials=max(1, workers_that_fit(
@@ -157,12 +180,23 @@ def _tuner(job: Any, fixed: dict[str, Any], space: dict[str, Any], trials: int, 
         run_config=tune.RunConfig(name=name, storage_path=storage_path))
 
 
-def _best(grid: Any, job: Any) -> TuneResult:
-    """The trial with the best last-epoch validation accuracy among those that ran every
-    epoch (ASHA stops the others early; a stopped trial's early score is not comparable)."""
+def finished(metrics: dict[str, Any] | None, epochs: int, time_attr: str = EPOCH_TIME) -> bool:
+    """Whether a trial's last report ends its budget: its last epoch, or, counted in
+    progress, `epochs` at the reference batch reached."""
+    if not metrics:
+        return False
+    if time_attr == PROGRESS_TIME:
+        return metrics.get(PROGRESS_TIME, 0.0) >= epochs * (1 - 1e-9)
+    return metrics.get("epoch") == epochs - 1
+
+
+def _best(grid: Any, job: Any, time_attr: str = EPOCH_TIME) -> TuneResult:
+    """The trial with the best last-epoch validation accuracy among those that ran their
+    whole budget (ASHA stops the others early; a stopped trial's early score is not
+    comparable)."""
     frame = grid.get_dataframe()
-    finished = [r for r in grid if r.metrics and r.metrics.get("epoch") == job.epochs - 1]
-    candidates = finished or [r for r in grid if r.metrics and METRIC in r.metrics]
+    finished_trials = [r for r in grid if finished(r.metrics, job.epochs, time_attr)]
+    candidates = finished_trials or [r for r in grid if r.metrics and METRIC in r.metrics]
     if not candidates:
         raise RuntimeError(f"no tuning trial reported {METRIC}; see the trials' errors:\n{frame}")
     best = max(candidates, key=lambda r: r.metrics[METRIC])

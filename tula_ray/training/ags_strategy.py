@@ -64,6 +64,12 @@ class AGSSetup(StrategySetup):
             self.optimizer.loss_scale = float(self.scaler.get_scale())
         super().step()
 
+    def progress(self) -> tuple[float, int] | None:
+        """The optimizer's running gain summed (estimator "ema": AGS-NS), in steps of its
+        reference small batch; None for the paper's per-refresh estimator."""
+        done = self.optimizer.progress
+        return None if done is None else (done, self.optimizer.small_batch)
+
     def step_telemetry(self) -> dict[str, Any]:
         telemetry = self.optimizer.telemetry
         return {"variability": float(telemetry["variability"]), "scaled": bool(telemetry["scaled"])}
@@ -71,10 +77,12 @@ class AGSSetup(StrategySetup):
     def epoch_metrics(self, telemetry: list[dict[str, Any]]) -> dict[str, Any]:
         """scaled_fraction (share of scaled steps), variability_median (eq. 5; a run's first
         step is inf and sorts last), variability (every step), the last scale statistics;
-        fp16's loss_scale."""
+        AdaScale's progress so far (AGS-NS), in reference-batch steps; fp16's loss_scale."""
         variability = [t["variability"] for t in telemetry]
         last = self.optimizer.telemetry
+        progress = self.progress()
         return {**super().epoch_metrics(telemetry),
+                **({} if progress is None else {"progress": progress[0]}),
                 "scaled_fraction": float(np.mean([t["scaled"] for t in telemetry])),
                 "variability_median": float(np.median(variability)) if variability else math.nan,
                 "variability": variability,

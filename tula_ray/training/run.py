@@ -20,6 +20,7 @@ from tula_ray.arguments import check_int
 from tula_ray.distributed import max_over_ranks
 from tula_ray.precision import set_math_mode
 from tula_ray.training.batches import Batches
+from tula_ray.training.budget import Budget, budget_for
 from tula_ray.training.data import make_loaders
 from tula_ray.training.epochs import evaluate, train_epoch
 from tula_ray.training.measure import StepTimer
@@ -32,7 +33,7 @@ logger = logging.getLogger(__name__)
 
 COLUMNS = ("epoch", "strategy", "global_batch", "seed", "train_loss", "train_accuracy",
            "test_loss", "test_accuracy", "lr", "seconds", "scaled_fraction", "variability_median",
-           "loss_scale")
+           "loss_scale", "progress")
 
 
 def optimizer_hyperparameters(workload: Workload) -> dict[str, float]:
@@ -64,19 +65,27 @@ class Run:
     test_loader: Batches
     loss_fn: Callable
     device: torch.device
-    epochs: int
+    epochs: int  # the most epochs the budget allows
+    budget: Budget = Budget()
 
     def train_epochs(self, start: int = 0, *, before: Callable[[int], None] | None = None
                      ) -> Iterator[tuple[int, dict[str, Any]]]:
         """The epoch loop every trainer shares (`fit`, Ray Train's workers, the
         generalization benchmark): from epoch `start` (after a resume) to the last, each
         epoch trained (`train_epoch`) and then scored on the evaluation set (`evaluate`).
+        A scale-invariant budget ends the loop once the progress reaches its target (read
+        before each epoch: a resumed run that had reached it trains no more).
         Yields (epoch, metrics); `before(epoch)` runs before an epoch starts."""
         for epoch in range(start, self.epochs):
+            progress = self.setup.progress() if self.budget.scale_invariant else None
+            if self.budget.reached(None if progress is None else progress[0]):
+                return
             if before is not None:
                 before(epoch)
             metrics = train_epoch(self.model, self.setup, self.loss_fn, self.train_loader,
                                   self.device, epoch=epoch)
+            if "progress" in metrics:  # a strategy with a gain: its epochs at the reference
+                metrics["progress_epochs"] = self.budget.epochs_done(metrics["progress"])
             with StepTimer(self.device) as timer:
                 metrics.update(evaluate(self.model, self.test_loader, self.device, self.loss_fn,
                                         autocast=self.setup.autocast))
@@ -92,7 +101,7 @@ def prepare_run(workload: str | Workload, *, global_batch: int,
                 options: dict[str, Any] | None = None, lr: float | None = None,
                 num_replicas: int = 1, rank: int = 0,
                 wrap_model: Callable[[nn.Module], nn.Module] | None = None,
-                validation_fraction: float = 0.0) -> Run:
+                validation_fraction: float = 0.0, budget: str = "epochs") -> Run:
     """The model, strategy and loaders of one process of a run: shared by `fit` (one
     process) and the Ray Train worker loop (rank `rank` of `num_replicas`).
 
@@ -102,6 +111,9 @@ def prepare_run(workload: str | Workload, *, global_batch: int,
     validation_fraction > 0: train on the rest of the training set and evaluate on that
     held-out share of it instead of the test set (see `make_loaders`).
     The seed fixes the initial weights (the same on every rank) and the data order.
+    budget: "epochs" (train `epochs`), or "scale-invariant": train until AdaScale's
+    progress reaches `epochs` at the strategy's reference batch (`tula_ray.training.budget`;
+    a strategy without a gain trains its epochs, and a note says so).
     """
     workload = resolve_workload(workload)
     epochs = workload.epochs if epochs is None else epochs
@@ -128,6 +140,10 @@ def prepare_run(workload: str | Workload, *, global_batch: int,
     setup = build_strategy(get_training_strategy(strategy), model, global_batch=global_batch,
                            steps_per_epoch=steps_per_epoch, epochs=epochs, options=options,
                            **hyper)
+    budget_, note = budget_for(budget, epochs, setup.progress(), train_size)
+    if note:
+        logger.warning("%s", note)
+        setup.notes.append(note)
     # The workload's precision, as the profile measured it (`tula_ray.precision`).
     set_math_mode(workload.precision)
     setup.set_precision(workload.precision, device)
@@ -135,7 +151,7 @@ def prepare_run(workload: str | Workload, *, global_batch: int,
         workload, global_batch // num_replicas, seed=seed, num_replicas=num_replicas, rank=rank,
         device=device, validation_fraction=validation_fraction)
     return Run(workload, model, setup, train_loader, test_loader, workload.loss_fn(), device,
-               epochs)
+               budget_.max_epochs(global_batch), budget_)
 
 
 def fit(workload: str | Workload, *, global_batch: int,
@@ -144,7 +160,7 @@ def fit(workload: str | Workload, *, global_batch: int,
         device: torch.device | str = "cpu", options: dict[str, Any] | None = None,
         lr: float | None = None,
         on_epoch: Callable[[dict[str, Any], nn.Module, StrategySetup], None] | None = None,
-        ) -> pd.DataFrame:
+        budget: str = "epochs") -> pd.DataFrame:
     """Train `workload` in this process (world size 1, no Ray) and score it every epoch.
 
     Args:
@@ -153,16 +169,19 @@ def fit(workload: str | Workload, *, global_batch: int,
         strategy, options: a registered strategy name or a TrainingStrategy, and its
             options (see `tula_ray.training.strategies`).
         epochs: default the workload's.
+        budget: "epochs", or "scale-invariant": until AdaScale's progress reaches `epochs`
+            at the strategy's reference batch (see `prepare_run`).
         seed: seeds the model initialisation and the data order.
         lr: the base LR before any strategy scaling; None = the workload's (paper: 0.01).
         on_epoch: called after every epoch with (metrics, model, setup); metrics is the
             row plus train_epoch's extras (e.g. "variability" for ags), e.g. to checkpoint.
     Returns:
         One row per epoch with `COLUMNS`; scaled_fraction and variability_median are
-        NaN except for ags. `.attrs["notes"]` holds the strategy's notes.
+        NaN except for ags, progress except for AGS-NS (its reference-batch steps so far).
+        `.attrs["notes"]` holds the strategy's notes.
     """
     run = prepare_run(workload, global_batch=global_batch, strategy=strategy, epochs=epochs,
-                      seed=seed, device=device, options=options, lr=lr)
+                      seed=seed, device=device, options=options, lr=lr, budget=budget)
     rows = []
     for epoch, metrics in run.train_epochs():
         row = {"epoch": epoch, "strategy": run.setup.name, "global_batch": global_batch,

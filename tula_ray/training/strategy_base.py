@@ -95,6 +95,11 @@ class StrategySetup:
         """What this strategy records about the step just taken (default: nothing)."""
         return {}
 
+    def progress(self) -> tuple[float, int] | None:
+        """AdaScale's progress for a strategy with a gain (`tula_ray.training.budget`):
+        (the reference-batch steps made so far, that reference batch); None without one."""
+        return None
+
     def epoch_metrics(self, telemetry: list[dict[str, Any]]) -> dict[str, Any]:
         """The epoch's extra metrics from its steps' telemetry (float values are averaged
         over the ranks by `train_epoch`; lists are per-step series); with a loss scaler,
