@@ -20,6 +20,7 @@ BENCHMARKS = {"search": "benchmarks.search_cost", "ags-overhead": "benchmarks.ag
               "train-time": "benchmarks.train_time",
               "profiling-wall": "benchmarks.profiling_wall",
               "noise-evolution": "benchmarks.noise_evolution",
+              "equal-progress": "benchmarks.equal_progress",
               "gpu-acceptance": "benchmarks.gpu_acceptance"}
 REPORT = Path(__file__).parents[1] / "BENCHMARKS.md"
 HEADER = """# Benchmarks

@@ -48,7 +48,7 @@ def _run_one(run: dict[str, Any], rank: int) -> dict[str, Any]:
         get_workload("fashion-mnist-cnn", train_subset=run["train_subset"], subset_seed=0),
         global_batch=run["global_batch"], strategy=run["strategy"], epochs=run["epochs"],
         seed=run["seed"], options=run["options"], lr=run.get("lr"),
-        num_replicas=WORLD_SIZE, rank=rank,
+        num_replicas=WORLD_SIZE, rank=rank, budget=run.get("budget", "epochs"),
         wrap_model=nn.parallel.DistributedDataParallel)
     setup = prepared.setup
     history = []

@@ -6,6 +6,7 @@ search that module already runs.
 Quick outputs go to benchmarks/results/*_quick.* (ignored by git); BENCHMARKS.md is not touched.
 """
 
+import math
 import re
 import subprocess
 import sys
@@ -198,6 +199,21 @@ def test_noise_evolution_quick():
     assert all(p["pairs"] == 4 and p["grad_var"] > 0 for p in points)
     markdown = (RESULTS_DIR / "noise_evolution_quick.md").read_text()
     assert len(_table_rows(markdown, "| workload | step |")) == 3
+
+
+def test_equal_progress_quick():
+    """Issue 25's Table I at equal progress, smoke test: the B = 32 reference for 1 epoch of
+    512 images beside AGS-NS at B = 64 trained to that epoch's progress (1 or 2 epochs)."""
+    from benchmarks import equal_progress
+
+    result = equal_progress.run(quick=True)
+    reference, ags_ns = result["rows"]
+    assert reference["label"] == "reference" and reference["epochs_trained"] == 1
+    assert ags_ns["global_batch"] == 64 and 1 <= ags_ns["epochs_trained"] <= 2
+    assert ags_ns["progress_epochs"] >= 1.0 - 1e-9 and ags_ns["diverged"] == 0
+    assert math.isfinite(ags_ns["gap_points"])
+    markdown = (RESULTS_DIR / "equal_progress_quick.md").read_text()
+    assert len(_table_rows(markdown, "| run | B |")) == 2
 
 
 def test_profiling_wall_checks_out_an_earlier_commit_and_removes_it():
