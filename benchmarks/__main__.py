@@ -21,6 +21,7 @@ BENCHMARKS = {"search": "benchmarks.search_cost", "ags-overhead": "benchmarks.ag
               "profiling-wall": "benchmarks.profiling_wall",
               "noise-evolution": "benchmarks.noise_evolution",
               "equal-progress": "benchmarks.equal_progress",
+              "time-to-accuracy": "benchmarks.time_to_accuracy",
               "gpu-acceptance": "benchmarks.gpu_acceptance"}
 REPORT = Path(__file__).parents[1] / "BENCHMARKS.md"
 HEADER = """# Benchmarks

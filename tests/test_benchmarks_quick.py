@@ -216,6 +216,22 @@ def test_equal_progress_quick():
     assert len(_table_rows(markdown, "| run | B |")) == 2
 
 
+def test_time_to_accuracy_quick():
+    """Issue 25's time-to-accuracy benchmark, smoke test: B = 32 and 128 on 1024 images to
+    two low targets, judged against a plan from synthetic profiles (no Ray)."""
+    from benchmarks import time_to_accuracy
+
+    result = time_to_accuracy.run(quick=True)
+    for target, judged in result["targets"].items():
+        assert 0 < judged["e0"] <= 3, target  # the B = 32 runs reached it within the cap
+        assert {r["global_batch"] for r in judged["rows"]} == {32, 128}
+        assert set(judged["choices"]) == {"time_to_accuracy", "time", "knee"}
+        assert all(c["regret"] >= 0 for c in judged["choices"].values())
+        assert math.isfinite(judged["median_log_error"])
+    markdown = (RESULTS_DIR / "time_to_accuracy_quick.md").read_text()
+    assert len(_table_rows(markdown, "| B | predicted epochs |")) == 2  # the first target's
+
+
 def test_profiling_wall_checks_out_an_earlier_commit_and_removes_it():
     from benchmarks.profiling_wall import REPO, checkout, commit_of
 

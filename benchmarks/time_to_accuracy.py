@@ -1,0 +1,290 @@
+"""Issue 25, item 4: does the plan's `time_to_accuracy` choice reach an accuracy soonest?
+
+Ground truth: every batch of the demo's grid at N = 2 (B = 32 ... 2048; N = 1 left out to
+fit this machine's time, said in the report) trained with the plan's training strategy,
+AGS-NS, on a 10k-image Fashion-MNIST subset, scored on a held-out 20 % of it after every
+epoch (as `train` does), until the highest target accuracy or an epoch cap; 3 seeds,
+seeds in turn and the batches' order rotating. Each run is `prepare_run` and
+`Run.train_epochs` on two gloo workers: `tula_ray.train`'s code without Ray. The epochs
+(and seconds) to a target are interpolated linearly between the two evaluations around
+the crossing; the median over the seeds is the measurement.
+
+Prediction: one search of the same workload at N = 2 (`tula_ray.search`, the demo's
+partial search, its plan saved), re-planned per target with E0 = the epochs the B = 32
+runs need to reach it, as the issue defines E0. Per target: the regret of the
+`time_to_accuracy` choice against the best measured time to accuracy, beside the regret
+of the fixed-epoch `time` and `knee` choices; predicted against measured epochs to
+target; the rank correlation (Spearman) of predicted and measured time to accuracy.
+
+Resumable: the plan and every finished run are kept (time_to_accuracy.plan.json,
+time_to_accuracy.runs.jsonl). `--quick`: a 1024-image subset, B = 64 and 256, one seed,
+low targets, and a plan from synthetic profiles instead of a search (no Ray).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+import time
+from typing import Any
+
+import numpy as np
+from torch import nn
+
+from benchmarks.common import RESULTS_DIR, provenance, spawn_gloo, write_result
+from benchmarks.generalization_runs import read_runs
+from benchmarks.markdown import markdown_table
+
+NAME = "time_to_accuracy"
+WORLD_SIZE = 2  # the demo grid's N = 2 row
+STRATEGY = "ags-ns"  # the plan's default training strategy (what `train` runs)
+REFERENCE_BATCH = 32
+VALIDATION_FRACTION = 0.2
+FULL = {"train_subset": 10_000, "batches": (32, 64, 128, 256, 512, 1024, 2048),
+        "seeds": (0, 1, 2), "targets": (0.80, 0.85), "max_epochs": 60}
+QUICK = {"train_subset": 1024, "batches": (32, 128), "seeds": (0,), "targets": (0.30, 0.45),
+         "max_epochs": 3}
+TEST_SIZE = 10_000  # Fashion-MNIST's test set: what the profile's evaluation pass scored
+
+
+# --------------------------------------------------------------------------- ground truth
+
+def plan_runs(settings: dict) -> list[dict[str, Any]]:
+    """Seeds in turn; within a seed the batches rotate so no batch always runs first."""
+    batches, runs = list(settings["batches"]), []
+    for turn, seed in enumerate(settings["seeds"]):
+        shift = turn % len(batches)
+        for batch in batches[shift:] + batches[:shift]:
+            runs.append({"global_batch": batch, "seed": seed, "strategy": STRATEGY,
+                         "train_subset": settings["train_subset"],
+                         "max_epochs": settings["max_epochs"],
+                         "stop_at": max(settings["targets"])})
+    return runs
+
+
+def run_key(run: dict) -> tuple:
+    return (run["global_batch"], run["seed"], run["train_subset"], run["max_epochs"],
+            run["stop_at"])
+
+
+def _worker(rank: int, runs: list[dict], out: str) -> None:
+    from tula_ray.training.run import prepare_run
+    from tula_ray.workloads import get_workload
+
+    for run in runs:
+        started = time.perf_counter()
+        prepared = prepare_run(
+            get_workload("fashion-mnist-cnn", train_subset=run["train_subset"], subset_seed=0),
+            global_batch=run["global_batch"], strategy=run["strategy"],
+            epochs=run["max_epochs"], seed=run["seed"], num_replicas=WORLD_SIZE, rank=rank,
+            wrap_model=nn.parallel.DistributedDataParallel,
+            validation_fraction=VALIDATION_FRACTION)
+        history = []
+        for epoch, metrics in prepared.train_epochs():
+            history.append({"epoch": epoch, "val_accuracy": metrics["test_accuracy"],
+                            "seconds": metrics["seconds"],
+                            "eval_seconds": metrics["eval_seconds"]})
+            if metrics["test_accuracy"] >= run["stop_at"]:  # the same on every rank
+                break
+        if rank == 0:
+            record = {**run, "history": history, "wall_s": time.perf_counter() - started}
+            with open(out, "a") as stream:
+                stream.write(json.dumps(record, default=float) + "\n")
+
+
+def to_target(history: list[dict], target: float) -> tuple[float, float]:
+    """(epochs, seconds) of training and evaluation until the validation accuracy first
+    reaches `target`, interpolated linearly within the epoch that crosses it; (inf, inf)
+    when it never does."""
+    previous_accuracy, seconds = 0.0, 0.0
+    for done, point in enumerate(history):
+        spent = point["seconds"] + point["eval_seconds"]
+        if point["val_accuracy"] >= target:
+            share = (target - previous_accuracy) / max(point["val_accuracy"] - previous_accuracy,
+                                                       1e-12)
+            share = min(max(share, 0.0), 1.0)
+            return done + share, seconds + share * spent
+        previous_accuracy, seconds = point["val_accuracy"], seconds + spent
+    return math.inf, math.inf
+
+
+def measured(runs: list[dict], targets) -> dict[float, dict[int, dict[str, float]]]:
+    """Per target and B: the median over the seeds of the epochs and seconds to it."""
+    table: dict[float, dict[int, dict[str, float]]] = {}
+    for target in targets:
+        by_batch: dict[int, list[tuple[float, float]]] = {}
+        for r in runs:
+            by_batch.setdefault(r["global_batch"], []).append(to_target(r["history"], target))
+        table[target] = {b: {"epochs": statistics.median(e for e, _ in pairs),
+                             "seconds": statistics.median(s for _, s in pairs),
+                             "seeds": len(pairs),
+                             "reached": sum(math.isfinite(e) for e, _ in pairs)}
+                         for b, pairs in sorted(by_batch.items())}
+    return table
+
+
+# --------------------------------------------------------------------------- the plan
+
+def make_plan(settings: dict, quick: bool):
+    """The search's plan (saved; a resumed run reads it back), or in --quick one built
+    from synthetic profiles carrying a gradient noise."""
+    from tula_ray.planning.plan import Plan
+
+    path = RESULTS_DIR / f"{NAME}{'_quick' if quick else ''}.plan.json"
+    if path.exists() and not quick:
+        return Plan.from_json(path)
+    if quick:
+        from tula_ray.planning.plan import build_plan
+        from tula_ray.planning.synthetic import example_params, synthetic_profiles
+        from tula_ray.space import SearchSpace
+
+        space = SearchSpace((WORLD_SIZE,), settings["batches"])
+        profiles = synthetic_profiles(space.candidates(), example_params()).assign(
+            grad_sqr=1.0, grad_var=20.0, noise_steps=3)
+        plan = build_plan(space, profiles, epochs=1, dataset_size=settings["train_subset"],
+                          strategy="full", objective="time_to_accuracy")
+    else:
+        import tula_ray
+
+        plan = tula_ray.search("fashion-mnist-cnn", cluster_sizes=(WORLD_SIZE,),
+                               min_batch=min(settings["batches"]),
+                               max_batch=max(settings["batches"]),
+                               workload_options={"train_subset": settings["train_subset"]},
+                               objective="time_to_accuracy", reference_batch=REFERENCE_BATCH,
+                               training_strategy=STRATEGY)
+    plan.to_json(path)
+    return plan
+
+
+def replanned(plan, epochs: int, train_size: int, objective: str):
+    """The plan re-made from its own profiles for `epochs` at the reference batch over the
+    training split's size: what a user asking for that target would have been given."""
+    from tula_ray.planning.plan import build_plan
+    from tula_ray.space import SearchSpace
+
+    space = SearchSpace.of_pairs(plan.table["num_workers"], plan.table["global_batch"])
+    return build_plan(space, plan.profiles, epochs=max(1, epochs), dataset_size=train_size,
+                      strategy=plan.strategy, objective=objective,
+                      reference_batch=REFERENCE_BATCH, meta=plan.meta,
+                      noise_calibration=plan.meta["noise"]["calibration"])
+
+
+def judge(plan, truth: dict[int, dict[str, float]], train_size: int) -> dict[str, Any]:
+    """One target: E0 from the B = 32 runs, the three objectives' choices and regrets, and
+    predicted against measured epochs and time to the target."""
+    from scipy.stats import spearmanr
+
+    e0 = truth[REFERENCE_BATCH]["epochs"] if REFERENCE_BATCH in truth else math.nan
+    best_batch = min(truth, key=lambda b: truth[b]["seconds"])
+    best = truth[best_batch]["seconds"]
+    rows, choices = [], {}
+    if not math.isfinite(e0):
+        return {"e0": e0, "rows": rows, "choices": choices, "best_batch": best_batch}
+    for objective in ("time_to_accuracy", "time", "knee"):
+        chosen = replanned(plan, round(e0), train_size, objective).choice.global_batch
+        seconds = truth.get(chosen, {}).get("seconds", math.nan)
+        choices[objective] = {"global_batch": chosen, "seconds": seconds,
+                              "regret": seconds / best - 1}
+    table = replanned(plan, round(e0), train_size, "time_to_accuracy").table
+    for _, row in table[table["num_workers"] == WORLD_SIZE].iterrows():
+        batch = int(row["global_batch"])
+        if batch not in truth:
+            continue
+        # E0 at its measured (fractional) value: the plan's epochs scale linearly with it.
+        # An epoch here is its steps and a pass over the held-out split (no checkpoint):
+        # the profile's evaluation scaled from the test set to that split.
+        steps = row["measured_epoch_time_s"] if row["estimate"] == "measured" \
+            else row["epoch_time_s"]
+        per_epoch = steps + row["eval_time_s"] * (train_size * VALIDATION_FRACTION
+                                                  / (1 - VALIDATION_FRACTION)) / TEST_SIZE
+        predicted_epochs = e0 / row["efficiency"]
+        rows.append({"global_batch": batch, "predicted_epochs": predicted_epochs,
+                     "measured_epochs": truth[batch]["epochs"],
+                     "predicted_s": predicted_epochs * per_epoch,
+                     "measured_s": truth[batch]["seconds"], "reached": truth[batch]["reached"],
+                     "seeds": truth[batch]["seeds"]})
+    finite = [r for r in rows if math.isfinite(r["measured_epochs"])]
+    log_errors = [abs(math.log(r["predicted_epochs"] / r["measured_epochs"])) for r in finite
+                  if r["measured_epochs"] > 0]
+    rho = (float(spearmanr([r["predicted_s"] for r in finite],
+                           [r["measured_s"] for r in finite]).statistic)
+           if len(finite) >= 3 else math.nan)
+    return {"e0": e0, "rows": rows, "choices": choices, "best_batch": best_batch,
+            "best_seconds": best,
+            "median_log_error": float(np.median(log_errors)) if log_errors else math.nan,
+            "spearman": rho}
+
+
+# --------------------------------------------------------------------------- run, report
+
+def run(quick: bool = False) -> dict:
+    settings = QUICK if quick else FULL
+    name = NAME + ("_quick" if quick else "")
+    log = RESULTS_DIR / f"{name}.runs.jsonl"
+    if quick:
+        log.unlink(missing_ok=True)
+    RESULTS_DIR.mkdir(parents=True, exist_ok=True)
+    plan = make_plan(settings, quick)  # before the training: one Ray, then none
+    runs = plan_runs(settings)
+    done = {run_key(r) for r in read_runs(log)}
+    todo = [r for r in runs if run_key(r) not in done]
+    if todo:
+        spawn_gloo(_worker, WORLD_SIZE, todo, str(log))
+    wanted = {run_key(r) for r in runs}
+    recorded = [r for r in read_runs(log) if run_key(r) in wanted]
+    train_size = settings["train_subset"] - round(settings["train_subset"]
+                                                  * VALIDATION_FRACTION)
+    truth = measured(recorded, settings["targets"])
+    result = {"provenance": provenance(), "quick": quick, "settings": settings,
+              "noise": plan.meta.get("noise"), "truth": truth,
+              "targets": {str(t): judge(plan, truth[t], train_size)
+                          for t in settings["targets"]}}
+    markdown = report(result)
+    write_result(name, result, markdown)
+    print(markdown)
+    return result
+
+
+def _fmt(value: float, spec: str = ".2f") -> str:
+    if math.isnan(value):
+        return "n/a"
+    return format(value, spec) if math.isfinite(value) else "not reached"
+
+
+def report(result: dict) -> str:
+    p, s = result["provenance"], result["settings"]
+    noise = result["noise"] or {}
+    lines = ["### Time to accuracy: the plan's choice against measured training (issue 25, "
+             "item 4)\n",
+             f"`{p['command']}` at {p['commit']}, {p['date']}, {p['machine']}.\n",
+             f"Fashion-MNIST CNN, {s['train_subset']}-image subset, {STRATEGY} at N = "
+             f"{WORLD_SIZE} (N = 1 not measured: this machine's time), scored on a held-out "
+             f"{VALIDATION_FRACTION:.0%} after every epoch, up to {s['max_epochs']} epochs; "
+             f"seeds {list(s['seeds'])}, medians over them. The plan's noise scale phi = "
+             f"{noise.get('noise_scale')} ({noise.get('calibration')} x the measured "
+             f"{noise.get('measured_noise_scale')}). E0 is the epochs the B = "
+             f"{REFERENCE_BATCH} runs need.\n"]
+    for target, judged in result["targets"].items():
+        lines.append(f"Target validation accuracy {float(target):.0%}: E0 = "
+                     f"{_fmt(judged['e0'])} epochs; fastest measured B = "
+                     f"{judged['best_batch']}.\n")
+        body = [[r["global_batch"], _fmt(r["predicted_epochs"]), _fmt(r["measured_epochs"]),
+                 _fmt(r["predicted_s"], ".3g"), _fmt(r["measured_s"], ".3g"),
+                 f"{r['reached']}/{r['seeds']}"] for r in judged["rows"]]
+        if body:
+            lines += [markdown_table(["B", "predicted epochs", "measured epochs",
+                                      "predicted s", "measured s", "seeds reaching it"],
+                                     body), ""]
+        for objective, choice in judged["choices"].items():
+            lines.append(f"- `{objective}` chooses B = {choice['global_batch']}: "
+                         f"{_fmt(choice['seconds'], '.3g')} s, regret "
+                         + (f"{choice['regret']:+.0%}" if math.isfinite(choice["regret"])
+                            else "n/a"))
+        if "median_log_error" in judged:
+            lines.append(f"- epochs: median |log(predicted / measured)| = "
+                         f"{_fmt(judged['median_log_error'])} (goal <= 0.25); Spearman of "
+                         f"predicted and measured time = {_fmt(judged['spearman'])} "
+                         "(goal >= 0.8)")
+        lines.append("")
+    return "\n".join(lines) + "\n"
