@@ -196,3 +196,50 @@ def test_cuda_memory_in_use_is_total_minus_free(monkeypatch):
     assert measure.device_in_use_bytes("cuda:0") == pytest.approx(0.8 * GB)
     assert calls == ["empty_cache"]  # the allocator's cached blocks are not "in use"
     assert measure.device_in_use_bytes("cpu") == 0.0
+
+
+# ------------------------------------------------- each cost counted once (issue 26 item 3)
+
+def test_a_cuda_peak_holding_ddp_buckets_is_checked_without_them():
+    # The budget took the buckets off already: max_memory_allocated holds them too.
+    budget = memory.device_budget_bytes(10 * GB, grad_bytes=1 * GB, num_workers=2)
+    assert memory.over_budget(9.5 * GB, budget, bucket_bytes=1 * GB) == ""
+    assert "device_memory_bytes" in memory.over_budget(9.5 * GB, budget)  # counted twice
+    assert memory.budget_peak_bytes(9.5 * GB, bucket_bytes=1 * GB) == 8.5 * GB
+
+
+def test_measured_nccl_buffers_replace_the_budgeted_constant():
+    constant = memory.NCCL_BUFFER_BYTES_DEFAULT
+    assert memory.budget_peak_bytes(GB, nccl_buffer_bytes=None) == GB  # constant stands
+    assert memory.budget_peak_bytes(GB, nccl_buffer_bytes=float("nan")) == GB
+    assert memory.budget_peak_bytes(GB, nccl_buffer_bytes=constant + 5e6) == GB + 5e6
+    assert memory.budget_peak_bytes(GB, nccl_buffer_bytes=constant - 5e6) == GB - 5e6
+    error = memory.over_budget(GB, GB + 1e6, nccl_buffer_bytes=constant + 5e6)
+    assert "NCCL" in error and "device_memory_bytes" in error
+    measured = memory.device_budget_bytes(32 * GB, grad_bytes=0, num_workers=2, nccl=True,
+                                          nccl_buffer_bytes=2e8)
+    assert measured == 32 * GB - 2e8
+    assert memory.device_budget_bytes(32 * GB, grad_bytes=0, num_workers=2, nccl=True) \
+        == 32 * GB - constant
+    with pytest.raises(ValueError, match="bucket_bytes=-1"):
+        memory.budget_peak_bytes(GB, bucket_bytes=-1)
+
+
+def test_nccl_buffers_are_the_fall_of_free_memory_less_torchs_own(monkeypatch):
+    from tula_ray.training import measure
+
+    free = iter([10 * GB, 10 * GB - 300e6])  # before and after the first collective
+    reserved = iter([1e9, 1e9 + 100e6])  # torch's allocator took 100 MB of the fall
+    calls = []
+    monkeypatch.setattr(measure, "synchronize", lambda device: None)
+    taken = measure.collective_buffer_bytes(
+        "cuda", lambda: calls.append("all_reduce"),
+        mem_get_info=lambda device: (next(free), 80 * GB),
+        memory_reserved=lambda device: next(reserved))
+    assert calls == ["all_reduce"] and taken == pytest.approx(200e6)
+    assert measure.collective_buffer_bytes("cpu", lambda: calls.append("x")) is None
+    assert calls == ["all_reduce"]  # no collective measured on CPU
+    same = measure.collective_buffer_bytes(  # a communicator made before: nothing to see
+        "cuda", lambda: None, mem_get_info=lambda device: (GB, 80 * GB),
+        memory_reserved=lambda device: 0)
+    assert same is None

@@ -24,6 +24,14 @@ is what `train`'s `seconds` measures. Phases for each batch, at local batch b = 
   5. once per worker group, after its first batch: what the training strategy adds to a
      step (`trainables.strategy_cost`), one evaluation pass and one checkpoint write
      (`tula_ray.training.epoch_costs`): the epoch's costs beyond its steps.
+Every phase ends with the workers' agreement (`tula_ray.training.phase_agreement`): a
+failure on one worker raises on all of them at the same point, with the same class, so
+that out of memory anywhere makes the row "oom" on every worker (`profile_batch`), and
+any other failure ends the worker group as the driver sorts it (user code or
+infrastructure). The training steps' peak memory is read before phase 4 (the noise's
+gradients, the strategy's second model are not `train`'s), and checked against
+`device_memory_bytes` with DDP's buckets and NCCL's buffers counted once
+(`tula_ray.models.memory.over_budget`; NCCL's measured at the group's first collective).
 
 The model, optimizer and data are built once per worker group: a further batch costs
 its own steps, not a new launch. Short steps are cheap, so each phase takes at least
@@ -46,7 +54,8 @@ import torch
 
 from trainables.profiling_sweep import Sweep
 from tula_ray.failures import is_out_of_memory, workload_code
-from tula_ray.profile_table import MAX_ERROR_CHARS, STATUS_OK, STATUS_OOM, profile_row
+from tula_ray.profile_table import (FAILURE_OOM, MAX_ERROR_CHARS, STATUS_OK, STATUS_OOM,
+                                    profile_row)
 
 logger = logging.getLogger(__name__)
 
@@ -67,23 +76,32 @@ def profile_loop_per_worker(config: dict[str, Any]) -> None:
     batches = sorted(int(b) for b in config.get("global_batches", [config.get("global_batch")]))
     sweep = Sweep(config, world_size)
     for global_batch in batches:
-        started = time.perf_counter()
-        row = profile_row(world_size, global_batch, status=STATUS_OK)
-        try:
-            # The workload's own code fails as a UserCodeError (the search's taxonomy).
-            with workload_code(sweep.workload.name, f"training at B={global_batch} on "
-                                                    f"N={world_size} workers"):
-                row.update(sweep.profile(global_batch))
-        except RuntimeError as exc:  # torch's OOM, NCCL's (DistBackendError), or a peer's
-            if not is_out_of_memory(exc):
-                raise
-            logger.warning("out of memory at B=%d N=%d: %s", global_batch, world_size, exc)
-            row.update(status=STATUS_OOM,
-                       error=f"{type(exc).__name__}: {exc}"[-MAX_ERROR_CHARS:])
-            if torch.cuda.is_available():
-                torch.cuda.empty_cache()
-        row.update(round=config.get("round", math.nan), launch_wall_s=launch_s,
-                   profile_wall_s=time.perf_counter() - started)
+        row = profile_batch(sweep, global_batch, launch_s)
         ray.train.report(row)  # every worker reports (a barrier); rank 0's row is kept
         if row["status"] == STATUS_OOM:
             break  # memory per worker grows with b: every larger batch runs out too
+
+
+def profile_batch(sweep: Sweep, global_batch: int, launch_s: float = math.nan) -> dict[str, Any]:
+    """This worker's row for `global_batch`: measured, or "oom" (failure "oom") when any
+    worker of the group ran out of memory (the phases' agreement raises it on all);
+    any other failure is raised, the workload's own as a UserCodeError."""
+    world_size = sweep.world_size
+    started = time.perf_counter()
+    row = profile_row(world_size, global_batch, status=STATUS_OK)
+    try:
+        # The workload's own code fails as a UserCodeError (the search's taxonomy).
+        with workload_code(sweep.workload.name, f"training at B={global_batch} on "
+                                                f"N={world_size} workers"):
+            row.update(sweep.profile(global_batch))
+    except RuntimeError as exc:  # torch's OOM, NCCL's (DistBackendError), or a peer's
+        if not is_out_of_memory(exc):
+            raise
+        logger.warning("out of memory at B=%d N=%d: %s", global_batch, world_size, exc)
+        row.update(status=STATUS_OOM, failure=FAILURE_OOM,
+                   error=f"{type(exc).__name__}: {exc}"[-MAX_ERROR_CHARS:])
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+    row.update(round=sweep.config.get("round", math.nan), launch_wall_s=launch_s,
+               profile_wall_s=time.perf_counter() - started)
+    return row

@@ -15,16 +15,19 @@ import ray.train.torch
 import torch
 
 from trainables.strategy_cost import measure_strategy_extra_s, strategy_batch
-from tula_ray.distributed import max_over_ranks
-from tula_ray.failures import is_out_of_memory, workload_code
+from tula_ray.distributed import max_over_ranks, sum_over_ranks
+from tula_ray.failures import workload_code
+from tula_ray.models.memory import gradient_bytes, over_budget
 from tula_ray.precision import set_math_mode
-from tula_ray.profile_table import STATUS_OK, STATUS_OOM
+from tula_ray.profile_table import FAILURE_OOM, STATUS_OK, STATUS_OOM
 from tula_ray.training.batches import tensor_source, training_batches
 from tula_ray.training.data import loader_options
 from tula_ray.training.epoch_costs import checkpoint_s, evaluation_s
 from tula_ray.training.epochs import EpochTally
 from tula_ray.training.gradient_noise import measure_gradient_noise
-from tula_ray.training.measure import memtracker_peak_bytes, train_step
+from tula_ray.training.measure import (collective_buffer_bytes, memtracker_peak_bytes,
+                                       reset_peak_memory, train_step)
+from tula_ray.training.phase_agreement import PeerOutOfMemoryError, PhaseAgreement
 from tula_ray.training.step_timing import (cycle, max_measure_steps, mean_step_s,
                                            measured_step_count, spread as step_spread, time_block,
                                            warm_up)
@@ -45,33 +48,19 @@ NOISE_MIN_STEPS = 3
 NOISE_SECONDS = 0.5
 
 
-class PeerOutOfMemoryError(torch.OutOfMemoryError):
-    """Another worker of the group ran out of memory at this batch."""
+__all__ = ["PeerOutOfMemoryError", "Sweep", "agree_first_step_fits"]
 
 
 def agree_first_step_fits(step: Callable[[], list[float]], device: torch.device,
-                          no_collective: contextlib.AbstractContextManager) -> list[float]:
+                          no_collective: contextlib.AbstractContextManager,
+                          agreement: PhaseAgreement | None = None) -> list[float]:
     """Run `step` (one training step, inside `no_collective`: DDP's no_sync) on every
-    worker, then agree over all workers whether it fitted in memory. Returns its timing;
-    raises torch.OutOfMemoryError on EVERY worker when any one ran out, so that all of
-    them mark the batch "oom" together instead of some waiting in a collective."""
-    failure: BaseException | None = None
-    seconds: list[float] = []
-    with no_collective:
-        try:
-            seconds = step()
-        except RuntimeError as exc:
-            if not is_out_of_memory(exc):
-                raise
-            failure = exc
-            if device.type == "cuda":
-                torch.cuda.empty_cache()
-    (any_failed,) = max_over_ranks([1.0 if failure else 0.0], device)
-    if failure is not None:
-        raise failure
-    if any_failed:
-        raise PeerOutOfMemoryError("out of memory on another worker of this group")
-    return seconds
+    worker, then agree over all workers whether it succeeded (`agreement`'s, or a new
+    one's). Returns its timing; raises torch.OutOfMemoryError on EVERY worker when any
+    one ran out, so that all of them mark the batch "oom" together instead of some
+    waiting in a collective (any other failure: every worker raises its class)."""
+    agreement = agreement or PhaseAgreement(device)
+    return agreement.run("first step", step, inside=no_collective)
 
 
 class Sweep:
@@ -100,6 +89,12 @@ class Sweep:
             self.source = tensor_source(self.dataset, self.device,
                                         on_device=self.workload.data_on_device)
         self.data_load_s = time.perf_counter() - started
+        # NCCL's buffers, made by the group's first collective (the communicator is
+        # lazy): measured here, before the model, for the row's memory check.
+        self.nccl_buffer_bytes = collective_buffer_bytes(
+            self.device, lambda: sum_over_ranks([0.0], self.device)) if world_size > 1 else None
+        # Every phase of a batch ends with the workers' agreement (its own gloo group).
+        self.agreement = PhaseAgreement(self.device)
         with workload_code(name, "model_fn()"):
             model = self.workload.model_fn()
         self.model = ray.train.torch.prepare_model(model)
@@ -121,6 +116,8 @@ class Sweep:
         self.distributed = isinstance(self.model, torch.nn.parallel.DistributedDataParallel)
         # With buffers (BatchNorm), DDP broadcasts them in the forward after a synced step.
         self.transition = int(self.distributed and any(True for _ in self.model.buffers()))
+        # DDP's gradient buckets, which CUDA's peak counts and the budget took off apart.
+        self.bucket_bytes = float(gradient_bytes(self.model)) if self.distributed else 0.0
 
     def batches(self, local_batch: int) -> Iterator:
         """This rank's batches at `local_batch`, forever: the data path `train` takes
@@ -135,8 +132,9 @@ class Sweep:
         return self.model.no_sync() if self.distributed else contextlib.nullcontext()
 
     def _cpu_peak(self, batches: Iterator) -> tuple[float, float]:
-        """One untimed step of this worker's own model under MemTracker: its peak bytes,
-        the largest over the workers, and the step's seconds. The wrapped module trains
+        """One untimed step of this worker's own model under MemTracker: its peak bytes
+        and the step's seconds (this worker's: the caller agrees, then reduces). The
+        wrapped module trains
         alone (no DDP hooks, no collective), on a real batch. The batch is fetched before
         the tracker and registered with it: a fetch inside would count the whole dataset's
         storage, which the batch's samples view."""
@@ -147,24 +145,26 @@ class Sweep:
             [lambda: train_step(module, self.optimizer, self.loss_fn, inputs, targets,
                                 autocast=self.autocast)],
             module, self.optimizer, inputs, targets)
-        seconds = time.perf_counter() - started
-        (peak,) = max_over_ranks([float(peak)], self.device)
-        return peak, seconds
+        return float(peak), time.perf_counter() - started
 
     def epoch_costs(self) -> dict[str, float]:
         """The epoch's costs beyond its steps, once per worker group: one evaluation pass
-        (when the workload has a test set) and one checkpoint write."""
-        costs = {"checkpoint_time_s": checkpoint_s(self.model, self.plain, self.device,
-                                                   rank=self.rank)}
+        (when the workload has a test set) and one checkpoint write, each agreed on."""
+        costs = {"checkpoint_time_s": self.agreement.run("checkpoint", lambda: checkpoint_s(
+            self.model, self.plain, self.device, rank=self.rank))}
         if self.workload.test_dataset_fn is not None:
-            with workload_code(self.workload.name, "test_dataset_fn()"):
-                test_set = self.workload.test_dataset_fn()
-            costs["eval_time_s"] = evaluation_s(self.model, test_set, self.loss_fn, self.device,
-                                                num_replicas=self.world_size, rank=self.rank,
-                                                autocast=self.autocast)
+            def evaluation() -> float:
+                with workload_code(self.workload.name, "test_dataset_fn()"):
+                    test_set = self.workload.test_dataset_fn()
+                return evaluation_s(self.model, test_set, self.loss_fn, self.device,
+                                    num_replicas=self.world_size, rank=self.rank,
+                                    autocast=self.autocast)
+            costs["eval_time_s"] = self.agreement.run("evaluation", evaluation)
         return costs
 
     def profile(self, global_batch: int) -> dict[str, Any]:
+        """One batch's row fields; every phase ends with the workers' agreement
+        (`self.agreement`): a failure on any worker raises on every worker, with its class."""
         world_size, device, config = self.world_size, self.device, self.config
         if global_batch % world_size:
             raise ValueError(f"global_batch={global_batch} is not divisible by num_workers="
@@ -174,7 +174,9 @@ class Sweep:
         result: dict[str, Any] = {"torch_threads": torch.get_num_threads(),
                                   "device": device.type, "data_load_s": self.data_load_s,
                                   "precision": self.workload.precision, **self.math_mode,
-                                  "cpus_per_worker": config.get("cpus_per_worker", math.nan)}
+                                  "cpus_per_worker": config.get("cpus_per_worker", math.nan),
+                                  "nccl_buffer_bytes": (math.nan if self.nccl_buffer_bytes is None
+                                                        else self.nccl_buffer_bytes)}
 
         limit = config.get("device_memory_bytes")
         if len(self.dataset) < global_batch:  # type: ignore[arg-type]
@@ -182,32 +184,36 @@ class Sweep:
                              f"{self.workload.name} ({len(self.dataset)} samples)")  # type: ignore[arg-type]
         batches = self.batches(local_batch)
         tally = EpochTally(self.model, self.plain, self.loss_fn, device)
+        agree = self.agreement.run
 
         def run_step() -> None:
             tally.step(*next(batches))
 
-        if device.type == "cuda":
-            torch.cuda.reset_peak_memory_stats(device)
-
+        reset_peak_memory(device)
         # 1. Warm-up. The first step, where memory peaks, runs without a collective and
         # the workers agree on whether it fitted: a worker out of memory inside DDP's
         # all-reduce would leave its peers waiting in it until the process-group timeout.
         warm = agree_first_step_fits(lambda: time_block(1, run_step, device), device,
-                                     self.no_sync())
+                                     self.no_sync(), self.agreement)
         if device.type != "cuda" and config.get("measure_memory", True):
-            peak, seconds = self._cpu_peak(batches)
+            peak, seconds = agree("memory step", lambda: self._cpu_peak(batches))
+            (peak,) = max_over_ranks([peak], device)
             warm.append(seconds)
             result.update(peak_mem_bytes=peak, memory_source="memtracker")
-            if limit is not None and peak > float(limit):
-                return {**result, "status": STATUS_OOM,
-                        "error": f"peak {peak:.4g} bytes > device_memory_bytes {float(limit):.4g}"}
+            # MemTracker watches the bare module: no DDP bucket in its peak.
+            error = "" if limit is None else over_budget(peak, float(limit))
+            if error:
+                return {**result, "status": STATUS_OOM, "failure": FAILURE_OOM, "error": error}
         # No collective under no_sync: each worker may warm up for its own count of steps.
-        with self.no_sync():
-            settled = warm_up(run_step, device, min_steps=max(self.warmup - len(warm), 1),
-                              min_seconds=self.warmup_s)
+        settled = agree("warm-up", lambda: warm_up(
+            run_step, device, min_steps=max(self.warmup - len(warm), 1),
+            min_seconds=self.warmup_s), inside=self.no_sync())
         warm += settled
         if self.distributed:
-            warm += time_block(1, run_step, device)  # DDP's first synced step rebuilds buckets
+            # DDP's first synced step, and the next, whose forward rebuilds the buckets
+            # with a broadcast (once per model, even under no_sync): inside this phase, no
+            # compute block below holds a collective.
+            warm += agree("first synced steps", lambda: time_block(2, run_step, device))
         # The step count comes from an untracked step (MemTracker slows the one it watches).
         (warm_s,) = max_over_ranks([settled[-1]], device)
         steps = measured_step_count(warm_s, self.measure, self.budget_s,
@@ -218,30 +224,36 @@ class Sweep:
         compute: list[float] = []
         step: list[float] = []
         for _ in range(blocks):
-            with self.no_sync():
-                compute += time_block(per_block, run_step, device, transition=self.transition)
+            compute += agree("compute steps", lambda: time_block(
+                per_block, run_step, device, transition=self.transition), inside=self.no_sync())
             if self.distributed:
-                step += time_block(per_block, run_step, device, transition=self.transition)
+                step += agree("synced steps", lambda: time_block(
+                    per_block, run_step, device, transition=self.transition))
         if not self.distributed:
             step = compute
+        # The training steps' peak, read before the untimed phases below: the noise's
+        # flat gradients and the strategy phase's second model are no step of `train`.
+        training_peak = float(torch.cuda.max_memory_allocated(device)) \
+            if device.type == "cuda" else math.nan
         # 4. The gradient noise at this batch, untimed: pairs of a b- and a B-sample
         # gradient of the same weights (the same count on every worker: it all-reduces).
-        noise = measure_gradient_noise(
+        noise = agree("gradient noise", lambda: measure_gradient_noise(
             self.model, self.plain, self.loss_fn, batches,
             measured_step_count(warm_s, NOISE_MIN_STEPS, NOISE_SECONDS,
                                 max_measure_steps(device)),
-            world_size=world_size if self.distributed else 1, no_sync=self.no_sync)
+            world_size=world_size if self.distributed else 1, no_sync=self.no_sync))
         grad_sqr, grad_var = noise.estimate()
         result.update(grad_sqr=grad_sqr, grad_var=grad_var, noise_steps=noise.steps)
 
         if global_batch == self.first_batch:
             result.update(self.epoch_costs())
-            if self.strategy_batch is not None:
+            if self.strategy_batch is not None:  # its phases agree in `strategy_cost`
                 result["strategy_extra_s"] = measure_strategy_extra_s(self)
+            reset_peak_memory(device)  # the strategy's second model is gone: not the next row's
         medians = [mean_step_s(compute), mean_step_s(step), step_spread(step),
                    sum(compute) + (sum(step) if self.distributed else 0.0), sum(warm)]
         if device.type == "cuda":
-            medians.append(float(torch.cuda.max_memory_allocated(device)))  # reduced[5]
+            medians.append(training_peak)  # reduced[5]
         reduced = max_over_ranks(medians, device)
         compute_s, step_s, spread, timed_s, warm_s = reduced[:5]
         # Timing noise (~15 % here) can make the compute-only mean exceed the synced
@@ -256,10 +268,13 @@ class Sweep:
             status=STATUS_OK, error="")
         if device.type == "cuda":
             result.update(peak_mem_bytes=reduced[5], memory_source="cuda")
-            # The user may declare a device smaller than this GPU.
-            if limit is not None and reduced[5] > float(limit):
-                result.update(status=STATUS_OOM, error=f"peak {reduced[5]:.4g} bytes > "
-                                                       f"device_memory_bytes {float(limit):.4g}")
+            # The user may declare a device smaller than this GPU. The budget took DDP's
+            # buckets and NCCL's buffers off apart: each is counted once (`over_budget`).
+            error = "" if limit is None else over_budget(
+                reduced[5], float(limit), bucket_bytes=self.bucket_bytes,
+                nccl_buffer_bytes=self.nccl_buffer_bytes)
+            if error:
+                result.update(status=STATUS_OOM, failure=FAILURE_OOM, error=error)
         return result
 
 

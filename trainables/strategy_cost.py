@@ -52,28 +52,43 @@ def strategy_batch(config: dict[str, Any], world_size: int, first_batch: int,
 def measure_strategy_extra_s(sweep: Any) -> float:
     """Seconds the training strategy adds to one step (the profiling loop's phase 4), the
     slowest worker's strategy mean less the slowest worker's plain mean, at
-    `sweep.strategy_batch`; `sweep`: the loop's worker group (model, data, config). Both
-    steps are the data path's (`EpochTally.step` on the sweep's batches), in blocks."""
+    `sweep.strategy_batch`; `sweep`: the loop's worker group (model, data, config, and
+    `agreement`: each part below ends with the workers' agreement, so that a failure on
+    one worker, the second model out of memory most likely, stops them all). Both steps
+    are the data path's (`EpochTally.step` on the sweep's batches), in blocks."""
+    agree = sweep.agreement.run
     global_batch = sweep.strategy_batch
     batches = sweep.batches(global_batch // sweep.world_size)
     plain = EpochTally(sweep.model, sweep.plain, sweep.loss_fn, sweep.device)
-    first = time_block(1, lambda: plain.step(*next(batches)), sweep.device)
+    first = agree("strategy: first plain step",
+                  lambda: time_block(1, lambda: plain.step(*next(batches)), sweep.device))
     (first_s,) = max_over_ranks(first, sweep.device)
     # Plain and strategy steps share one phase's budget: its cost is what the plan needs.
     count = measured_step_count(first_s, sweep.measure, sweep.budget_s / 2)
-    plain_s = time_block(count, lambda: plain.step(*next(batches)), sweep.device)
-    model = ray.train.torch.prepare_model(sweep.workload.model_fn())
-    model.train()
-    setup = build_strategy(
-        get_training_strategy(sweep.config["training_strategy"]), model, global_batch=global_batch,
-        steps_per_epoch=max(1, len(sweep.dataset) // global_batch),  # type: ignore[arg-type]
-        epochs=int(sweep.config.get("epochs") or sweep.workload.epochs),
-        options=sweep.strategy_options, **optimizer_hyperparameters(sweep.workload))
-    setup.set_precision(sweep.workload.precision, sweep.device)  # as `train` sets it
-    setup.start_epoch(0)
-    tally = EpochTally(model, setup, sweep.loss_fn, sweep.device)
+    plain_s = agree("strategy: plain steps", lambda: time_block(
+        count, lambda: plain.step(*next(batches)), sweep.device))
+    # The second model, built and placed without a collective, then wrapped (DDP's
+    # broadcast, its buckets): each agreed on apart.
+    model = agree("strategy: second model",
+                  lambda: sweep.workload.model_fn().to(sweep.device))
+
+    def strategy_setup():
+        wrapped = ray.train.torch.prepare_model(model)
+        wrapped.train()
+        setup = build_strategy(
+            get_training_strategy(sweep.config["training_strategy"]), wrapped,
+            global_batch=global_batch,
+            steps_per_epoch=max(1, len(sweep.dataset) // global_batch),  # type: ignore[arg-type]
+            epochs=int(sweep.config.get("epochs") or sweep.workload.epochs),
+            options=sweep.strategy_options, **optimizer_hyperparameters(sweep.workload))
+        setup.set_precision(sweep.workload.precision, sweep.device)  # as `train` sets it
+        setup.start_epoch(0)
+        return EpochTally(wrapped, setup, sweep.loss_fn, sweep.device)
+
+    tally = agree("strategy: setup", strategy_setup)
     # The first step builds the optimizer's state: untimed.
-    seconds = time_block(count, lambda: tally.step(*next(batches)), sweep.device, transition=1)
+    seconds = agree("strategy: steps", lambda: time_block(
+        count, lambda: tally.step(*next(batches)), sweep.device, transition=1))
     strategy_mean, plain_mean = max_over_ranks(
         [mean_step_s(seconds), mean_step_s(plain_s)], sweep.device)
     return strategy_mean - plain_mean

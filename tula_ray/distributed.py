@@ -7,6 +7,7 @@ No Ray here (core): the same code runs in a Ray Train worker group, under
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Any
 
 import torch
@@ -24,22 +25,24 @@ def world_size(process_group: Any = None) -> int:
     return dist.get_world_size(process_group) if is_distributed() else 1
 
 
-def reduce_device(device: torch.device | str) -> torch.device:
+def reduce_device(device: torch.device | str, process_group: Any = None) -> torch.device:
     """Where a collective's tensor must live: NCCL takes CUDA tensors (the caller's device,
     or the current CUDA device), gloo CPU ones."""
     device = torch.device(device)
-    if dist.get_backend() == "nccl":
+    if dist.get_backend(process_group) == "nccl":
         return device if device.type == "cuda" else torch.device(
             "cuda", torch.cuda.current_device())
     return torch.device("cpu")
 
 
-def _reduced(values: list[float], device: torch.device | str, op: str) -> list[float]:
+def _reduced(values: list[float], device: torch.device | str, op: str,
+             process_group: Any = None) -> list[float]:
     """`values` all-reduced with `dist.ReduceOp.<op>` (one collective for the list)."""
-    if world_size() == 1:
+    if world_size(process_group) == 1:
         return list(values)
-    tensor = torch.tensor(values, dtype=torch.float64, device=reduce_device(device))
-    dist.all_reduce(tensor, op=getattr(dist.ReduceOp, op))
+    tensor = torch.tensor(values, dtype=torch.float64,
+                          device=reduce_device(device, process_group))
+    dist.all_reduce(tensor, op=getattr(dist.ReduceOp, op), group=process_group)
     return tensor.tolist()
 
 
@@ -54,9 +57,30 @@ def mean_over_ranks(values: list[float], device: torch.device | str = "cpu") -> 
     return [value / world for value in sum_over_ranks(values, device)]
 
 
-def max_over_ranks(values: list[float], device: torch.device | str = "cpu") -> list[float]:
-    """Each value's maximum over the ranks: a step is as slow as its slowest worker."""
-    return _reduced(values, device, "MAX")
+def max_over_ranks(values: list[float], device: torch.device | str = "cpu",
+                   process_group: Any = None) -> list[float]:
+    """Each value's maximum over the ranks (of `process_group`; the default group when
+    None): a step is as slow as its slowest worker."""
+    return _reduced(values, device, "MAX", process_group)
+
+
+def gathered_objects(value: Any, process_group: Any = None) -> list[Any]:
+    """Every rank's `value` (picklable), in rank order; [value] without torch.distributed."""
+    if world_size(process_group) == 1:
+        return [value]
+    values: list[Any] = [None] * world_size(process_group)
+    dist.all_gather_object(values, value, group=process_group)
+    return values
+
+
+def side_group(timeout_s: float) -> Any:
+    """A gloo group over every rank of the default group, with its own connections and
+    `timeout_s`: what it carries never queues behind, or pairs with, a collective of the
+    default group (NCCL's, DDP's) that a rank may be left waiting in. None without
+    torch.distributed. Every rank must call it, at the same point."""
+    if not is_distributed():
+        return None
+    return dist.new_group(backend="gloo", timeout=timedelta(seconds=timeout_s))
 
 
 def average_tensors_over_ranks(tensors: list[torch.Tensor], process_group: Any = None) -> None:

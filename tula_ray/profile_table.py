@@ -44,6 +44,9 @@ PROFILE_COLUMNS = (
     "grad_var",
     "noise_steps",
     "peak_mem_bytes",  # peak device memory of one worker
+    # NCCL's communicator buffers on one GPU of this worker group, measured at its first
+    # collective (no peak counter sees them); NaN where not measured (CPU, N = 1)
+    "nccl_buffer_bytes",
     "samples_per_s",  # B / step_time_s
     "step_time_spread",  # (q3 - q1) / median of the synced steps: this row's own timing noise
     "measure_steps",  # steps timed in each phase (more where steps are short: same budget)

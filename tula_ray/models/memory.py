@@ -29,7 +29,9 @@ HEADROOM_DEFAULT = 0.1
 # group) never allocates: NCCL_BUFFSIZE (4 MiB by default) per channel, for a send
 # and a receive side, over up to 16 ring channels on an intra-node/Ethernet setup
 # such as the paper's (NCCL docs, "Environment Variables"). An estimate: check it on
-# the first GPU run (README's GPU checklist: nvidia-smi during a 2-worker step).
+# the first GPU run (README's GPU checklist: nvidia-smi during a 2-worker step). The
+# profiling sweep measures them on each worker group (`measure.collective_buffer_bytes`,
+# the row's nccl_buffer_bytes); this constant stands where nothing was measured.
 NCCL_BUFFER_BYTES_DEFAULT = 2 * 16 * 4 * 2**20
 
 
@@ -69,7 +71,7 @@ def static_memory(
 
     params = list(model.parameters())
     param_bytes = sum(p.numel() * p.element_size() for p in params)
-    grad_bytes = sum(p.numel() * p.element_size() for p in params if p.requires_grad)
+    grad_bytes = gradient_bytes(model)
     replica = copy.deepcopy(model)
     trainable = [p for p in replica.parameters() if p.requires_grad]
     for p in trainable:
@@ -78,6 +80,12 @@ def static_memory(
     optimizer.step()
     optimizer_bytes = sum(_tensor_bytes(state) for state in optimizer.state.values())
     return StaticMemory(param_bytes, grad_bytes, optimizer_bytes)
+
+
+def gradient_bytes(model: torch.nn.Module) -> int:
+    """M_grad: one gradient per trainable parameter; also the size of DDP's gradient
+    buckets (`gradient_as_bucket_view=False`, its default: a second copy)."""
+    return sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
 
 
 @dataclass(frozen=True)
@@ -161,7 +169,7 @@ def fit_probe(points: Iterable[tuple[int, float]], static: StaticMemory,
 
 def device_budget_bytes(device_bytes: float, *, grad_bytes: float, num_workers: int,
                         in_use_bytes: float = 0.0, nccl: bool = False,
-                        nccl_buffer_bytes: float = NCCL_BUFFER_BYTES_DEFAULT) -> float:
+                        nccl_buffer_bytes: float | None = None) -> float:
     """Bytes of one device that eq. 3's M_total may take in a job of `num_workers` workers.
 
     The probe measures one process training the bare model on a device it has to
@@ -172,10 +180,13 @@ def device_budget_bytes(device_bytes: float, *, grad_bytes: float, num_workers: 
     - DDP's gradient buckets when N >= 2: DDP all-reduces flat bucket tensors that are a
       second copy of every gradient (`gradient_as_bucket_view=False`, its default), so
       `grad_bytes` more;
-    - NCCL's communicator buffers when N >= 2 on NCCL (`NCCL_BUFFER_BYTES_DEFAULT`).
+    - NCCL's communicator buffers when N >= 2 on NCCL: `nccl_buffer_bytes` as measured
+      (a profile row's), `NCCL_BUFFER_BYTES_DEFAULT` when None (nothing measured yet).
     Allocator fragmentation stays in `max_local_batch`'s headroom.
     Raises ValueError when these alone exceed the device.
     """
+    if nccl_buffer_bytes is None:
+        nccl_buffer_bytes = NCCL_BUFFER_BYTES_DEFAULT
     if not device_bytes > 0:
         raise ValueError(f"device_bytes={device_bytes!r}; it must be positive")
     check_int("num_workers", num_workers, minimum=1)
@@ -194,6 +205,44 @@ def device_budget_bytes(device_bytes: float, *, grad_bytes: float, num_workers: 
             + (f", NCCL buffers {nccl_buffer_bytes / 1e9:.3g} GB" if data_parallel and nccl
                else "") + "; free the device or use a larger one")
     return float(budget)
+
+
+def budget_peak_bytes(measured_peak_bytes: float, *, bucket_bytes: float = 0.0,
+                      nccl_buffer_bytes: float | None = None) -> float:
+    """The part of a data-parallel worker's measured peak that a budget from
+    `device_budget_bytes` is to hold, each cost counted once. That budget already took
+    off DDP's gradient buckets and NCCL's buffers (`NCCL_BUFFER_BYTES_DEFAULT`), so:
+    - bucket_bytes: the buckets, when the measured peak holds them too (CUDA's
+      max_memory_allocated does; MemTracker, watching the bare module, does not), are
+      taken off it;
+    - nccl_buffer_bytes: NCCL's buffers as measured on this worker group (no peak counter
+      sees them): what they take beyond the budgeted constant is added, what they take
+      less is taken off; None (not measured: CPU, N = 1) leaves the constant standing.
+    """
+    for name, value in (("measured_peak_bytes", measured_peak_bytes),
+                        ("bucket_bytes", bucket_bytes)):
+        if not value >= 0:
+            raise ValueError(f"{name}={value!r}; it must be >= 0")
+    nccl_excess = 0.0 if nccl_buffer_bytes is None or np.isnan(nccl_buffer_bytes) \
+        else float(nccl_buffer_bytes) - NCCL_BUFFER_BYTES_DEFAULT
+    return float(measured_peak_bytes) - float(bucket_bytes) + nccl_excess
+
+
+def over_budget(measured_peak_bytes: float, budget_bytes: float, *, bucket_bytes: float = 0.0,
+                nccl_buffer_bytes: float | None = None) -> str:
+    """Why a profiled row does not fit the budget (its error text), "" when it does: the
+    peak counted as `budget_peak_bytes` counts it, against `budget_bytes`."""
+    counted = budget_peak_bytes(measured_peak_bytes, bucket_bytes=bucket_bytes,
+                                nccl_buffer_bytes=nccl_buffer_bytes)
+    if counted <= float(budget_bytes):
+        return ""
+    parts = [f"peak {measured_peak_bytes:.4g} bytes"]
+    if bucket_bytes:
+        parts.append(f"less DDP's buckets {bucket_bytes:.4g} (budgeted apart)")
+    if counted != measured_peak_bytes - bucket_bytes:
+        parts.append(f"plus NCCL's buffers beyond the budgeted {NCCL_BUFFER_BYTES_DEFAULT:.4g}:"
+                     f" {counted - measured_peak_bytes + bucket_bytes:.4g}")
+    return f"{', '.join(parts)} = {counted:.4g} > device_memory_bytes {float(budget_bytes):.4g}"
 
 
 def max_local_batch(params: MemoryParams, device_bytes: float,

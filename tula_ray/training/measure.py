@@ -220,3 +220,35 @@ def peak_or_none(workload: Workload, local_batch: int, device: torch.device | st
         if torch.device(device).type == "cuda":
             torch.cuda.empty_cache()
         return None
+
+
+def reset_peak_memory(device: torch.device | str) -> None:
+    """Start the device's peak counter afresh (CUDA's `max_memory_allocated`), so that what
+    ran before (another phase's second model) is not in the next reading. A no-op on CPU:
+    MemTracker keeps no peak beyond the steps it watches."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+
+
+def collective_buffer_bytes(device: torch.device | str, first_collective: Callable[[], object],
+                            *, mem_get_info: Callable[..., tuple[int, int]] | None = None,
+                            memory_reserved: Callable[..., int] | None = None) -> float | None:
+    """Bytes the collective library (NCCL) takes on `device` when `first_collective`, the
+    worker group's first collective, creates its communicator: the fall of free device
+    memory (`torch.cuda.mem_get_info`) less what torch's caching allocator reserved
+    meanwhile (its own tensors, which `max_memory_allocated` counts). None on CPU, or when
+    free memory did not fall (a communicator made before: nothing to measure here).
+    mem_get_info, memory_reserved: torch.cuda's, unless given (tests).
+    """
+    device = torch.device(device)
+    if device.type != "cuda":
+        return None
+    mem_get_info = mem_get_info or torch.cuda.mem_get_info
+    memory_reserved = memory_reserved or torch.cuda.memory_reserved
+    free_before, reserved_before = mem_get_info(device)[0], memory_reserved(device)
+    first_collective()
+    synchronize(device)
+    free_after, reserved_after = mem_get_info(device)[0], memory_reserved(device)
+    taken = (free_before - free_after) - (reserved_after - reserved_before)
+    return float(taken) if taken > 0 else None

@@ -1,0 +1,171 @@
+"""Every phase of a profiled batch ends with the workers' agreement (issue 26, item 2), on
+two gloo ranks without Ray (Ray Train's three calls stood in for): out of memory on one
+rank in a later phase (the compute or synced steps, the strategy's second model) makes
+the row "oom" with failure "oom" on both ranks, within seconds, instead of one rank
+waiting in a collective for the process-group timeout and the row reading "error"; the
+workload's own error and any other reach every rank with their class."""
+
+from __future__ import annotations
+
+import json
+import time
+from types import SimpleNamespace
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.utils.data import TensorDataset
+
+from benchmarks.common import spawn_gloo
+from tula_ray.failures import UserCodeError
+from tula_ray.training.phase_agreement import (PeerFailureError, PeerOutOfMemoryError,
+                                               PhaseAgreement)
+from tula_ray.workloads import Workload
+
+GROUP_TIMEOUT_S = 30  # the process group's: a rank left waiting fails the test in 30 s
+PROMPT_S = 10  # what "at once" means here: well under GROUP_TIMEOUT_S
+FAILING_RANK = 1
+
+
+class _Model(nn.Module):
+    """A small classifier whose forward runs out of memory while `out_of_memory` is set."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.layers = nn.Sequential(nn.Linear(6, 16), nn.Tanh(), nn.Linear(16, 3))
+        self.out_of_memory = False
+
+    def forward(self, inputs: torch.Tensor) -> torch.Tensor:
+        if self.out_of_memory:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        return self.layers(inputs)
+
+
+class _SecondModelRunsOut:
+    """model_fn: the worker group's model, then (the strategy phase's second model) out of
+    memory on FAILING_RANK."""
+
+    def __init__(self, rank: int, fails: bool) -> None:
+        self.rank, self.fails, self.calls = rank, fails, 0
+
+    def __call__(self) -> nn.Module:
+        self.calls += 1
+        if self.fails and self.calls == 2 and self.rank == FAILING_RANK:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        return _Model()
+
+
+def _stand_in_for_ray_train(rank: int) -> None:
+    """What the sweep asks of Ray Train: its rank, its device, DDP around the model."""
+    import ray.train
+    import ray.train.torch
+
+    ray.train.get_context = lambda: SimpleNamespace(get_world_rank=lambda: rank,
+                                                    get_world_size=dist.get_world_size)
+    ray.train.torch.get_device = lambda: torch.device("cpu")
+    ray.train.torch.prepare_model = lambda model: nn.parallel.DistributedDataParallel(model)
+
+
+def _inject(sweep, rank: int, phase: str, when: str) -> None:
+    """FAILING_RANK runs out of memory in `phase`: in its first step's forward ("forward":
+    the compute steps, which take no collective), or after the phase's steps ("after": the
+    synced steps' collectives done, then the last step's allocation fails)."""
+    original = sweep.agreement.run
+
+    def run(name, work, inside=None):
+        if name != phase or rank != FAILING_RANK:
+            return original(name, work, inside)
+
+        def failing():
+            if when == "forward":
+                sweep.model.module.out_of_memory = True
+            work()
+            raise torch.OutOfMemoryError(f"CUDA out of memory in {name}")
+        return original(name, failing, inside)
+
+    sweep.agreement.run = run
+
+
+def _profile_rank(rank: int, directory: str, phase: str, when: str) -> None:
+    _stand_in_for_ray_train(rank)
+    from trainables.profiling_loop import profile_batch
+    from trainables.profiling_sweep import Sweep
+
+    generator = torch.Generator().manual_seed(0)
+    data = TensorDataset(torch.randn(256, 6, generator=generator),
+                         torch.randint(0, 3, (256,), generator=generator))
+    workload = Workload("mine-phases", model_fn=_SecondModelRunsOut(rank, when == "model_fn"),
+                        train_dataset_fn=lambda: data, test_dataset_fn=lambda: data)
+    config = {"workload": workload, "global_batches": [32, 64], "warmup_steps": 2,
+              "measure_steps": 2, "measure_seconds": 0.05, "training_strategy": "lbt"}
+    sweep = Sweep(config, dist.get_world_size())
+    if phase and when != "model_fn":
+        _inject(sweep, rank, phase, when)
+    started = time.perf_counter()
+    row = profile_batch(sweep, 32)
+    with open(f"{directory}/{rank}.json", "w") as handle:
+        json.dump({"status": row["status"], "failure": row["failure"], "error": row["error"],
+                   "seconds": time.perf_counter() - started,
+                   "phases": sweep.agreement.phases}, handle)
+
+
+def _rows(tmp_path, phase: str, when: str) -> dict[int, dict]:
+    spawn_gloo(_profile_rank, 2, str(tmp_path), phase, when, timeout_s=GROUP_TIMEOUT_S)
+    return {rank: json.loads((tmp_path / f"{rank}.json").read_text()) for rank in (0, 1)}
+
+
+@pytest.mark.parametrize("phase, when", [
+    ("compute steps", "forward"),
+    ("synced steps", "after"),
+    ("strategy: second model", "model_fn"),  # the workload's model_fn itself runs out
+])
+def test_out_of_memory_on_one_rank_in_a_later_phase_is_oom_on_every_rank_at_once(
+        tmp_path, phase, when):
+    rows = _rows(tmp_path, phase, when)
+    for rank, row in rows.items():
+        assert (row["status"], row["failure"]) == ("oom", "oom"), (rank, row)
+        assert row["seconds"] < PROMPT_S, (rank, row)
+        assert row["phases"][-1] == phase  # both stopped at the same point
+    assert rows[FAILING_RANK]["error"].startswith("OutOfMemoryError")
+    assert rows[1 - FAILING_RANK]["error"].startswith(PeerOutOfMemoryError.__name__)
+    assert f"worker {FAILING_RANK} failed in the {phase} phase" in rows[1 - FAILING_RANK]["error"]
+
+
+def test_every_phase_of_a_batch_ends_with_the_agreement(tmp_path):
+    rows = _rows(tmp_path, "", "")
+    assert rows[0]["status"] == rows[1]["status"] == "ok"
+    assert rows[0]["phases"] == rows[1]["phases"]
+    assert set(rows[0]["phases"]) == {
+        "first step", "memory step", "warm-up", "first synced steps", "compute steps",
+        "synced steps", "gradient noise", "checkpoint", "evaluation",
+        "strategy: first plain step", "strategy: plain steps", "strategy: second model",
+        "strategy: setup", "strategy: steps"}
+
+
+def _agreement_rank(rank: int, directory: str, error_kind: str) -> None:
+    errors = {"user": ValueError("mat1 and mat2 shapes cannot be multiplied"),
+              "infrastructure": ConnectionError("node lost")}
+    agreement = PhaseAgreement("cpu")
+
+    def work():
+        if rank == FAILING_RANK:
+            raise errors[error_kind]
+        return "done"
+
+    try:
+        outcome = agreement.run("synced steps", work)
+    except Exception as error:  # noqa: BLE001 - what each rank raised is the result
+        outcome = type(error).__name__
+    with open(f"{directory}/{rank}.txt", "w") as handle:
+        handle.write(outcome)
+
+
+@pytest.mark.parametrize("error_kind, peer_raises", [
+    ("user", UserCodeError.__name__), ("infrastructure", PeerFailureError.__name__)])
+def test_any_failure_reaches_every_rank_with_its_class(tmp_path, error_kind, peer_raises):
+    spawn_gloo(_agreement_rank, 2, str(tmp_path), error_kind, timeout_s=GROUP_TIMEOUT_S)
+    outcomes = {rank: (tmp_path / f"{rank}.txt").read_text() for rank in (0, 1)}
+    assert outcomes[FAILING_RANK] in ("ValueError", "ConnectionError")  # its own error
+    assert outcomes[1 - FAILING_RANK] == peer_raises
