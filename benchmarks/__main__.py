@@ -23,6 +23,7 @@ BENCHMARKS = {"search": "benchmarks.search_cost", "ags-overhead": "benchmarks.ag
               "equal-progress": "benchmarks.equal_progress",
               "time-to-accuracy": "benchmarks.time_to_accuracy",
               "gpu-acceptance": "benchmarks.gpu_acceptance"}
+SEEDED = ("equal-progress", "time-to-accuracy")  # benchmarks that take --seeds
 REPORT = Path(__file__).parents[1] / "BENCHMARKS.md"
 HEADER = """# Benchmarks
 
@@ -48,14 +49,21 @@ def main() -> None:
                              "without profiling (e.g. after a crash in the analysis)")
     parser.add_argument("--allow-cpu", action="store_true",
                         help="gpu-acceptance only: run it on the CPU when no GPU is visible")
+    parser.add_argument("--seeds", type=int, default=None,
+                        help=f"{', '.join(SEEDED)} only: run and report the first SEEDS seeds "
+                             "(a session short of time; the rest resume later)")
     args = parser.parse_args()
     if args.from_saved and args.name != "prediction":
         parser.error("--from-saved is for the prediction benchmark only")
     if args.allow_cpu and args.name != "gpu-acceptance":
         parser.error("--allow-cpu is for the gpu-acceptance benchmark only")
+    if args.seeds is not None and (args.name not in SEEDED or args.seeds < 1):
+        parser.error(f"--seeds is a positive number, for {', '.join(SEEDED)} only")
     extra = {"from_saved": True} if args.from_saved else {}
     if args.allow_cpu:
         extra = {"allow_cpu": True}
+    if args.seeds is not None:
+        extra = {"seeds": args.seeds}
     # A GPU check is run on its own machine: "all" leaves it out.
     everything = [name for name in BENCHMARKS if name != "gpu-acceptance"]
     for name in everything if args.name == "all" else [args.name]:

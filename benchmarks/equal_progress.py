@@ -48,9 +48,12 @@ def run_key(run: dict) -> tuple:
             run["budget"])
 
 
-def run(quick: bool = False) -> dict:
+def run(quick: bool = False, seeds: int | None = None) -> dict:
+    """seeds: only the first `seeds` of the settings' (the report says which ran)."""
     settings = QUICK if quick else {"train_subset": TRAIN_SUBSET, "epochs": EPOCHS,
                                     "seeds": SEEDS, "batches": LARGE_BATCHES}
+    if seeds is not None:
+        settings = {**settings, "seeds": tuple(settings["seeds"][:seeds])}
     name = NAME + ("_quick" if quick else "")
     log = RESULTS_DIR / f"{name}.runs.jsonl"
     if quick:
@@ -112,7 +115,7 @@ def report(result: dict) -> str:
              "item 5)\n",
              f"`{p['command']}` at {p['commit']}, {p['date']}, {p['machine']}.\n",
              f"Fashion-MNIST CNN, {s['train_subset']}-image training subset, N = {WORLD_SIZE} "
-             f"gloo workers. The reference trains plain SGD at B = {REFERENCE_BATCH} for "
+             f"gloo workers, seeds {list(s['seeds'])}. The reference trains plain SGD at B = {REFERENCE_BATCH} for "
              f"{s['epochs']} epochs; AGS-NS trains until AdaScale's progress reaches "
              f"{s['epochs']} epochs at B = {REFERENCE_BATCH} (`budget='scale-invariant'`). "
              "Test accuracy is the mean over the seeds of the last epoch's; the gap is to the "
