@@ -228,6 +228,7 @@ def test_time_to_accuracy_quick():
         assert set(judged["choices"]) == {"time_to_accuracy", "time", "knee"}
         assert all(c["regret"] >= 0 for c in judged["choices"].values())
         assert math.isfinite(judged["median_log_error"])
+        assert judged["fitted_noise_scale"] > 0  # from B = 128's measured epochs
     markdown = (RESULTS_DIR / "time_to_accuracy_quick.md").read_text()
     assert len(_table_rows(markdown, "| B | predicted epochs |")) == 2  # the first target's
 
