@@ -159,15 +159,15 @@ def make_plan(settings: dict, quick: bool):
 
 def replanned(plan, epochs: int, train_size: int, objective: str):
     """The plan re-made from its own profiles for `epochs` at the reference batch over the
-    training split's size: what a user asking for that target would have been given."""
+    training split's size, by this tree's planning (its noise calibration included):
+    what a user asking for that target would be given."""
     from tula_ray.planning.plan import build_plan
     from tula_ray.space import SearchSpace
 
     space = SearchSpace.of_pairs(plan.table["num_workers"], plan.table["global_batch"])
     return build_plan(space, plan.profiles, epochs=max(1, epochs), dataset_size=train_size,
                       strategy=plan.strategy, objective=objective,
-                      reference_batch=REFERENCE_BATCH, meta=plan.meta,
-                      noise_calibration=plan.meta["noise"]["calibration"])
+                      reference_batch=REFERENCE_BATCH, meta=plan.meta)
 
 
 def judge(plan, truth: dict[int, dict[str, float]], train_size: int) -> dict[str, Any]:
@@ -258,7 +258,7 @@ def run(quick: bool = False, seeds: int | None = None) -> dict:
                                                   * VALIDATION_FRACTION)
     truth = measured(recorded, settings["targets"])
     result = {"provenance": provenance(), "quick": quick, "settings": settings,
-              "noise": plan.meta.get("noise"), "truth": truth,
+              "noise": replanned(plan, 1, 1, "time").meta["noise"], "truth": truth,
               "targets": {str(t): judge(plan, truth[t], train_size)
                           for t in settings["targets"]}}
     markdown = report(result)
