@@ -18,10 +18,10 @@ import math
 import statistics
 from typing import Any
 
-from benchmarks.common import RESULTS_DIR, provenance, spawn_gloo, write_result
+from benchmarks.common import RESULTS_DIR, provenance, write_result
 from benchmarks.generalization import _worker
 from benchmarks.generalization_runs import (EPOCHS, LARGE_BATCHES, REFERENCE_BATCH, SEEDS,
-                                            TRAIN_SUBSET, WORLD_SIZE, read_runs)
+                                            TRAIN_SUBSET, WORLD_SIZE, recorded_runs)
 from benchmarks.markdown import markdown_table
 
 NAME = "equal_progress"
@@ -59,13 +59,7 @@ def run(quick: bool = False, seeds: int | None = None) -> dict:
     if quick:
         log.unlink(missing_ok=True)
     RESULTS_DIR.mkdir(parents=True, exist_ok=True)
-    runs = plan_runs(**settings)
-    done = {run_key(r) for r in read_runs(log)}
-    todo = [r for r in runs if run_key(r) not in done]
-    if todo:
-        spawn_gloo(_worker, WORLD_SIZE, todo, str(log))
-    wanted = {run_key(r) for r in runs}
-    recorded = [r for r in read_runs(log) if run_key(r) in wanted]
+    recorded = recorded_runs(_worker, plan_runs(**settings), log, run_key, WORLD_SIZE)
     result = {"provenance": provenance(), "quick": quick, "settings": settings,
               "rows": summarize(recorded, settings["epochs"])}
     markdown = report(result)

@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from benchmarks import tuning
-from benchmarks.common import RESULTS_DIR
+from benchmarks.common import RESULTS_DIR, spawn_gloo
 
 WORLD_SIZE = 2
 REFERENCE_BATCH = 32  # NOTES-ENV: the best-generalising batch here
@@ -77,6 +77,19 @@ def variant(quick: bool, batches: tuple[int, ...]) -> tuple[str, dict, list[dict
     tuned = {} if quick else tuning.read_tuned()
     return (name, settings, plan_runs(**settings, tuned=tuned, quick=quick),
             RESULTS_DIR / f"{name}.runs.jsonl")
+
+
+def recorded_runs(worker: Callable[..., None], runs: list[dict], log: Path,
+                  key: Callable[[dict], tuple], world_size: int) -> list[dict]:
+    """Train, on `world_size` gloo workers (`worker(rank, todo, log)`), the runs of `runs`
+    that `log` does not record yet (runs match by `key`); then the log's records of
+    `runs`, in the order they finished. What a resumable benchmark's runs share."""
+    done = {key(r) for r in read_runs(log)}
+    todo = [r for r in runs if key(r) not in done]
+    if todo:
+        spawn_gloo(worker, world_size, todo, str(log))
+    wanted = {key(r) for r in runs}
+    return [r for r in read_runs(log) if key(r) in wanted]
 
 
 def read_runs(path: Path) -> list[dict]:

@@ -32,8 +32,8 @@ from typing import Any
 import numpy as np
 from torch import nn
 
-from benchmarks.common import RESULTS_DIR, provenance, spawn_gloo, write_result
-from benchmarks.generalization_runs import read_runs
+from benchmarks.common import RESULTS_DIR, provenance, write_result
+from benchmarks.generalization_runs import recorded_runs
 from benchmarks.markdown import markdown_table
 
 NAME = "time_to_accuracy"
@@ -247,13 +247,7 @@ def run(quick: bool = False, seeds: int | None = None) -> dict:
         log.unlink(missing_ok=True)
     RESULTS_DIR.mkdir(parents=True, exist_ok=True)
     plan = make_plan(settings, quick)  # before the training: one Ray, then none
-    runs = plan_runs(settings)
-    done = {run_key(r) for r in read_runs(log)}
-    todo = [r for r in runs if run_key(r) not in done]
-    if todo:
-        spawn_gloo(_worker, WORLD_SIZE, todo, str(log))
-    wanted = {run_key(r) for r in runs}
-    recorded = [r for r in read_runs(log) if run_key(r) in wanted]
+    recorded = recorded_runs(_worker, plan_runs(settings), log, run_key, WORLD_SIZE)
     train_size = settings["train_subset"] - round(settings["train_subset"]
                                                   * VALIDATION_FRACTION)
     truth = measured(recorded, settings["targets"])
