@@ -1,7 +1,8 @@
-"""cluster.yaml is a valid Ray autoscaler config for one-GPU workers (no Ray session needed),
-and its nodes are set up as issue 26 item 4 asks: workers reach the storage bucket, `ray up`
-ships no local venv, every package is pinned (constraints.txt), no setup pipe hides a
-failure, and a GPU worker has a CUDA torch that sees its GPU."""
+"""cluster.yaml is a valid Ray autoscaler config for one-GPU and four-GPU workers (no Ray
+session needed), and its nodes are set up as issue 26 item 4 asks: workers reach the
+storage bucket, `ray up` ships no local venv, every package is pinned (constraints.txt), no
+setup pipe hides a failure, and a GPU worker has a CUDA torch that sees its GPU. Its
+multi-GPU type makes topology (issue 26 item 1) part of the shipped config."""
 
 import copy
 import re
@@ -22,6 +23,7 @@ from ray.autoscaler._private.util import prepare_config, validate_config
 ROOT = Path(__file__).parents[1]
 CONFIG = yaml.safe_load((ROOT / "cluster.yaml").read_text())
 CONSTRAINTS = ROOT / "constraints.txt"
+GPU_TYPES = ("gpu_worker", "gpu_worker_4x")  # one GPU per node, four per node
 
 
 def test_cluster_yaml_passes_rays_schema():
@@ -39,6 +41,7 @@ def test_workers_have_one_gpu_and_the_head_offers_trial_drivers():
     types = CONFIG["available_node_types"]
     assert types["gpu_worker"]["resources"]["GPU"] == 1
     assert types["gpu_worker"]["max_workers"] == CONFIG["max_workers"] == 16
+    assert set(types) == {CONFIG["head_node_type"], *GPU_TYPES}
     assert types[CONFIG["head_node_type"]]["resources"]["train_driver"] >= 1
     assert any("pip install" in command and "tula-ray" in command
                for command in CONFIG["setup_commands"])
@@ -54,11 +57,13 @@ def test_gpu_workers_are_gpus_the_installed_torch_has_kernels_for():
     import torch
 
     capabilities = sorted(int(arch.removeprefix("sm_")) for arch in torch.cuda.get_arch_list())
-    family = CONFIG["available_node_types"]["gpu_worker"]["node_config"]["InstanceType"]
-    family = family.split(".")[0]
-    # A cubin runs on GPUs of its major version with an equal or higher minor version.
-    assert any(c // 10 == AWS_GPU_CAPABILITY[family] // 10 and c <= AWS_GPU_CAPABILITY[family]
-               for c in capabilities), (family, capabilities)
+    for node_type in GPU_TYPES:
+        family = CONFIG["available_node_types"][node_type]["node_config"]["InstanceType"]
+        family = family.split(".")[0]
+        # A cubin runs on GPUs of its major version with an equal or higher minor version.
+        assert any(c // 10 == AWS_GPU_CAPABILITY[family] // 10
+                   and c <= AWS_GPU_CAPABILITY[family] for c in capabilities), (family,
+                                                                               capabilities)
     assert AWS_GPU_CAPABILITY["p3"] < capabilities[0]  # the old V100 config could not run
 
 
@@ -104,10 +109,40 @@ def _all_commands() -> list[str]:
             for command in CONFIG.get(key) or []]
 
 
-def test_gpu_workers_get_an_instance_profile_that_reaches_storage():
+@pytest.mark.parametrize("node_type", GPU_TYPES)
+def test_gpu_workers_get_an_instance_profile_that_reaches_storage(node_type):
     # Ray's AWS provider gives its default profile (ray-autoscaler-v1) to the head only.
-    profile = CONFIG["available_node_types"]["gpu_worker"]["node_config"]["IamInstanceProfile"]
+    profile = CONFIG["available_node_types"][node_type]["node_config"]["IamInstanceProfile"]
     assert set(profile) in ({"Name"}, {"Arn"}) and all(profile.values()), profile
+
+
+# Per AWS's instance tables: GPUs and vCPUs of each worker instance type the config uses.
+AWS_INSTANCE = {"g5.2xlarge": (1, 8), "g5.12xlarge": (4, 48)}
+
+
+def test_a_multi_gpu_worker_type_exercises_topology_with_the_one_gpu_types_setup():
+    from tula_ray.cluster import GPU_WORKER, autoscaler_node_types, workers_per_node
+
+    types = CONFIG["available_node_types"]
+    one, multi = types["gpu_worker"], types["gpu_worker_4x"]
+    # Its declared resources are its instance's, with more than one GPU (Ray detects a
+    # launched node's own, but the autoscaler plans with these).
+    gpus, cpus = AWS_INSTANCE[multi["node_config"]["InstanceType"]]
+    assert multi["resources"] == {"CPU": cpus, "GPU": gpus} and gpus > 1
+    assert one["resources"] == dict(zip(("GPU", "CPU"), AWS_INSTANCE[
+        one["node_config"]["InstanceType"]]))
+    # The same image and storage profile; setup is every worker's (no per-type override).
+    for key in ("ImageId", "IamInstanceProfile"):
+        assert multi["node_config"][key] == one["node_config"][key], key
+    for node_type in (one, multi):
+        assert not {"worker_setup_commands", "setup_commands"} & set(node_type), node_type
+    # Coherent counts: start at zero, the paper's 16 GPUs on either type, within the total.
+    assert multi["min_workers"] == 0
+    assert multi["max_workers"] * gpus == one["max_workers"] == 16
+    assert multi["max_workers"] <= CONFIG["max_workers"]
+    # What a search reads from it: four one-GPU workers to a node (G = 4).
+    node_types = autoscaler_node_types(str(ROOT / "cluster.yaml"))
+    assert workers_per_node(GPU_WORKER, [{"CPU": 0.0}], node_types) == gpus
 
 
 def test_ray_up_ships_no_local_venv_git_history_or_build_output():

@@ -74,7 +74,8 @@ def test_workers_fit_per_node_not_in_sum():
 
 def test_cluster_yaml_workers_are_gpus_the_autoscaler_can_add(monkeypatch):
     types = autoscaler_node_types(str(CLUSTER_YAML))
-    assert types == [({"CPU": 8.0, "GPU": 1.0}, 16)]  # the head type is not a worker type
+    # the head type is not a worker type
+    assert types == [({"CPU": 8.0, "GPU": 1.0}, 16), ({"CPU": 48.0, "GPU": 4.0}, 4)]
     # Before any GPU node is up (min_workers 0) the default worker is still a GPU one.
     monkeypatch.setattr(workers.ray, "cluster_resources", lambda: {"CPU": 2.0})
     monkeypatch.setattr(workers, "autoscaler_node_types", lambda: types)

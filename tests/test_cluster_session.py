@@ -92,7 +92,7 @@ def test_the_autoscaler_config_is_read_only_for_a_joined_cluster(monkeypatch):
     monkeypatch.setattr(workers.ray, "cluster_resources", lambda: {"CPU": 2.0})
     assert not started_ray_here()  # no Ray in this process
     monkeypatch.setattr(workers, "started_ray_here", lambda: False)  # joined the head's Ray
-    assert joined_node_types() == [({"CPU": 8.0, "GPU": 1.0}, 16)]
+    assert joined_node_types() == [({"CPU": 8.0, "GPU": 1.0}, 16), ({"CPU": 48.0, "GPU": 4.0}, 4)]
     assert worker_shape() == GPU_WORKER  # its autoscaler can add GPU nodes
     monkeypatch.setattr(workers, "started_ray_here", lambda: True)  # a new local Ray
     assert joined_node_types() is None

@@ -34,9 +34,11 @@ gradients, the strategy's second model are not `train`'s), and checked against
 (`tula_ray.models.memory.over_budget`; NCCL's measured at the group's first collective).
 
 The model, optimizer and data are built once per worker group: a further batch costs
-its own steps, not a new launch. Short steps are cheap, so each phase takes at least
-`measure_steps` steps and more while they fit in `measure_seconds` (up to
-`MAX_MEASURE_STEPS`): the mean of more steps has less spread. Every worker takes
+its own steps, not a new launch. So are the nodes the group spans (the row's `num_nodes`:
+its workers' distinct node IDs, `profiling_sweep.nodes_spanned`). Short steps are cheap,
+so each phase takes at least `measure_steps` steps and more while they fit in
+`measure_seconds` (up to `MAX_MEASURE_STEPS`): the mean of more steps has less spread.
+Every worker takes
 the same number of steps (the count comes from the warm-up's all-reduced step time),
 or DDP's collectives would wait for a step a worker never takes.
 An out-of-memory batch ends the sweep: every larger local batch would run out too.
@@ -89,6 +91,7 @@ def profile_batch(sweep: Sweep, global_batch: int, launch_s: float = math.nan) -
     world_size = sweep.world_size
     started = time.perf_counter()
     row = profile_row(world_size, global_batch, status=STATUS_OK)
+    row["num_nodes"] = sweep.num_nodes  # an "oom" row's too: where it ran out
     try:
         # The workload's own code fails as a UserCodeError (the search's taxonomy).
         with workload_code(sweep.workload.name, f"training at B={global_batch} on "

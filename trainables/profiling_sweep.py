@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import socket
 import time
 from typing import Any, Callable, Iterator
 
@@ -15,7 +16,7 @@ import ray.train.torch
 import torch
 
 from trainables.strategy_cost import measure_strategy_extra_s, strategy_batch
-from tula_ray.distributed import max_over_ranks, sum_over_ranks
+from tula_ray.distributed import gathered_objects, max_over_ranks, sum_over_ranks
 from tula_ray.failures import workload_code
 from tula_ray.models.memory import gradient_bytes, over_budget
 from tula_ray.precision import set_math_mode
@@ -95,6 +96,7 @@ class Sweep:
             self.device, lambda: sum_over_ranks([0.0], self.device)) if world_size > 1 else None
         # Every phase of a batch ends with the workers' agreement (its own gloo group).
         self.agreement = PhaseAgreement(self.device)
+        self.num_nodes = nodes_spanned(self.agreement.group)
         with workload_code(name, "model_fn()"):
             model = self.workload.model_fn()
         self.model = ray.train.torch.prepare_model(model)
@@ -276,6 +278,16 @@ class Sweep:
             if error:
                 result.update(status=STATUS_OOM, failure=FAILURE_OOM, error=error)
         return result
+
+
+def nodes_spanned(process_group: Any = None) -> int:
+    """The nodes this worker group spans: its workers' distinct node IDs, gathered over
+    `process_group` (every rank calls it, at the same point). Not Ray Train's node rank:
+    that numbers node IPs, which the nodes of a test cluster on one machine share. Outside
+    Ray (torch.distributed.run, or a test standing in for Ray Train) a node is a host."""
+    node = (ray.get_runtime_context().get_node_id() if ray.is_initialized()
+            else socket.gethostname())
+    return len(set(gathered_objects(node, process_group)))
 
 
 def warmup_seconds_default(device: torch.device) -> float:

@@ -15,33 +15,42 @@ The trial reports one Tune result per batch, each a row with every
 dashboard as it is measured); failures are rows with status "oom" or "error", never a
 crashed search, each with its class in the search's one taxonomy (`tula_ray.failures`)
 and the worker's traceback. Launches per search = trials = distinct N per round.
+
+The worker group is placed as `tula_ray.train` will place it (issue 26, topology): N <=
+config["workers_per_node"] (G, the most workers one node holds) on ONE node, a larger N
+packed (`tula_ray.cluster.scaling_config`); each row records the nodes it spanned
+(`num_nodes`).
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import time
 import traceback
 from typing import Any, Callable
 
 from ray import tune
-from ray.train import FailureConfig, RunConfig, ScalingConfig
+from ray.train import FailureConfig, RunConfig
 from ray.train.torch import TorchConfig, TorchTrainer
 from ray.tune.integration.ray_train import TuneReportCallback
 
 from trainables.profiling_loop import profile_loop_per_worker
-from tula_ray.cluster import (WORKER_GROUP_START_RETRIES, alive_node_resources, trial_resources,
-                              worker_shape, workers_that_fit)
+from tula_ray.cluster import (WORKER_GROUP_START_RETRIES, alive_node_resources, can_place,
+                              scaling_config, trial_resources, worker_shape, workers_that_fit)
 from tula_ray.failures import (FAILURE_INFRASTRUCTURE, FAILURE_OOM, FAILURE_USER_CODE,
                                UserCodeError, is_out_of_memory)
+from tula_ray.models.topology import STRICT_PACK, placement_strategy
 from tula_ray.profile_table import STATUS_ERROR, STATUS_OOM, TRACEBACK_KEY, profile_row
 from tula_ray.workloads import resolve_workload
 
 logger = logging.getLogger(__name__)
 
 # Keys of a trial config read by the trial itself; the rest go to the worker loop.
+# workers_per_node: G, the most workers one node holds (`tula_ray.cluster.workers_per_node`,
+# put there by the search): N <= G is placed on one node, as `train` will place it.
 TRIAL_KEYS = ("num_workers", "use_gpu", "resources_per_worker", "storage_path",
-              "provision_timeout_s")
+              "provision_timeout_s", "workers_per_node")
 # How long a trial waits for a lost node to come back (an autoscaler replacing it) before
 # its cluster size is recorded as not placeable; the search's provision_timeout_s if shorter.
 LOST_NODE_WAIT_S = 60.0
@@ -71,14 +80,15 @@ def build_trainer(config: dict[str, Any], callbacks: list | None = None) -> Torc
 
     config: num_workers, global_batches, workload, workload_options, use_gpu
     (default: the cluster has GPUs), resources_per_worker (one worker's, as in Ray's
-    ScalingConfig; default `tula_ray.cluster.worker_shape`'s one device), warmup_steps,
+    ScalingConfig; default `tula_ray.cluster.worker_shape`'s one device), workers_per_node
+    (G: N <= G runs on one node, a larger N packed; `tula_ray.cluster.scaling_config`;
+    default None: Ray's PACK), warmup_steps,
     measure_steps, measure_seconds,
     device_memory_bytes, storage_path (default: Ray's, ~/ray_results), and the loop's
     other keys.
     """
     num_workers = int(config["num_workers"])
     resources = worker_shape(config.get("resources_per_worker"), use_gpu=config.get("use_gpu"))
-    use_gpu = resources.get("GPU", 0) > 0
     loop_config = {k: v for k, v in config.items() if k not in TRIAL_KEYS}
     loop_config["cpus_per_worker"] = resources.get("CPU", 0.0)  # reported with the row
     name = f"profile-N{num_workers}-B{'-'.join(str(b) for b in batches_of(config))}"
@@ -86,8 +96,7 @@ def build_trainer(config: dict[str, Any], callbacks: list | None = None) -> Torc
         profile_loop_per_worker,
         train_loop_config=loop_config,
         torch_config=TorchConfig(timeout_s=COLLECTIVE_TIMEOUT_S),
-        scaling_config=ScalingConfig(
-            num_workers=num_workers, use_gpu=bool(use_gpu), resources_per_worker=resources),
+        scaling_config=scaling_config(num_workers, resources, config.get("workers_per_node")),
         run_config=RunConfig(
             name=name, storage_path=config.get("storage_path"), callbacks=callbacks or [],
             # A failed candidate is a measurement (status "error"), not a reason to retry;
@@ -137,7 +146,14 @@ def profile_cluster_size(config: dict[str, Any]) -> None:
         for global_batch in runnable:  # the searcher keeps a batch's first row
             tune.report({**profile_row(num_workers, global_batch, status=status,
                                        error=message, failure=failure),
-                         TRACEBACK_KEY: trace})
+                         "num_nodes": _placed_nodes(num_workers, config), TRACEBACK_KEY: trace})
+
+
+def _placed_nodes(num_workers: int, config: dict[str, Any]) -> float:
+    """The nodes a failed worker group spanned, where its placement fixes them: one for
+    N <= G (STRICT_PACK); NaN for a packed N, which Ray spreads as it finds room."""
+    strict = placement_strategy(num_workers, config.get("workers_per_node")) == STRICT_PACK
+    return 1.0 if strict else math.nan
 
 
 def describe_failure(error: BaseException) -> tuple[str, str, str]:
@@ -164,21 +180,37 @@ def describe_failure(error: BaseException) -> tuple[str, str, str]:
 
 
 def _cannot_place(num_workers: int, config: dict[str, Any]) -> str:
-    """Why the cluster cannot hold N workers now ("" when it can), after waiting for it to
-    hold them again (at most LOST_NODE_WAIT_S). The search checked that it did when it
-    started (tula_ray.cluster.provision_workers); a node lost since then would leave the
-    Train run waiting for its workers forever."""
+    """Why the cluster cannot hold N workers now, placed as the trial places them (N <= G on
+    one node; `tula_ray.cluster.can_place`), "" when it can, after waiting for it to hold
+    them again (at most LOST_NODE_WAIT_S). The search checked that it did when it started
+    (tula_ray.cluster.provision_workers); a node lost since then would leave the Train run
+    waiting for its workers forever."""
     worker = worker_shape(config.get("resources_per_worker"), use_gpu=config.get("use_gpu"))
+    per_node = config.get("workers_per_node")
     wait_s = min(float(config.get("provision_timeout_s", LOST_NODE_WAIT_S)), LOST_NODE_WAIT_S)
     deadline = time.monotonic() + wait_s
-    while (held := workers_that_fit(worker, alive_node_resources())) < num_workers:
+    while not can_place(worker, num_workers, per_node, nodes := alive_node_resources()):
         if time.monotonic() >= deadline:
-            return (f"the cluster holds {held} workers of {worker} now, fewer than "
-                    f"N={num_workers} (a node lost since the search started?), after waiting "
-                    f"{wait_s:.0f} s for it; the search goes on with the other cluster sizes. "
-                    "Run the search again once the nodes are back to profile this one")
+            return _not_placed(worker, num_workers, per_node, nodes, wait_s)
         time.sleep(1.0)
     return ""
+
+
+def _not_placed(worker: dict[str, float], num_workers: int, per_node: int | None,
+                nodes: list[dict[str, float]], wait_s: float) -> str:
+    """`_cannot_place`'s message: what the nodes hold, against what N needs."""
+    held = workers_that_fit(worker, nodes)
+    if held >= num_workers:  # enough in all, but N <= G must share one node
+        most = max((workers_that_fit(worker, [node]) for node in nodes), default=0)
+        now = (f"no node holds the N={num_workers} workers of {worker} that run on one node "
+               f"(a cluster size <= {per_node}, the most one node holds, is profiled on one "
+               f"node as it will be trained); the largest holds {most} now")
+    else:
+        now = (f"the cluster holds {held} workers of {worker} now, fewer than "
+               f"N={num_workers}")
+    return (f"{now} (a node lost since the search started?), after waiting {wait_s:.0f} s "
+            "for it; the search goes on with the other cluster sizes. Run the search again "
+            "once the nodes are back to profile this one")
 
 
 def _infeasible(num_workers: int, global_batch: int, config: dict[str, Any]) -> str:

@@ -14,12 +14,12 @@ import logging
 from typing import Any
 
 from ray import tune
-from ray.train import ControllerError, FailureConfig, RunConfig, ScalingConfig
+from ray.train import ControllerError, FailureConfig, RunConfig
 from ray.train.torch import TorchTrainer
 from ray.tune.integration.ray_train import TuneReportCallback
 
 from trainables.training_loop import train_loop_per_worker
-from tula_ray.cluster import WORKER_GROUP_START_RETRIES
+from tula_ray.cluster import WORKER_GROUP_START_RETRIES, scaling_config
 
 logger = logging.getLogger(__name__)
 
@@ -32,7 +32,8 @@ def tune_trial(config: dict[str, Any], fixed: dict[str, Any]) -> None:
 
     fixed (through `tune.with_parameters`): workload, workload_options, num_workers,
     global_batch, epochs, strategy, strategy_options, seed, validation_fraction, budget,
-    use_gpu, resources (one worker's, as `tula_ray.cluster.provision_workers` settled them).
+    use_gpu, resources (one worker's, as `tula_ray.cluster.provision_workers` settled them),
+    workers_per_node (G, as it settled it: N <= G on one node, as the search profiled N).
     """
     sampled = dict(config)
     lr = sampled.pop("lr", None)
@@ -43,11 +44,10 @@ def tune_trial(config: dict[str, Any], fixed: dict[str, Any]) -> None:
         "strategy_options": {**fixed["strategy_options"], **sampled},
         "validation_fraction": fixed["validation_fraction"], "checkpoint": False,
         "budget": fixed.get("budget", "epochs")}
-    num_workers, use_gpu = int(fixed["num_workers"]), bool(fixed["use_gpu"])
     trainer = TorchTrainer(
         train_loop_per_worker, train_loop_config=loop_config,
-        scaling_config=ScalingConfig(num_workers=num_workers, use_gpu=use_gpu,
-                                     resources_per_worker=dict(fixed["resources"])),
+        scaling_config=scaling_config(int(fixed["num_workers"]), fixed["resources"],
+                                      fixed.get("workers_per_node")),
         run_config=RunConfig(name="train", storage_path=tune.get_context().get_trial_dir(),
                              callbacks=[TuneReportCallback()],
                              # A failed configuration is a result (accuracy 0), not a retry.

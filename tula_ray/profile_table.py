@@ -27,6 +27,11 @@ PROFILE_COLUMNS = (
     "num_workers",  # N
     "global_batch",  # B
     "local_batch",  # b = B / N
+    # nodes the worker group spanned (its workers' distinct node IDs): N <= G workers per
+    # node share one node, a larger N crosses the network (`tula_ray.models.topology`).
+    # NaN where not measured: a row of a group that never started, or a table recorded
+    # before issue 26 (a model then takes `topology.nodes_for(N, G)`)
+    "num_nodes",
     "compute_time_s",  # forward + backward + optimizer step without gradient sync
     "sync_time_s",  # step_time_s - compute_time_s (0 for N = 1: no collective)
     "step_time_s",  # one synchronous data-parallel step

@@ -3,11 +3,15 @@ these from here, never from each other.
 
   session  starting or joining Ray for an entry point's run (loopback-only by default);
   workers  what one worker holds, provisioning N of them, a trial driver's resources;
+  placement where a group of N workers goes on given nodes, and the ScalingConfig that
+           places it so (N <= G workers per node on one node; issue 26);
   storage  a storage path every node of a multi-node cluster reaches;
   lifetime `cluster_for_run`: the three above for the length of one entry point's run.
 """
 
 from tula_ray.cluster.lifetime import cluster_for_run
+from tula_ray.cluster.placement import (can_place, groups_that_fit, scaling_config,
+                                        workers_that_fit)
 from tula_ray.cluster.session import (ADDRESS_ENV, DRIVER_RESOURCE, DRIVER_SLOTS_DEFAULT,
                                       LOCAL_ADDRESS, LOCAL_NODE_IP, LOCAL_ONLY_ENV,
                                       check_address, check_runtime_env, ensure_ray,
@@ -22,7 +26,7 @@ from tula_ray.cluster.workers import (AUTOSCALING_CONFIG_ENV, AUTOSCALING_CONFIG
                                       check_resources_per_worker, check_worker_request,
                                       joined_node_types, node_memory_bytes, provision_workers,
                                       release_workers, task_options, trial_resources,
-                                      use_gpu_default, worker_shape, workers_that_fit)
+                                      use_gpu_default, worker_shape, workers_per_node)
 
 __all__ = ['ADDRESS_ENV', 'cluster_for_run', 'AUTOSCALING_CONFIG_ENV', 'AUTOSCALING_CONFIG_PATH',
            'CPU_MEMORY_SHARE_DEFAULT', 'CPU_WORKER', 'DRIVER_RESOURCE',
@@ -34,4 +38,5 @@ __all__ = ['ADDRESS_ENV', 'cluster_for_run', 'AUTOSCALING_CONFIG_ENV', 'AUTOSCAL
            'check_worker_request', 'ensure_ray', 'joined_node_types', 'node_memory_bytes',
            'nodes_not_seeing', 'provision_workers', 'ray_session', 'refuse_a_second_ray',
            'release_workers', 'running_ray_address', 'start_local_ray', 'started_ray_here', 'task_options', 'trial_resources', 'use_gpu_default',
-           'worker_shape', 'workers_that_fit']
+           'worker_shape', 'workers_per_node', 'workers_that_fit', 'can_place',
+           'groups_that_fit', 'scaling_config']

@@ -8,7 +8,7 @@ import logging
 import math
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +16,10 @@ import ray
 import yaml
 
 from tula_ray.arguments import check_mapping, check_number
+from tula_ray.cluster.placement import (bundles_fit, holds_placed, most_on_one_node,
+                                        workers_that_fit)
 from tula_ray.cluster.session import DRIVER_RESOURCE, started_ray_here
+from tula_ray.models.topology import STRICT_PACK, node_bundles, placement_strategy
 
 logger = logging.getLogger(__name__)
 
@@ -98,12 +101,6 @@ def check_worker_request(resources_per_worker: Any, provision_timeout_s: Any,
     return resources
 
 
-def workers_that_fit(worker: dict[str, float], nodes: list[dict[str, float]]) -> int:
-    """How many workers of this shape the nodes hold together (each worker on one node)."""
-    return sum(min(int(node.get(name, 0.0) / amount + 1e-9) for name, amount in worker.items())
-               for node in nodes)
-
-
 def autoscaler_node_types(path: str | None = None) -> list[tuple[dict[str, float], int]] | None:
     """(resources, max count) of every node type the autoscaler may launch, read from its
     config (the head's `AUTOSCALING_CONFIG_PATH`); None when this is no autoscaling cluster."""
@@ -156,65 +153,128 @@ class Workers:
     resources: dict[str, float]
     use_gpu: bool
     requested: bool  # an autoscaler request is outstanding (`release_workers` clears it)
+    # G: the most workers of this shape one node holds (`workers_per_node`); None: no node
+    # holds one. Every run places a cluster size N by it (`scaling_config`).
+    workers_per_node: int | None = None
+
+
+# ------------------------------------------------------------------ placement (issue 26)
+
+def workers_per_node(worker: dict[str, float], nodes: list[dict[str, float]] | None = None,
+                     node_types: list[tuple[dict[str, float], int]] | None = None) -> int | None:
+    """G, the most workers of this shape ONE node holds: over the alive `nodes` (default
+    `alive_node_resources()`) and the node types an autoscaler may add (`node_types` as
+    `joined_node_types()` gives them, its default; [] for none). None when no node holds
+    one. N <= G share a node, a larger N crosses the network (`tula_ray.models.topology`);
+    the search, `train` and `tune_training` all place N by it, so that what is profiled is
+    what is trained."""
+    nodes = alive_node_resources() if nodes is None else nodes
+    node_types = (joined_node_types() or []) if node_types is None else node_types
+    return most_on_one_node(worker, [*nodes, *(resources for resources, count in node_types
+                                               if count > 0)])
 
 
 def provision_workers(num_workers: int, resources_per_worker: dict[str, float] | None = None,
                       *, use_gpu: bool | None = None,
                       timeout_s: float = PROVISION_TIMEOUT_S_DEFAULT) -> Workers:
-    """Make sure the cluster holds `num_workers` workers, asking its autoscaler for them.
+    """Make sure the cluster holds `num_workers` workers placed as a trial places them
+    (`holds_placed`), asking its autoscaler for them.
 
-    The worker's shape: `worker_shape(resources_per_worker, use_gpu=use_gpu)`. When the
-    running nodes hold fewer such workers and this is an
-    autoscaling cluster, the workers are requested from the autoscaler
-    (`ray.autoscaler.sdk.request_resources`) and waited for, at most `timeout_s`: an
-    autoscaler adds nodes only on demand, and the GPU nodes of cluster.yaml start at
+    The worker's shape: `worker_shape(resources_per_worker, use_gpu=use_gpu)`; G, the most
+    of them one node holds: `workers_per_node` (returned in `Workers`). When the running
+    nodes do not hold them and this is an autoscaling cluster, the workers are requested
+    from the autoscaler (`ray.autoscaler.sdk.request_resources`) in the bundles that place
+    them as the trial does (`topology.node_bundles`) and waited for, at most `timeout_s`:
+    an autoscaler adds nodes only on demand, and the GPU nodes of cluster.yaml start at
     zero. Raises ValueError when the cluster can never hold them, TimeoutError when the
     autoscaler did not deliver in time; each names what is missing and what to do.
     """
     node_types = joined_node_types()
     worker = worker_shape(resources_per_worker, use_gpu=use_gpu)
-    fits_now = workers_that_fit(worker, alive_node_resources())
-    if fits_now >= num_workers:
-        return Workers(worker, worker.get("GPU", 0) > 0, requested=False)
-    shape = f"{num_workers} workers of {worker}"
+    nodes = alive_node_resources()
+    per_node = workers_per_node(worker, nodes, node_types or [])
+    settled = Workers(worker, worker.get("GPU", 0) > 0, requested=False,
+                      workers_per_node=per_node)
+    if holds_placed(worker, num_workers, per_node, nodes):
+        return settled
+    fits_now = workers_that_fit(worker, nodes)
     if node_types is None:
+        # G is then the most one running node holds: one node holds any N <= G, so what is
+        # missing is workers in all.
         held = (f"the cluster's {fits_now} {'GPU' if worker.get('GPU') else 'CPU'}s"
                 if worker in (GPU_WORKER, CPU_WORKER) else
                 f"the {fits_now} workers of {worker} the cluster holds")
         raise ValueError(f"cluster size {num_workers} is larger than {held}; allowed cluster "
                          f"sizes are <= {fits_now} (or ask less per worker with "
                          "resources_per_worker, or add nodes)")
-    # An on-prem (`local` provider) config declares no resources: Ray detects them at
-    # start, so the most the autoscaler can add is unknown until its nodes are up.
-    known = all(resources for resources, _ in node_types)
-    possible = fits_now + sum(workers_that_fit(worker, [resources]) * count
-                              for resources, count in node_types)
-    if known and possible < num_workers:
-        raise ValueError(
-            f"this autoscaling cluster can hold at most {possible} workers of {worker} "
-            f"(running nodes plus max_workers of each node type in its config), fewer than "
-            f"{num_workers}: use cluster sizes <= {possible}, or raise max_workers in the "
-            "cluster config (cluster.yaml)")
+    bundles = node_bundles(worker, num_workers, per_node)
+    _check_autoscaler_can_place(worker, num_workers, per_node, bundles, nodes, node_types)
     from ray.autoscaler.sdk import request_resources
 
+    shape = _placed(worker, num_workers, per_node)
     logger.info("asking the autoscaler for %s (the running nodes hold %d)", shape, fits_now)
-    request_resources(bundles=[worker] * num_workers)
+    request_resources(bundles=bundles)
     deadline = time.monotonic() + timeout_s
     while True:
-        fits_now = workers_that_fit(worker, alive_node_resources())
-        if fits_now >= num_workers:
+        nodes = alive_node_resources()
+        if holds_placed(worker, num_workers, per_node, nodes):
             logger.info("the cluster now holds %s", shape)
-            return Workers(worker, worker.get("GPU", 0) > 0, requested=True)
+            return replace(settled, requested=True)
         if time.monotonic() >= deadline:
             release_workers(Workers(worker, False, requested=True))
+            counts = [workers_that_fit(worker, [node]) for node in nodes]
             raise TimeoutError(
                 f"waited {timeout_s:.0f} s for the autoscaler to add nodes for {shape}; the "
-                f"cluster holds {fits_now} (resources now: {_rounded(ray.cluster_resources())})."
+                f"cluster holds {sum(counts)}, at most {max(counts, default=0)} on one node "
+                f"(resources now: {_rounded(ray.cluster_resources())})."
                 " See `ray status` and the autoscaler's log on the head "
                 "(/tmp/ray/session_latest/logs/monitor.*) for failed launches (quota, "
                 "instance type, setup commands); or raise provision_timeout_s, or start the "
                 "nodes beforehand (min_workers in the cluster config)")
         time.sleep(PROVISION_POLL_S)
+
+
+def _placed(worker: dict[str, float], num_workers: int, per_node: int | None) -> str:
+    """N workers of `worker` as a trial places them, in words."""
+    shape = f"{num_workers} workers of {worker}"
+    if placement_strategy(num_workers, per_node) == STRICT_PACK:
+        return f"{shape} on one node (a node holds up to {per_node})"
+    return shape if per_node is None else f"{shape} packed {per_node} to a node"
+
+
+def _check_autoscaler_can_place(worker: dict[str, float], num_workers: int,
+                                per_node: int | None, bundles: list[dict[str, float]],
+                                nodes: list[dict[str, float]],
+                                node_types: list[tuple[dict[str, float], int]]) -> None:
+    """ValueError when the running nodes plus every node the autoscaler may add can never
+    place `bundles` (`provision_workers`'s request)."""
+    # An on-prem (`local` provider) config declares no resources: Ray detects them at
+    # start, so the most the autoscaler can add is unknown until its nodes are up.
+    if not all(resources for resources, _ in node_types):
+        return
+    possible = workers_that_fit(worker, nodes) + sum(
+        workers_that_fit(worker, [resources]) * count for resources, count in node_types)
+    if possible < num_workers:
+        raise ValueError(
+            f"this autoscaling cluster can hold at most {possible} workers of {worker} "
+            f"(running nodes plus max_workers of each node type in its config), fewer than "
+            f"{num_workers}: use cluster sizes <= {possible}, or raise max_workers in the "
+            "cluster config (cluster.yaml)")
+    every_node = [*nodes, *(resources for resources, count in node_types
+                            for _ in range(count))]
+    if not bundles_fit(bundles, every_node):  # per_node is known: N singles fit `possible`
+        per_node = int(per_node or 1)
+        full = sum(workers_that_fit(worker, [node]) >= per_node for node in every_node)
+        rest = num_workers % per_node
+        raise ValueError(
+            f"this autoscaling cluster cannot place {_placed(worker, num_workers, per_node)}"
+            f" as the search profiles and trains them: that takes {num_workers // per_node} "
+            f"nodes that each hold {per_node} (the most one node holds)"
+            + (f" and one that holds {rest}" if rest else "") +
+            f", and its running nodes plus max_workers of each node type in its config give "
+            f"{full} nodes of {per_node}: raise max_workers of the node type that holds "
+            f"{per_node} workers in the cluster config (cluster.yaml), or use cluster sizes "
+            f"<= {full * per_node}")
 
 
 def release_workers(workers: Workers | None) -> None:

@@ -23,14 +23,14 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
-from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
+from ray.train import CheckpointConfig, FailureConfig, RunConfig
 from ray.train.torch import TorchTrainer
 
 from trainables.training_loop import load_checkpoint_state, train_loop_per_worker
 from tula_ray.arguments import (check_bool, check_choice, check_int, check_mapping, check_number,
                                 check_text)
-from tula_ray.cluster import (PROVISION_TIMEOUT_S_DEFAULT, check_runtime_env, check_worker_request,
-                              cluster_for_run)
+from tula_ray.cluster import (PROVISION_TIMEOUT_S_DEFAULT, Workers, check_runtime_env,
+                              check_worker_request, cluster_for_run, scaling_config)
 from tula_ray.planning.plan import Plan
 from tula_ray.runs.training_job import Job, checked_on_worker, dry_run, resolve_job
 from tula_ray.training.budget import BUDGETS
@@ -146,8 +146,8 @@ def train(
                              runtime_env=runtime_env, use_gpu=use_gpu, storage_path=storage_path,
                              timeout_s=provision_timeout_s) as workers:
             job = checked_on_worker(job, workers)
-            trainer = _trainer(job, storage_path, name, max_failures, seed, workers.use_gpu, lr,
-                               fail_at_epoch, marker_dir, workers.resources, budget)
+            trainer = _trainer(job, storage_path, name, max_failures, seed, workers, lr,
+                               fail_at_epoch, marker_dir, budget)
             result = trainer.fit()
     finally:
         if marker_dir is not None:
@@ -181,9 +181,8 @@ def _check_fail_at_epoch(job: Job, fail_at_epoch: int | None) -> None:
 
 
 def _trainer(job: Job, storage_path: str | None, name: str | None, max_failures: int,
-             seed: int, use_gpu: bool, lr: float | None, fail_at_epoch: int | None,
-             marker_dir: str | None, resources: dict[str, float],
-             budget: str = "epochs") -> TorchTrainer:
+             seed: int, workers: Workers, lr: float | None, fail_at_epoch: int | None,
+             marker_dir: str | None, budget: str = "epochs") -> TorchTrainer:
     config: dict[str, Any] = {
         "workload": job.spec, "workload_options": job.options, "global_batch": job.global_batch,
         "epochs": job.epochs, "strategy": job.strategy, "strategy_options": job.strategy_options,
@@ -197,9 +196,10 @@ def _trainer(job: Job, storage_path: str | None, name: str | None, max_failures:
     return TorchTrainer(
         train_loop_per_worker,
         train_loop_config=config,
-        scaling_config=ScalingConfig(
-            num_workers=job.num_workers, use_gpu=use_gpu,
-            resources_per_worker=resources),
+        # Placed as the search profiled N (N <= G workers per node on one node, issue 26):
+        # the plan's step time is this placement's.
+        scaling_config=scaling_config(job.num_workers, workers.resources,
+                                      workers.workers_per_node),
         run_config=RunConfig(
             name=name, storage_path=storage_path,
             failure_config=FailureConfig(max_failures=max_failures),

@@ -32,7 +32,7 @@ from trainables.tuning_trial import METRIC, tune_trial
 from tula_ray.arguments import (check_bool, check_choice, check_int, check_mapping, check_number,
                                 check_text)
 from tula_ray.cluster import (alive_node_resources, check_runtime_env, cluster_for_run,
-                              trial_resources, workers_that_fit)
+                              groups_that_fit, trial_resources)
 from tula_ray.planning.plan import Plan
 from tula_ray.runs.training_job import checked_on_worker, dry_run, resolve_job
 from tula_ray.training.budget import BUDGETS, budget_for
@@ -129,7 +129,9 @@ def tune_training(plan: Plan | str | Path,
                  "epochs": job.epochs, "strategy": job.strategy,
                  "strategy_options": job.strategy_options, "seed": seed,
                  "validation_fraction": validation_fraction, "budget": budget,
-                 "use_gpu": workers.use_gpu, "resources": workers.resources}
+                 "use_gpu": workers.use_gpu, "resources": workers.resources,
+                 # placed as the search profiled N: N <= G on one node (issue 26)
+                 "workers_per_node": workers.workers_per_node}
         grid = _tuner(job, fixed, space, trials, asha(job.epochs, grace, time_attr), seed,
                       storage_path, name).fit()
     return _best(grid, job, time_attr)
@@ -174,9 +176,11 @@ def _tuner(job: Any, fixed: dict[str, Any], space: dict[str, Any], trials: int,
             search_alg=OptunaSearch(seed=seed),
             scheduler=scheduler,
             # N workers per trial: as many trials at once as the cluster holds groups of N
-            # of the provisioned workers (the same shape every trial asks for), at least one.
-            max_concurrent_trials=max(1, workers_that_fit(
-                fixed["resources"], alive_node_resources()) // job.num_workers)),
+            # of the provisioned workers (the same shape every trial asks for), each placed
+            # as a trial places it (N <= G on one node), at least one.
+            max_concurrent_trials=max(1, groups_that_fit(
+                fixed["resources"], job.num_workers, fixed["workers_per_node"],
+                alive_node_resources()))),
         run_config=tune.RunConfig(name=name, storage_path=storage_path))
 
 
