@@ -1,5 +1,7 @@
 """`python -m benchmarks gpu-acceptance`: what a GPU machine says about tula-ray's CUDA paths
-(issue 26, item 7; this is its Ray-free half, issue 24's GPU check).
+(issue 26, item 7; issue 24's GPU check). This module is its Ray-free half; where Ray is
+importable, `gpu_acceptance_ray` runs the Ray half after it (searches twice, `train`,
+bf16 against fp32, NCCL's error path) and the report says which halves ran.
 
 Runs from the source tree on a plain PyTorch image (no Ray, no pip install, no internet:
 `PYTHONPATH=. python -m benchmarks gpu-acceptance`) and writes gpu_acceptance.{json,md}:
@@ -11,14 +13,19 @@ Runs from the source tree on a plain PyTorch image (no Ray, no pip install, no i
   - per workload (the CNN and resnet18, on synthetic in-memory data: no download) and
     batch B: the step as the profiling loop times it (the same code: warm-up by time,
     the data path's step in blocks, CUDA events), and one process's `fit` epochs,
-    median of epochs 2-3, against that profile's prediction (whole steps x mean step).
+    median of epochs 2-3, against that profile's prediction (whole steps x mean step);
+  - the memory model (eq. 3) fitted from the probe's peaks as the search fits it, against
+    the workers' training step's `max_memory_allocated` at larger local batches, and
+    against nvidia-smi's memory.used (which adds the CUDA context: a difference).
 Without a GPU it exits non-zero saying so; `--allow-cpu` runs it on the CPU (tests).
 """
 
 from __future__ import annotations
 
 import functools
+import gc
 import importlib.util
+import os
 import platform
 import statistics
 import subprocess
@@ -39,6 +46,9 @@ MEASURE_SECONDS = 1.0
 GRID = (("cnn", 60_000, (32, 128, 512, 2048), ("fp32", "bf16", "fp16")),
         ("resnet18", 20_000, (32, 128, 512), ("fp32", "bf16", "fp16")))
 QUICK_GRID = (("cnn", 512, (128,), ("fp32", "fp16")),)
+# (name, samples, local batches the memory model predicts, above the probe's 16, 32, 64)
+MEMORY_GRID = (("cnn", 60_000, (256, 1024, 4096)), ("resnet18", 20_000, (128, 256, 512)))
+QUICK_MEMORY_GRID = (("cnn", 512, (128, 256)),)
 
 
 def synthetic_data(samples: int, seed: int = 0) -> TensorDataset:
@@ -123,14 +133,13 @@ def data_path(workload, batch: int, device: torch.device) -> dict[str, Any]:
             "dataloader_s": serve(plain, True), "samples": len(dataset)}
 
 
-def profiled_step_s(workload, batch: int, device: torch.device) -> dict[str, float]:
-    """The mean step as the profiling loop times it, in this one process, in the
-    workload's precision."""
+def training_step(workload, batch: int, device: torch.device):
+    """The workers' step at `batch` in the workload's precision, in this one process (the
+    data path's batches, `EpochTally.step`); returns (run_step, model, optimizer)."""
     from tula_ray.precision import set_math_mode
     from tula_ray.training.batches import training_batches
     from tula_ray.training.epochs import EpochTally
-    from tula_ray.training.step_timing import (cycle, max_measure_steps, mean_step_s,
-                                               measured_step_count, spread, time_block, warm_up)
+    from tula_ray.training.step_timing import cycle
     from tula_ray.training.strategy_base import StrategySetup
 
     torch.manual_seed(0)
@@ -144,10 +153,87 @@ def profiled_step_s(workload, batch: int, device: torch.device) -> dict[str, flo
     def run_step() -> None:
         tally.step(*next(batches))
 
+    return run_step, model, setup.optimizer
+
+
+def profiled_step_s(workload, batch: int, device: torch.device) -> dict[str, float]:
+    """The mean step as the profiling loop times it, in this one process, in the
+    workload's precision."""
+    from tula_ray.training.step_timing import (max_measure_steps, mean_step_s,
+                                               measured_step_count, spread, time_block, warm_up)
+
+    run_step, _, _ = training_step(workload, batch, device)
     warm = warm_up(run_step, device, min_steps=3, min_seconds=WARMUP_SECONDS)
     steps = measured_step_count(warm[-1], 5, MEASURE_SECONDS, max_measure_steps(device))
     seconds = time_block(steps, run_step, device)
     return {"step_s": mean_step_s(seconds), "spread": spread(seconds), "steps": steps}
+
+
+def nvidia_smi_used_bytes(device: torch.device) -> float | str:
+    """memory.used of `device`'s GPU by nvidia-smi (every process's, the CUDA context
+    included), or why it is not available."""
+    if device.type != "cuda":
+        return "not available (no GPU)"
+    index = torch.cuda.current_device() if device.index is None else device.index
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")
+    if index < len(visible) and visible[index].strip().isdigit():
+        index = int(visible[index])  # nvidia-smi numbers every GPU, torch the visible ones
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,"
+                              "nounits", f"--id={index}"], capture_output=True, text=True,
+                             timeout=30)
+        return float(out.stdout.strip()) * 2**20  # MiB
+    except (OSError, subprocess.SubprocessError, ValueError) as exc:
+        return f"not available ({type(exc).__name__})"
+
+
+def memory_against_allocator(name: str, samples: int, local_batches: tuple[int, ...],
+                             device: torch.device) -> dict[str, Any]:
+    """Eq. 3 fitted as the search's memory probe fits it (its peaks at `memory.probe_batches`,
+    `fit_probe`), then at larger local batches its prediction against the peak of the
+    workers' training step (`max_memory_allocated` on a GPU, less the dataset the data
+    path keeps there; the probe's CPU tracker on the CPU) and against nvidia-smi."""
+    from tula_ray.models import memory
+    from tula_ray.space import MIN_BATCH_DEFAULT
+    from tula_ray.training.measure import (MEMORY_STEPS_DEFAULT, memtracker_peak_bytes,
+                                           probe_peaks, synchronize)
+
+    workload = synthetic_workload(name, samples)
+    measured = probe_peaks(workload, memory.probe_batches(MIN_BATCH_DEFAULT // 2), device)
+    params = memory.fit_probe(zip(measured["local_batches"], measured["peaks"]),
+                              measured["static"], measured["input_bytes_per_sample"])
+    rows = []
+    for b in local_batches:
+        gc.collect()
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+            before = torch.cuda.memory_allocated(device)
+        run_step, model, optimizer = training_step(workload, b, device)
+        if device.type == "cuda":
+            # the data path may keep the dataset on the GPU: the probe counts it apart
+            # (device_in_use_bytes), so it is taken off the step's peak here
+            resident = torch.cuda.memory_allocated(device) - before - sum(
+                t.numel() * t.element_size() for t in model.parameters())
+            torch.cuda.reset_peak_memory_stats(device)
+            for _ in range(MEMORY_STEPS_DEFAULT):
+                run_step()
+            synchronize(device)
+            peak = float(torch.cuda.max_memory_allocated(device) - max(resident, 0))
+        else:
+            peak = float(memtracker_peak_bytes([run_step] * MEMORY_STEPS_DEFAULT, model,
+                                               optimizer))
+        predicted = float(memory.predict_peak_bytes(params, b))
+        smi = nvidia_smi_used_bytes(device)
+        rows.append({"workload": name, "local_batch": b, "predicted_peak_bytes": predicted,
+                     "step_peak_bytes": peak, "rel_error": (predicted - peak) / peak,
+                     "nvidia_smi_used_bytes": smi,
+                     "smi_minus_predicted_bytes": smi - predicted
+                     if isinstance(smi, float) else None,
+                     "reserved_bytes": float(torch.cuda.memory_reserved(device))
+                     if device.type == "cuda" else None})
+        del run_step, model, optimizer
+    return {"workload": name, "probe_local_batches": measured["local_batches"],
+            "probe_peaks_bytes": measured["peaks"], "params": params.to_dict(), "rows": rows}
 
 
 def fitted_epochs(workload, batch: int, device: torch.device) -> list[float]:
@@ -183,7 +269,15 @@ def run(quick: bool = False, allow_cpu: bool = False) -> dict:
                              "fit_epoch_s": measured, "ratio": predicted / measured,
                              "fit_epochs_s": epochs})
                 print(rows[-1], flush=True)
-    result.update(rows=rows, data_paths=paths)
+    memory_checks = [memory_against_allocator(name, samples, batches, device)
+                     for name, samples, batches in (QUICK_MEMORY_GRID if quick else MEMORY_GRID)
+                     if name == "cnn" or importlib.util.find_spec("torchvision") is not None]
+    result.update(rows=rows, data_paths=paths, memory=memory_checks)
+    if importlib.util.find_spec("ray") is not None:  # the Ray half: searches, train, NCCL
+        from benchmarks.gpu_acceptance_ray import ray_half
+
+        result["ray"] = ray_half(quick, device)
+        result["halves"].append("Ray")
     name = "gpu_acceptance_quick" if quick or device.type != "cuda" else "gpu_acceptance"
     write_result(name, result, report(result))
     print(report(result))
@@ -192,12 +286,15 @@ def run(quick: bool = False, allow_cpu: bool = False) -> dict:
 
 def report(result: dict) -> str:
     p, env = result["provenance"], result["environment"]
-    lines = ["## GPU acceptance, Ray-free half (issue 26, item 7; issue 24's GPU check)\n",
+    halves = " and ".join(result["halves"])
+    lines = [f"## GPU acceptance (issue 26, item 7; issue 24's GPU check): the {halves} "
+             f"{'halves' if len(result['halves']) > 1 else 'half'} ran\n",
              f"`{p['command']}` at {p['commit']}, {p['date']}; {env.get('gpu', env['device'])}"
              f" (capability {env.get('capability', '-')}, driver {env.get('driver', '-')}), "
              f"torch {env['torch']}, CUDA {env['cuda_runtime']}, Python {env['python']}; "
              f"TF32 matmul {env['tf32_matmul']}, cuDNN {env['tf32_cudnn']}; Ray importable: "
-             f"{env['ray_importable']} (this half runs without it).\n",
+             f"{env['ray_importable']} (the Ray-free half runs without it; the Ray half "
+             f"{'ran' if 'Ray' in result['halves'] else 'did not run'}).\n",
              f"- A real CUDA out-of-memory: {result['out_of_memory']}."]
     for path in result["data_paths"]:
         lines.append(f"- Data path, {path['workload']} at B={path['batch']}: `{path['path']}` "
@@ -214,4 +311,34 @@ def report(result: dict) -> str:
               "of epochs 2-3).\n",
               markdown_table(["workload", "B", "precision", "profiled step ms", "step spread",
                               "predicted epoch s", "fit epoch s", "predicted / fit"], body)]
+    lines += memory_report(result.get("memory", []))
+    if "ray" in result:
+        from benchmarks.gpu_acceptance_ray import report as ray_report
+
+        lines += ["", ray_report(result["ray"])]
+    else:
+        lines += ["", "### Ray half: not run (Ray is not importable here)"]
     return "\n".join(lines) + "\n"
+
+
+def memory_report(checks: list[dict]) -> list[str]:
+    mib = 2**20
+    body = [[c["workload"], r["local_batch"], f"{r['predicted_peak_bytes'] / mib:.1f}",
+             f"{r['step_peak_bytes'] / mib:.1f}", f"{r['rel_error']:+.1%}",
+             f"{r['nvidia_smi_used_bytes'] / mib:.0f}" if r["smi_minus_predicted_bytes"]
+             is not None else r["nvidia_smi_used_bytes"],
+             f"{r['smi_minus_predicted_bytes'] / mib:+.0f}" if r["smi_minus_predicted_bytes"]
+             is not None else "-",
+             f"{r['reserved_bytes'] / mib:.0f}" if r["reserved_bytes"] is not None else "-"]
+            for c in checks for r in c["rows"]]
+    probes = "; ".join(f"{c['workload']} at b = {', '.join(map(str, c['probe_local_batches']))}"
+                       for c in checks)
+    return ["", "The memory model (eq. 3) fitted as the search's probe fits it (" + probes +
+            "), against the peak of the workers' training step at larger b (GPU: "
+            "`max_memory_allocated` over 2 steps, less the dataset the data path keeps on "
+            "the GPU; CPU: the probe's tensor tracker) and against nvidia-smi's memory.used "
+            "(every process and the CUDA context: a difference, not an equality, is "
+            "expected; torch's reserved pool beside it).\n",
+            markdown_table(["workload", "local batch b", "predicted MiB", "step peak MiB",
+                            "error", "nvidia-smi MiB", "nvidia-smi - predicted MiB",
+                            "torch reserved MiB"], body)]

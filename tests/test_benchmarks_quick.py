@@ -186,6 +186,12 @@ def test_gpu_acceptance_refuses_without_a_gpu_and_its_ray_free_half_runs_on_cpu(
     for row in rows:
         predicted_over_fit = float(row[7])
         assert 0 < predicted_over_fit < 10  # a ratio of two measured times, both present
+    # The probe's memory model against the training step's peak, nvidia-smi absent on CPU.
+    memory_rows = _table_rows(markdown, "| workload | local batch b |")
+    assert [int(row[1]) for row in memory_rows] == [128, 256]
+    for row in memory_rows:
+        assert float(row[2]) > 0 and float(row[3]) > 0 and row[5].startswith("not available")
+    assert "the Ray-free half ran" in markdown and "Ray half: not run" in markdown
 
 
 def test_noise_evolution_quick():

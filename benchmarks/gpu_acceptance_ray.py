@@ -1,0 +1,224 @@
+"""The Ray half of `python -m benchmarks gpu-acceptance` (issue 26, item 7): run by
+`gpu_acceptance.run` only where Ray is importable.
+
+  - a one-GPU full search (`tula_ray.search`, N = 1, strategy "full") of each synthetic
+    workload, run twice: per B the two runs' step and compute times, whether they agree
+    within the rows' own measured spread (`step_time_spread`), and a flag where the
+    second run's compute time is smaller than the first's by more than that spread (the
+    clocks were not ramped up when the first one ran);
+  - `tula_ray.train` of the first plan's choice for 2 epochs, each epoch's `seconds`
+    against the plan's `epoch_time_s` for that (N, B);
+  - bf16 against fp32: the same search in bf16, its step time at each B over fp32's
+    (on a GPU only: the CPU emulates bf16);
+  - NCCL's error path: `tula_ray.train` with 2 workers on halves of one GPU (NCCL refuses
+    two ranks on one device), in a child process under a time limit: the seconds until
+    it failed and the class `tula_ray.failures` gives the error, or "hung" past the limit.
+    Skipped without a GPU (gloo on the CPU has no such error).
+Ray is imported inside the functions: `report` reads a saved result anywhere.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from benchmarks.markdown import markdown_table
+
+TRAIN_EPOCHS = 2
+# (name, samples, min_batch, max_batch) of each search; the quick one is a CPU smoke test.
+SEARCHES = (("cnn", 60_000, 32, 2048), ("resnet18", 20_000, 32, 512))
+QUICK_SEARCHES = (("cnn", 256, 64, 64),)
+QUICK_TIMING = dict(warmup_steps=1, measure_steps=3, measure_seconds=0.1)
+NCCL_LIMIT_S = 180  # the NCCL error must come well within this; past it the run "hung"
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _search(name: str, samples: int, low: int, high: int, precision: str, storage: str,
+            quick: bool):
+    import tula_ray
+    from benchmarks.gpu_acceptance import synthetic_workload
+
+    return tula_ray.search(synthetic_workload(name, samples), cluster_sizes=(1,),
+                           strategy="full", min_batch=low, max_batch=high, precision=precision,
+                           training_strategy="lbt", epochs=TRAIN_EPOCHS, storage_path=storage,
+                           **(QUICK_TIMING if quick else {}))
+
+
+def _profiled(plan) -> dict[int, dict[str, float]]:
+    rows = plan.profiles[plan.profiles["status"] == "ok"]
+    return {int(r["global_batch"]): {"step_s": float(r["step_time_s"]),
+                                     "compute_s": float(r["compute_time_s"]),
+                                     "spread": float(r["step_time_spread"])}
+            for _, r in rows.iterrows()}
+
+
+def twice(first, second) -> list[dict[str, Any]]:
+    """Per B of both runs: their step and compute times, agreement within the larger of
+    the two rows' spreads, and the clock flag (second compute time smaller by more)."""
+    a, b = _profiled(first), _profiled(second)
+    rows = []
+    for batch in sorted(set(a) & set(b)):
+        spread = max(a[batch]["spread"], b[batch]["spread"])
+        step_change = b[batch]["step_s"] / a[batch]["step_s"] - 1
+        compute_change = b[batch]["compute_s"] / a[batch]["compute_s"] - 1
+        rows.append({"global_batch": batch, "step_s": [a[batch]["step_s"], b[batch]["step_s"]],
+                     "compute_s": [a[batch]["compute_s"], b[batch]["compute_s"]],
+                     "spread": spread, "step_change": step_change,
+                     "agree": abs(step_change) <= spread,
+                     "clocks_not_ramped": compute_change < -spread})
+    return rows
+
+
+def trained(plan, name: str, samples: int, storage: str) -> dict[str, Any]:
+    """`tula_ray.train` of the plan's choice for TRAIN_EPOCHS epochs against its epoch time."""
+    import tula_ray
+    from benchmarks.gpu_acceptance import synthetic_workload
+
+    result = tula_ray.train(plan, "lbt", workload=synthetic_workload(name, samples),
+                            epochs=TRAIN_EPOCHS, storage_path=storage)
+    seconds = [float(s) for s in result.metrics["seconds"]]
+    predicted = float(plan.chosen["epoch_time_s"])
+    return {"num_workers": plan.choice.num_workers, "global_batch": plan.choice.global_batch,
+            "predicted_epoch_s": predicted, "epoch_seconds": seconds,
+            "ratio": predicted / seconds[-1]}
+
+
+NCCL_CHILD = """
+import dataclasses, json, sys, time
+import tula_ray
+from benchmarks.gpu_acceptance import synthetic_workload
+from tula_ray.failures import classify
+plan = tula_ray.Plan.from_json(sys.argv[1])
+plan = dataclasses.replace(plan, choice=dataclasses.replace(plan.choice, num_workers=2))
+started = time.perf_counter()
+try:
+    tula_ray.train(plan, "lbt", workload=synthetic_workload(sys.argv[2], int(sys.argv[3])),
+                   epochs=1, max_failures=0, address=sys.argv[4], storage_path=sys.argv[5],
+                   resources_per_worker={"CPU": 1, "GPU": 0.5})
+    out = {"outcome": "no error raised"}
+except Exception as error:
+    inner = error
+    while inner.__cause__ is not None:
+        inner = inner.__cause__
+    out = {"outcome": "failed", "raised": type(error).__name__, "failure": classify(error),
+           "innermost": type(inner).__name__, "innermost_failure": classify(inner),
+           "names_nccl": "nccl" in str(error).lower(),
+           "message": str(error).strip().splitlines()[-1][:300]}
+out["seconds"] = time.perf_counter() - started
+print("NCCL-RESULT " + json.dumps(out))
+"""
+
+
+def nccl_error_path(plan, name: str, samples: int, storage: str) -> dict[str, Any]:
+    """Two workers on halves of one GPU, in a child process joined to this Ray: NCCL must
+    refuse them within NCCL_LIMIT_S; the child is killed past it ("hung")."""
+    import ray
+
+    path = Path(storage) / "nccl_plan.json"
+    plan.to_json(path)
+    address = ray.get_runtime_context().gcs_address
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        [str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])}
+    started = time.perf_counter()
+    try:
+        done = subprocess.run([sys.executable, "-c", NCCL_CHILD, str(path), name, str(samples),
+                               address, storage], capture_output=True, text=True, cwd=ROOT,
+                              env=env, timeout=NCCL_LIMIT_S)
+    except subprocess.TimeoutExpired:
+        return {"outcome": "hung", "seconds": time.perf_counter() - started,
+                "limit_s": NCCL_LIMIT_S}
+    lines = [line for line in done.stdout.splitlines() if line.startswith("NCCL-RESULT ")]
+    if not lines:
+        return {"outcome": f"child exited {done.returncode} without a result",
+                "seconds": time.perf_counter() - started, "stderr": done.stderr[-2000:]}
+    return {**json.loads(lines[-1][len("NCCL-RESULT "):]), "limit_s": NCCL_LIMIT_S}
+
+
+def ray_half(quick: bool, device) -> dict[str, Any]:
+    """The searches twice, train, bf16 against fp32 and the NCCL error path, per workload."""
+    from tula_ray.cluster import ray_session
+
+    storage = tempfile.mkdtemp(prefix="tula-gpu-acceptance-")
+    workloads = []
+    try:
+        with ray_session(None, None):
+            for name, samples, low, high in QUICK_SEARCHES if quick else SEARCHES:
+                if name != "cnn" and not _has_torchvision():
+                    workloads.append({"workload": name, "skipped": "torchvision not installed"})
+                    continue
+                runs = [_search(name, samples, low, high, "fp32", storage, quick)
+                        for _ in range(2)]
+                entry = {"workload": name, "samples": samples, "twice": twice(*runs),
+                         "choice": runs[0].choice.to_dict(),
+                         "train": trained(runs[0], name, samples, storage),
+                         "bf16_over_fp32": "skipped: on the CPU bf16 is emulated (slower, not "
+                                           "what is accepted); a GPU compares it"}
+                if device.type == "cuda":
+                    bf16 = _profiled(_search(name, samples, low, high, "bf16", storage, quick))
+                    fp32 = _profiled(runs[1])
+                    entry["bf16_over_fp32"] = {b: bf16[b]["step_s"] / fp32[b]["step_s"]
+                                               for b in sorted(set(fp32) & set(bf16))}
+                entry["nccl"] = nccl_error_path(runs[0], name, samples, storage) \
+                    if device.type == "cuda" else {"outcome": "skipped",
+                                                   "why": "no GPU: gloo on the CPU has no such error"}
+                print({k: v for k, v in entry.items() if k != "twice"}, flush=True)
+                workloads.append(entry)
+    finally:
+        shutil.rmtree(storage, ignore_errors=True)
+    return {"workloads": workloads, "train_epochs": TRAIN_EPOCHS}
+
+
+def _has_torchvision() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("torchvision") is not None
+
+
+def report(ray: dict[str, Any]) -> str:
+    """The Ray half's markdown."""
+    lines = ["### Ray half: one-GPU full searches (N = 1), `train`, bf16, NCCL's error path\n",
+             "Each search ran twice: step and compute ms of run 1 / run 2; they agree when the "
+             "step times differ by at most the larger row spread (`step_time_spread`); a second "
+             "compute time smaller by more than that spread means the clocks had not ramped up "
+             "for the first.\n"]
+    body = [[w["workload"], r["global_batch"],
+             " / ".join(f"{1e3 * s:.3f}" for s in r["step_s"]),
+             " / ".join(f"{1e3 * s:.3f}" for s in r["compute_s"]), f"{r['step_change']:+.1%}",
+             f"{r['spread']:.1%}", "yes" if r["agree"] else "no",
+             "not ramped up" if r["clocks_not_ramped"] else "ok"]
+            for w in ray["workloads"] if "twice" in w for r in w["twice"]]
+    lines.append(markdown_table(["workload", "B", "step ms", "compute ms", "change",
+                                 "spread", "agree", "clocks"], body))
+    lines += ["", f"`tula_ray.train` of the first plan's choice for {ray['train_epochs']} "
+              "epochs: each epoch's `seconds` against the plan's `epoch_time_s` (the last "
+              "epoch compared; the first warms up); bf16's profiled step over fp32's (run 2) at "
+              "each B; NCCL: 2 workers on halves of one GPU.\n"]
+    body = []
+    for w in ray["workloads"]:
+        if "skipped" in w:
+            body.append([w["workload"], "-", "-", "-", "-", "-", w["skipped"]])
+            continue
+        t, n = w["train"], w["nccl"]
+        nccl = n["outcome"] if n["outcome"] != "failed" else (
+            f"failed in {n['seconds']:.1f} s: {n['raised']} ({n['failure']}; innermost "
+            f"{n['innermost']}, {n['innermost_failure']}; names NCCL: {n['names_nccl']})")
+        if n["outcome"] == "hung":
+            nccl = f"HUNG past {n['limit_s']} s"
+        elif n["outcome"] == "skipped":
+            nccl = f"skipped ({n['why']})"
+        body.append([w["workload"], f"N={t['num_workers']} B={t['global_batch']}",
+                     f"{t['predicted_epoch_s']:.2f}",
+                     " / ".join(f"{s:.2f}" for s in t["epoch_seconds"]), f"{t['ratio']:.3f}",
+                     w["bf16_over_fp32"] if isinstance(w["bf16_over_fp32"], str) else
+                     ", ".join(f"B={b}: {r:.2f}" for b, r in w["bf16_over_fp32"].items()), nccl])
+    lines.append(markdown_table(["workload", "train", "plan epoch s", "train epoch s",
+                                 "plan / last epoch", "bf16 / fp32 step", "NCCL error path"],
+                                body))
+    return "\n".join(lines)

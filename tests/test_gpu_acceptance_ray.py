@@ -1,0 +1,36 @@
+"""`python -m benchmarks gpu-acceptance --quick --allow-cpu` where Ray is importable: both
+halves run, the Ray half on a tiny synthetic workload (issue 26, item 7)."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from result_checks import table_rows
+
+from benchmarks.common import RESULTS_DIR
+
+pytestmark = pytest.mark.ray
+
+
+def test_gpu_acceptance_runs_its_ray_half_where_ray_is_importable():
+    """The search run twice (per B: both runs' times, agreement within the spread, the
+    clock flag), `train` against the plan's epoch time, NCCL's check skipped on the CPU.
+    Its own local Ray, in a child process, as the command runs."""
+    done = subprocess.run([sys.executable, "-m", "benchmarks", "gpu-acceptance", "--quick",
+                           "--allow-cpu"], capture_output=True, text=True,
+                          cwd=Path(__file__).parents[1], timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    markdown = (RESULTS_DIR / "gpu_acceptance_quick.md").read_text()
+    assert "the Ray-free and Ray halves ran" in markdown and "Ray importable: True" in markdown
+    twice = table_rows(markdown, "| workload | B | step ms |")
+    assert twice and all(row[0] == "cnn" for row in twice)
+    for row in twice:
+        first, second = (float(ms) for ms in row[2].split(" / "))
+        assert first > 0 and second > 0
+        assert row[6] in ("yes", "no") and row[7] in ("ok", "not ramped up")
+    (train,) = table_rows(markdown, "| workload | train |")
+    assert train[1].startswith("N=1 B=")
+    assert len(train[3].split(" / ")) == 2  # two epochs' seconds
+    assert 0 < float(train[4]) < 10  # the plan's epoch time over the measured one
+    assert train[5].startswith("skipped") and train[6].startswith("skipped")  # no GPU here
