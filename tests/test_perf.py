@@ -5,7 +5,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 from paper_profiles import paper_profiles as synthetic_profiles
 
-from tula_ray.models import perf
+from tula_ray.models import perf, sync_levels
 from tula_ray.planning.search_strategies import make_search_strategy
 from tula_ray.space import SearchSpace, corners
 
@@ -129,7 +129,7 @@ def test_parameter_server_model_is_recovered():
 
 
 def test_custom_collective_plugs_in(monkeypatch):
-    monkeypatch.setattr(perf, "COLLECTIVES", dict(perf.COLLECTIVES))  # undone after the test
+    monkeypatch.setattr(sync_levels, "COLLECTIVES", dict(sync_levels.COLLECTIVES))  # undone after
     perf.register_collective("tree-test", lambda n: np.log2(np.asarray(n, float)))
     true = truth(2e-3, 2e-4, 0.01, 0.0, collective="tree-test")
     profiles = synthetic_profiles(SPACE.candidates(), true, noise=0.0)

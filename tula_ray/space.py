@@ -160,14 +160,30 @@ class SearchSpace:
         return SearchSpace(self.cluster_sizes, kept)
 
 
-def corners(candidates: Iterable[Candidate]) -> list[Candidate]:
-    """The extremes of a set of (N, B) pairs: at its smallest and its largest N, the
-    smallest and the largest B present at that N (paper §III-A2's partial search)."""
+def corner_sizes(sizes: Iterable[int], workers_per_node: int | None = None) -> list[int]:
+    """The cluster sizes partial search profiles: the smallest and the largest N (paper
+    §III-A2) and, where nodes hold G workers, the largest N on one node, so that each
+    sync level (`tula_ray.models.sync_levels`) has its own rows (issue 26)."""
+    ordered = sorted(set(int(n) for n in sizes))
+    if not ordered:
+        return []
+    picked = {ordered[0], ordered[-1]}
+    if workers_per_node is not None:
+        one_node = [n for n in ordered if n <= workers_per_node]
+        if one_node:
+            picked.add(one_node[-1])
+    return sorted(picked)
+
+
+def corners(candidates: Iterable[Candidate], workers_per_node: int | None = None
+            ) -> list[Candidate]:
+    """The extremes of a set of (N, B) pairs: at each of `corner_sizes` N, the smallest and
+    the largest B present at that N (paper §III-A2's partial search)."""
     pairs = sorted(set(candidates))
     if not pairs:
         return []
     picked = []
-    for n in sorted({pairs[0].num_workers, pairs[-1].num_workers}):
+    for n in corner_sizes([c.num_workers for c in pairs], workers_per_node):
         at_n = [c for c in pairs if c.num_workers == n]
         picked += [at_n[0], at_n[-1]]
     return sorted(set(picked))

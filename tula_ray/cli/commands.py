@@ -101,6 +101,7 @@ def _ray_for(enabled: bool, address: str | None,
 def run_replay(args: argparse.Namespace) -> None:
     meta: dict = {"source": "replay"}
     untrainable: dict = {}
+    workers_per_node = None  # one node holds every N, unless the plan replayed says not
     if args.synthetic:
         from tula_ray.planning.synthetic import example_params, synthetic_profiles
 
@@ -116,6 +117,7 @@ def run_replay(args: argparse.Namespace) -> None:
         epochs, dataset_size = old.epochs, old.dataset_size
         for key in ("training_strategy", "training_options"):
             meta[key] = old.meta.get(key)
+        workers_per_node = old.meta.get("workers_per_node")  # the cluster it was profiled on
         space = SearchSpace.of_pairs(old.table["num_workers"], old.table["global_batch"])
         if "trainable" in old.table:  # what the plan's training strategy cannot train
             refused = old.table[~old.table["trainable"].astype(bool)]
@@ -129,7 +131,8 @@ def run_replay(args: argparse.Namespace) -> None:
     plan = build_plan(space, profiles, epochs=epochs, dataset_size=dataset_size,
                       strategy=args.search_strategy, objective=args.objective,
                       pricing=args.pricing, reference_batch=args.reference_batch,
-                      workload=workload, meta=meta, untrainable=untrainable)
+                      workload=workload, meta=meta, untrainable=untrainable,
+                      workers_per_node=workers_per_node)
     write_plan(plan, args.out)
 
 

@@ -14,7 +14,12 @@ reducing to the paper's form when the data do:
   are convex (larger batches spill out of cache: on 2 CPU cores a step costs
   b^1.12), then a power law a * b^p: the forms of `tula_ray.models.compute_forms`, where
   a user registers another;
-- exposed sync time changes with b: max(0, units(N) * (beta0 + beta1 * b)). beta1 > 0
+- sync has two levels (issue 26): an all-reduce within a node (NVLink, shared memory)
+  and one across nodes (the network), each in ring all-reduce's alpha-beta form,
+  alpha * hops(n) + beta * units(n) over the n workers (or nodes) of that level; a
+  cluster size spans `topology.nodes_for(N, G)` nodes. On one node, with no latency
+  term, this is the paper's units(N) * beta;
+- exposed sync time changes with b: max(0, levels + units(N) * beta1 * b). beta1 > 0
   where it grows (stragglers; on CPU the collective competes with compute for the
   cores), beta1 < 0 where it falls (DDP all-reduces buckets while the backward goes
   on: a longer backward hides more of the same communication);
@@ -28,15 +33,19 @@ from __future__ import annotations
 import logging
 import math
 from dataclasses import asdict, dataclass, field, replace
-from typing import Callable
 
 import numpy as np
 import pandas as pd
-from scipy.optimize import least_squares, lsq_linear
+from scipy.optimize import least_squares
 
 # ComputeCurve and fit_compute_curve: eq. 2b and its forms, re-exported here.
 from tula_ray.models.compute_forms import (ComputeCurve, Curve, curve_from_dict,  # noqa: F401
                                            curve_to_dict, fit_compute_curve)
+from tula_ray.models.sync_levels import (COLLECTIVE_HOPS, COLLECTIVES,  # noqa: F401
+                                         SyncFit, _collective, exposed_sync_s, fit_sync_levels,
+                                         level_terms, nodes_spanned, parameter_server_units,
+                                         register_collective, ring_allreduce_hops,
+                                         ring_allreduce_units, rows_nodes)
 from tula_ray.profile_table import usable
 
 logger = logging.getLogger(__name__)
@@ -48,43 +57,6 @@ OVERLAP_P_BOUNDS = (1.0, 10.0)  # p = 1 is additive; p -> inf is perfect overlap
 OVERLAP_MIN_GAIN = 0.9  # overlap LOO error must be below 90 % of the additive one
 
 
-# --- eq. 2c: how synchronisation time grows with the cluster size -------------
-
-def ring_allreduce_units(num_workers: np.ndarray) -> np.ndarray:
-    """Eq. 2c, ring all-reduce: bandwidth term proportional to (1 - 1/N); 0 for N = 1."""
-    n = np.asarray(num_workers, dtype=float)
-    return 1.0 - 1.0 / n
-
-
-def parameter_server_units(num_workers: np.ndarray) -> np.ndarray:
-    """Eq. 2c, central parameter server: proportional to N; 0 for N = 1 (nothing to sync)."""
-    n = np.asarray(num_workers, dtype=float)
-    return np.where(n > 1, n, 0.0)
-
-
-COLLECTIVES: dict[str, Callable[[np.ndarray], np.ndarray]] = {
-    "ring": ring_allreduce_units,
-    "ps": parameter_server_units,
-}
-
-
-def register_collective(name: str, units: Callable[[np.ndarray], np.ndarray]) -> None:
-    """Add a synchronisation model: `units(N)` is what sync time is proportional to.
-
-    Example: a tree all-reduce, `register_collective("tree", lambda n: np.log2(n))`.
-    It must return 0 for N = 1, where data-parallel training does not synchronise.
-    """
-    if float(np.asarray(units(np.array([1])))[0]) != 0.0:
-        raise ValueError(f"collective {name!r}: units(1) must be 0 (a single worker never syncs)")
-    COLLECTIVES[name] = units
-
-
-def _collective(name: str) -> Callable[[np.ndarray], np.ndarray]:
-    if name not in COLLECTIVES:
-        raise ValueError(f"collective {name!r} is unknown; known: {sorted(COLLECTIVES)}")
-    return COLLECTIVES[name]
-
-
 # --- the fitted parameters ----------------------------------------------------
 
 @dataclass(frozen=True)
@@ -93,7 +65,8 @@ class PerfParams:
 
     compute: dict[int, Curve]  # eq. 2b per profiled N with >= 2 local batch sizes
     compute_pooled: Curve  # all rows together: used when no per-N curve applies
-    sync_per_unit_s: float  # sync time per unit of the collective's shape (eq. 2c)
+    # sync time per unit of the collective's shape (eq. 2c) among the workers of one node
+    sync_per_unit_s: float
     collective: str  # key of COLLECTIVES
     # change of exposed sync with b: > 0 with stragglers, < 0 where the backward hides it
     sync_per_unit_per_sample_s: float = 0.0
@@ -102,6 +75,13 @@ class PerfParams:
     num_profiles: int = 0
     loo_median_rel_error: float | None = None  # leave-one-out step-time error of this fit
     notes: tuple[str, ...] = field(default_factory=tuple)
+    # the topology (issue 26): workers one node holds (None: one node holds every N), the
+    # latency per hop within a node, and the network level's two terms (None: no profile
+    # spans nodes, so the network is taken as the node's level; `notes` says so)
+    workers_per_node: int | None = None
+    sync_latency_s: float = 0.0
+    inter_sync_per_unit_s: float | None = None
+    inter_sync_latency_s: float | None = None
 
     @property
     def form(self) -> str:
@@ -150,20 +130,32 @@ def predict_compute_s(params: PerfParams, num_workers, local_batch) -> np.ndarra
     return (1.0 - weight) * below + weight * above
 
 
-def predict_sync_s(params: PerfParams, num_workers, local_batch=0.0) -> np.ndarray:
-    """Eq. 2c: exposed sync time per step, proportional to the collective's shape in N,
-    with a coefficient that may rise or fall with b, never below 0 (module docstring)."""
-    units = _collective(params.collective)(np.asarray(num_workers, dtype=float))
-    return exposed_sync_s(units, params.sync_per_unit_s, params.sync_per_unit_per_sample_s,
-                          local_batch)
+def predict_sync_s(params: PerfParams, num_workers, local_batch=0.0,
+                   num_nodes=None) -> np.ndarray:
+    """Eq. 2c: exposed sync time per step, the two levels' all-reduces (`level_sync_s`)
+    plus a change with b that may rise or fall, never below 0 (module docstring).
+    num_nodes: the nodes each N spans; default `topology.nodes_for(N, G)`, G the
+    params' workers_per_node."""
+    n = np.asarray(num_workers, dtype=float)
+    if num_nodes is None:
+        num_nodes = nodes_spanned(n, params.workers_per_node)
+    levels = level_sync_s(params, n, num_nodes)
+    units = _collective(params.collective)(n)
+    return exposed_sync_s(levels, units, params.sync_per_unit_per_sample_s, local_batch)
 
 
-def exposed_sync_s(units, per_unit_s: float, per_unit_per_sample_s: float,
-                   local_batch) -> np.ndarray:
-    """Eq. 2c with overlap: max(0, units(N) * (beta0 + beta1 * b)). The all-reduce that a
-    longer backward hides (beta1 < 0) cannot make the step shorter than its compute."""
-    per_unit = per_unit_s + per_unit_per_sample_s * np.asarray(local_batch, dtype=float)
-    return np.maximum(per_unit * np.asarray(units, dtype=float), 0.0)
+def level_sync_s(params: PerfParams, num_workers, num_nodes) -> np.ndarray:
+    """alpha_intra * hops(N / k) + beta_intra * units(N / k) + alpha_inter * hops(k)
+    + beta_inter * units(k): ring all-reduce's alpha-beta form per level
+    (`tula_ray.models.sync_levels`); the network's terms are the node's where no profile
+    spanned nodes."""
+    terms = level_terms(params.collective, num_workers, num_nodes)
+    inter_beta = (params.sync_per_unit_s if params.inter_sync_per_unit_s is None
+                  else params.inter_sync_per_unit_s)
+    inter_alpha = (params.sync_latency_s if params.inter_sync_latency_s is None
+                   else params.inter_sync_latency_s)
+    return (params.sync_latency_s * terms.intra_hops + params.sync_per_unit_s * terms.intra_units
+            + inter_alpha * terms.inter_hops + inter_beta * terms.inter_units)
 
 
 def combine_step_s(compute_s, sync_s, overlap_p: float = 1.0) -> np.ndarray:
@@ -176,11 +168,11 @@ def combine_step_s(compute_s, sync_s, overlap_p: float = 1.0) -> np.ndarray:
     return (compute_s**overlap_p + sync_s**overlap_p) ** (1.0 / overlap_p)
 
 
-def predict_step_s(params: PerfParams, num_workers, local_batch) -> np.ndarray:
+def predict_step_s(params: PerfParams, num_workers, local_batch, num_nodes=None) -> np.ndarray:
     """Eq. 2a: predicted time of one synchronous data-parallel step."""
     return combine_step_s(
         predict_compute_s(params, num_workers, local_batch),
-        predict_sync_s(params, num_workers, local_batch),
+        predict_sync_s(params, num_workers, local_batch, num_nodes),
         params.overlap_p,
     )
 
@@ -212,81 +204,79 @@ def _fit_compute(rows: pd.DataFrame) -> tuple[dict[int, Curve], Curve]:
     return per_n, fit_compute_curve(rows["local_batch"], rows["compute_time_s"])
 
 
-def _fit_additive_sync(rows: pd.DataFrame, collective: str) -> tuple[float, float] | None:
-    """(beta0, beta1) of sync = units(N) * (beta0 + beta1 * b) over the multi-worker rows.
-
-    Least squares with beta0 >= 0 and beta1 of either sign (exposed sync may fall as the
-    backward grows), residuals relative to each row's STEP time (what predictions are
-    judged by): a near-zero sync does not dominate the fit.
-    """
-    units = _collective(collective)(rows["num_workers"].to_numpy(float))
-    synced = units > 0
-    if not synced.any():
-        return None
-    b = rows["local_batch"].to_numpy(float)[synced]
-    sync = np.maximum(rows["sync_time_s"].to_numpy(float)[synced], 0.0)
-    weight = 1.0 / rows["step_time_s"].to_numpy(float)[synced]
-    u = units[synced]
-    if len(np.unique(b)) < 2:
-        return float(np.median(sync / u)), 0.0
-    design = np.column_stack([u, u * b]) * weight[:, None]
-    # bvls solves this 2-column problem exactly (trf stops at its cost tolerance).
-    beta0, beta1 = lsq_linear(design, sync * weight, bounds=([0.0, -np.inf], np.inf),
-                              method="bvls").x
-    return float(beta0), float(beta1)
-
-
 def _fit_overlap(params: PerfParams, rows: pd.DataFrame) -> PerfParams:
-    """Fit the communication scale and p jointly to the measured step times (log residuals)."""
+    """Fit the communication scale (every sync term times f), beta1 and p jointly to the
+    measured step times (log residuals)."""
     n = rows["num_workers"].to_numpy(float)
     b = rows["local_batch"].to_numpy(float)
+    k = rows_nodes(rows, params.workers_per_node)
     measured = rows["step_time_s"].to_numpy(float)
     compute = predict_compute_s(params, n, b)
     units = _collective(params.collective)(n)
+    if not (level_sync_s(params, n, k) > 0).any():  # nothing to scale: start from a trace
+        params = replace(params, sync_per_unit_s=1e-6, inter_sync_per_unit_s=None)
+    # theta[0] is the node level's per-unit time (the paper's one coefficient on one node),
+    # the other terms scaled with it: the solver works in seconds, as the fit always did.
+    reference = params.sync_per_unit_s or 1e-6
+    shape = level_sync_s(params, n, k) / reference
 
     def residuals(theta: np.ndarray) -> np.ndarray:
-        step = combine_step_s(compute, exposed_sync_s(units, theta[0], theta[1], b), theta[2])
+        step = combine_step_s(compute, exposed_sync_s(theta[0] * shape, units, theta[1], b),
+                              theta[2])
         return np.log(np.maximum(step, 1e-12)) - np.log(measured)
 
-    start = np.array([max(params.sync_per_unit_s, 1e-6) * 2.0,
-                      params.sync_per_unit_per_sample_s * 2.0, 2.0])
-    solution = least_squares(
+    start = np.array([reference * 2.0, params.sync_per_unit_per_sample_s * 2.0, 2.0])
+    per_unit, slope, p = least_squares(
         residuals, start, loss="soft_l1",
         bounds=([0.0, -np.inf, OVERLAP_P_BOUNDS[0]], [np.inf, np.inf, OVERLAP_P_BOUNDS[1]]),
     ).x
-    return replace(params, sync_per_unit_s=float(solution[0]),
-                   sync_per_unit_per_sample_s=float(solution[1]), overlap_p=float(solution[2]))
+    scale = per_unit / reference
+
+    def scaled(value: float | None) -> float | None:
+        return None if value is None else float(scale * value)
+
+    return replace(params, sync_per_unit_s=scaled(params.sync_per_unit_s),
+                   sync_latency_s=scaled(params.sync_latency_s),
+                   inter_sync_per_unit_s=scaled(params.inter_sync_per_unit_s),
+                   inter_sync_latency_s=scaled(params.inter_sync_latency_s),
+                   sync_per_unit_per_sample_s=float(slope), overlap_p=float(p))
 
 
-def _fit_form(rows: pd.DataFrame, collective: str, form: str, strategy: str) -> PerfParams:
+def _fit_form(rows: pd.DataFrame, collective: str, form: str, strategy: str,
+              workers_per_node: int | None = None) -> PerfParams:
     if rows.empty:
         raise ValueError(
             "no usable profile rows (status 'ok' with a step time) to fit the performance "
             "model; every profiled candidate failed: see the profiles' 'error' column"
         )
     per_n, pooled = _fit_compute(rows)
-    sync = _fit_additive_sync(rows, collective)
-    notes = ()
+    sync = fit_sync_levels(rows, collective, workers_per_node, latency=form != "overlap")
+    notes: tuple[str, ...] = ()
     if sync is None:
         notes = ("no multi-worker profile: sync time taken as 0 for every N",)
-        sync = (0.0, 0.0)
-    params = PerfParams(per_n, pooled, sync[0], collective, sync[1], 1.0, strategy, len(rows), None,
-                        notes)
+        sync = SyncFit(0.0)
+    params = PerfParams(per_n, pooled, sync.intra_per_unit_s, collective,
+                        sync.per_unit_per_sample_s, 1.0, strategy, len(rows), None,
+                        notes + sync.notes, workers_per_node, sync.intra_latency_s,
+                        sync.inter_per_unit_s, sync.inter_latency_s)
     if form == "overlap":
         params = _fit_overlap(params, rows)
     return params
 
 
-def _loo_error(rows: pd.DataFrame, collective: str, form: str, strategy: str) -> float | None:
+def _loo_error(rows: pd.DataFrame, collective: str, form: str, strategy: str,
+               workers_per_node: int | None = None) -> float | None:
     """Median relative error of each row's step time predicted by a fit without it."""
     if len(rows) < 3:
         return None
+    nodes = rows_nodes(rows, workers_per_node)
     errors = []
     for i in range(len(rows)):
         rest = rows.drop(index=rows.index[i])
-        params = _fit_form(rest, collective, form, strategy)
+        params = _fit_form(rest, collective, form, strategy, workers_per_node)
         row = rows.iloc[i]
-        predicted = float(predict_step_s(params, row["num_workers"], row["local_batch"]))
+        predicted = float(predict_step_s(params, row["num_workers"], row["local_batch"],
+                                         nodes[i]))
         errors.append(abs(predicted - row["step_time_s"]) / row["step_time_s"])
     return float(np.median(errors))
 
@@ -302,6 +292,7 @@ def fit(
     collective: str = "ring",
     form: str = "auto",
     strategy: str = "full",
+    workers_per_node: int | None = None,
 ) -> PerfParams:
     """Fit the performance model from profile rows: every usable one it is given (the
     search strategy decides which: `search_strategies.SearchStrategy.fit_rows`).
@@ -310,6 +301,8 @@ def fit(
     form: "additive" (eq. 2a), "overlap" (p-norm), or "auto": overlap only when
       there are enough multi-worker rows and its leave-one-out error is lower.
     strategy: recorded with the parameters (which strategy chose the rows).
+    workers_per_node: G, the workers one node holds (`tula_ray.models.topology`): N > G
+      spans nodes and its all-reduce has a network level. None: one node holds every N.
     """
     if form not in FORMS:
         raise ValueError(f"form {form!r} is not allowed; use one of {FORMS}")
@@ -320,8 +313,8 @@ def fit(
         candidates.append("overlap")
     best: PerfParams | None = None
     for name in candidates:
-        params = _fit_form(rows, collective, name, strategy)
-        loo = _loo_error(rows, collective, name, strategy)
+        params = _fit_form(rows, collective, name, strategy, workers_per_node)
+        loo = _loo_error(rows, collective, name, strategy, workers_per_node)
         params = replace(params, loo_median_rel_error=loo)
         best_loo = math.inf if best is None or best.loo_median_rel_error is None else best.loo_median_rel_error
         if best is None or (loo is not None and loo < OVERLAP_MIN_GAIN * best_loo):

@@ -55,7 +55,8 @@ class AdaptiveSearch:
                  objective: str = "knee", epochs: int = 1, dataset_size: int = 1,
                  pricing: Any = "fixed", weight_time: float = 0.5, collective: str = "ring",
                  memory: dict | None = None, max_local_batch: int | None = None,
-                 reference_batch: int = REFERENCE_BATCH_DEFAULT) -> None:
+                 reference_batch: int = REFERENCE_BATCH_DEFAULT,
+                 workers_per_node: int | None = None) -> None:
         for label, value in (("max_rounds", max_rounds), ("max_launches", max_launches)):
             check_int(label, value, minimum=1, optional=True)
         check_number("max_seconds", max_seconds, low=0.0, low_open=True, high=math.inf,
@@ -63,9 +64,10 @@ class AdaptiveSearch:
         self.max_rounds, self.max_launches, self.max_seconds = max_rounds, max_launches, max_seconds
         self.context = dict(objective=objective, epochs=epochs, dataset_size=dataset_size,
                             pricing=pricing, weight_time=weight_time, collective=collective,
-                            max_local_batch=max_local_batch, reference_batch=reference_batch)
+                            max_local_batch=max_local_batch, reference_batch=reference_batch,
+                            workers_per_node=workers_per_node)
         self.memory = memory
-        self._corners = PartialSearch()
+        self._corners = PartialSearch(workers_per_node=workers_per_node)
 
     def fit_rows(self, rows: pd.DataFrame) -> pd.DataFrame:
         return usable(rows)

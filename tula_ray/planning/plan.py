@@ -29,7 +29,7 @@ from tula_ray.planning.estimates import (EpochCosts, add_epoch_times, add_estima
                                          add_uncertainty, dense_curve, predict_candidates,
                                          strategy_extra_by_n, through_measurements)
 from tula_ray.planning.policy import Choice, choose
-from tula_ray.planning.search_strategies import make_search_strategy
+from tula_ray.planning.search_strategies import make_search_strategy, topology_options
 from tula_ray.profile_table import oom_local_batch, profile_frame, usable
 from tula_ray.space import SearchSpace
 
@@ -237,6 +237,7 @@ def build_plan(
     untrainable: Mapping[tuple[int, int], str] | None = None,
     reference_batch: int = REFERENCE_BATCH_DEFAULT,
     noise_calibration: float = NOISE_CALIBRATION_DEFAULT,
+    workers_per_node: int | None = None,
 ) -> Plan:
     """Fit, predict every candidate of `space`, apply constraints, choose (DESIGN step 4).
 
@@ -248,6 +249,9 @@ def build_plan(
     reference_batch: M0, the batch at which `epochs` reach the target accuracy; each
       candidate's epochs to that accuracy scale with the profiled gradient noise
       (`tula_ray.planning.accuracy`), times `noise_calibration`.
+    workers_per_node: G, the workers one node of the cluster holds: N > G spans nodes,
+      and its sync has a network level (`tula_ray.models.sync_levels`); partial search's
+      corners include the largest N <= G. None: one node holds every N.
     """
     strategy = deprecated_mode(strategy, mode)
     for name, value in (("epochs", epochs), ("dataset_size", dataset_size),
@@ -255,8 +259,11 @@ def build_plan(
         check_int(name, value, minimum=1, numpy=True)
     pricing = parse_pricing(pricing)
     profiles = profile_frame(profiles.to_dict("records"))
-    params = perf.fit(make_search_strategy(strategy).fit_rows(profiles), collective=collective,
-                      form=form, strategy=strategy)
+    check_int("workers_per_node", workers_per_node, minimum=1, optional=True, numpy=True)
+    rows = make_search_strategy(strategy, topology_options(strategy, None, workers_per_node)
+                                ).fit_rows(profiles)
+    params = perf.fit(rows, collective=collective, form=form, strategy=strategy,
+                      workers_per_node=workers_per_node)
     memory = memory if memory is not None else fit_memory_from_profiles(profiles)
     if memory is None and "memory" in pricing_to_dict(pricing)["kind"]:
         raise ValueError("memory-based pricing needs a memory model: profile at least two "
@@ -311,6 +318,7 @@ def build_plan(
     choice = replace(choice, reason=f"{choice.reason}; the choice's own figures are "
                                     f"{source.iloc[0]}")
     meta = {**dict(meta or {}), "reference_batch": reference_batch,
+            "workers_per_node": workers_per_node,
             "noise": noise.to_dict()}
     return Plan(workload, strategy, objective, epochs, dataset_size, profiles, params, memory,
                 pricing_to_dict(pricing), table, choice, meta)

@@ -17,14 +17,15 @@ search, and its `reason` says why.
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass
 from typing import Any, Callable, Protocol, Sequence
 
 import pandas as pd
 
-from tula_ray.arguments import check_text
+from tula_ray.arguments import check_int, check_text
 from tula_ray.profile_table import STATUS_OK, oom_local_batch, usable
-from tula_ray.space import Candidate, corners
+from tula_ray.space import Candidate, corner_sizes, corners
 
 
 @dataclass(frozen=True)
@@ -87,7 +88,8 @@ class FullSearch:
 
 
 class PartialSearch:
-    """The extremes: min/max N x min/max B (paper §III-A2, "partial search").
+    """The extremes: min/max N x min/max B (paper §III-A2, "partial search"), and the
+    largest N on one node where nodes hold `workers_per_node` workers (issue 26).
 
     A corner that ran out of memory or crashed is replaced by the next batch inward at
     the same N (paper §IV-B: "relaunching progressively smaller batches until a
@@ -96,13 +98,17 @@ class PartialSearch:
 
     name = "partial"
 
+    def __init__(self, *, workers_per_node: int | None = None) -> None:
+        # G, the workers one node holds: the largest N <= G is a corner too (`corner_sizes`)
+        check_int("workers_per_node", workers_per_node, minimum=1, optional=True)
+        self.workers_per_node = workers_per_node
+
     def propose(self, grid: Sequence[Candidate], rows: pd.DataFrame) -> Proposal:
         status = {(int(n), int(b)): s for n, b, s in
                   zip(rows["num_workers"], rows["global_batch"], rows["status"])}
         bound = oom_local_batch(rows)
-        sizes = sorted({c.num_workers for c in grid})
         needed = []
-        for n in sorted({sizes[0], sizes[-1]}):
+        for n in corner_sizes([c.num_workers for c in grid], self.workers_per_node):
             at_n = sorted((c for c in grid if c.num_workers == n), key=lambda c: c.global_batch)
             for side in (at_n, at_n[::-1]):  # the smallest batch, then the largest
                 for candidate in side:
@@ -124,7 +130,7 @@ class PartialSearch:
         if ok.empty:
             return ok
         pairs = [Candidate(int(n), int(b)) for n, b in zip(ok["num_workers"], ok["global_batch"])]
-        keep = {candidate_key(c) for c in corners(pairs)}
+        keep = {candidate_key(c) for c in corners(pairs, self.workers_per_node)}
         picked = [(int(n), int(b)) in keep for n, b in zip(ok["num_workers"], ok["global_batch"])]
         return ok[picked].reset_index(drop=True)
 
@@ -143,6 +149,21 @@ def with_plan_context(name: str, options: dict[str, Any] | None,
     merged = dict(options or {})
     if getattr(SEARCH_STRATEGIES[name], "needs_plan_context", False):
         merged.update(context)
+    return merged
+
+
+def topology_options(name: str, options: dict[str, Any] | None,
+                     workers_per_node: int | None) -> dict[str, Any]:
+    """`options` for the strategy `name`, plus `workers_per_node` when that strategy takes
+    it (partial and adaptive profile the largest one-node N as a corner) and it is known."""
+    merged = dict(options or {})
+    factory = SEARCH_STRATEGIES[name]
+    try:
+        takes = "workers_per_node" in inspect.signature(factory).parameters
+    except (TypeError, ValueError):  # a builtin or C factory: no signature to read
+        takes = False
+    if takes and workers_per_node is not None:
+        merged.setdefault("workers_per_node", int(workers_per_node))
     return merged
 
 

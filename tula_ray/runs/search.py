@@ -18,14 +18,14 @@ from trainables.memory_probe import MemoryProbe, check_max_local_batch, check_wo
 from trainables.profiling_sweep import (MEASURE_SECONDS_DEFAULT, MEASURE_STEPS_DEFAULT,
                                         WARMUP_STEPS_DEFAULT)
 from tula_ray.arguments import named_arguments
-from tula_ray.cluster import (CPU_MEMORY_SHARE_DEFAULT, PROVISION_TIMEOUT_S_DEFAULT,
+from tula_ray.cluster import (CPU_MEMORY_SHARE_DEFAULT, PROVISION_TIMEOUT_S_DEFAULT, Workers,
                               check_worker_request, cluster_for_run, node_memory_bytes)
 from tula_ray.failures import UserCodeError
 from tula_ray.models import memory as memory_model
 from tula_ray.models.pricing import Pricing, parse_pricing, pricing_to_dict
 from tula_ray.planning.accuracy import REFERENCE_BATCH_DEFAULT
 from tula_ray.planning.plan import Plan, build_plan, deprecated_mode
-from tula_ray.planning.search_strategies import with_plan_context
+from tula_ray.planning.search_strategies import topology_options, with_plan_context
 from tula_ray.profile_table import STATUS_OK, profile_frame
 from tula_ray.runs.search_experiment import (check_same_search, context_of, experiment_name,
                                              experiment_path, restore_context, run_experiment,
@@ -164,7 +164,7 @@ def search(
             probe_s = 0.0
         context = context_of(space, probe, device_bytes, use_gpu, probe_s, search_identity(request))
         searcher, path = _profile(request, space, use_gpu, device_bytes, probe,
-                                  workers.resources, name, resume, context)
+                                  workers, name, resume, context)
         _raise_deciding_error(searcher, path)
         profiles = profile_frame(searcher.profiles)
         meta = {"probe_wall_s": probe_s,
@@ -192,7 +192,7 @@ def search(
             memory=probe.params, max_local_batch=probe.max_local_batch,
             weight_time=request.weight_time, collective=request.collective,
             workload=workload.name, meta=meta, untrainable=untrainable,
-            reference_batch=request.reference_batch)
+            reference_batch=request.reference_batch, workers_per_node=workers.workers_per_node)
 
 
 def _checked(request: SearchRequest, workload: Workload) -> SearchRequest:
@@ -254,11 +254,14 @@ def _bounded_space(request: SearchRequest, resources: dict[str, float], use_gpu:
     return request, space, probe, device_bytes
 
 
-def _strategy_options(request: SearchRequest, probe: MemoryProbe) -> dict[str, Any]:
-    """The user's strategy options, plus the plan's context for a strategy that plans as
-    it goes (adaptive): all JSON, so the searcher's state stays JSON."""
+def _strategy_options(request: SearchRequest, probe: MemoryProbe,
+                      workers_per_node: int | None) -> dict[str, Any]:
+    """The user's strategy options, plus the cluster's topology for a strategy that takes
+    it (partial and adaptive) and the plan's context for one that plans as it goes
+    (adaptive): all JSON, so the searcher's state stays JSON."""
+    options = topology_options(request.strategy, request.strategy_options, workers_per_node)
     return with_plan_context(
-        request.strategy, request.strategy_options, objective=request.objective,
+        request.strategy, options, objective=request.objective,
         epochs=request.epochs, dataset_size=request.workload.dataset_size,
         pricing=pricing_to_dict(request.pricing), weight_time=request.weight_time,
         collective=request.collective, memory=probe.params.to_dict(),
@@ -266,7 +269,7 @@ def _strategy_options(request: SearchRequest, probe: MemoryProbe) -> dict[str, A
 
 
 def _profile(request: SearchRequest, space: SearchSpace, use_gpu: bool, device_bytes: float,
-             probe: MemoryProbe, resources: dict[str, float], name: str, resume: bool,
+             probe: MemoryProbe, workers: Workers, name: str, resume: bool,
              context: dict[str, Any]) -> tuple[TulaSearcher, str]:
     """DESIGN step 3: one Tune trial per cluster size and round, one at a time (concurrent
     trials would share the CPUs or the network and distort each other's step times)."""
@@ -276,7 +279,9 @@ def _profile(request: SearchRequest, space: SearchSpace, use_gpu: bool, device_b
                  "use_gpu": use_gpu, "warmup_steps": request.warmup_steps,
                  "measure_steps": request.measure_steps,
                  "measure_seconds": request.measure_seconds, "device_memory_bytes": device_bytes,
-                 "resources_per_worker": resources,
+                 "resources_per_worker": workers.resources,
+                 # N <= G workers are placed on one node, as `train` places them (topology)
+                 "workers_per_node": workers.workers_per_node,
                  "provision_timeout_s": request.provision_timeout_s,
                  "epochs": request.epochs,
                  "training_strategy": None if request.training_strategy is None
@@ -285,6 +290,7 @@ def _profile(request: SearchRequest, space: SearchSpace, use_gpu: bool, device_b
     # Above the memory probe's checked bound a candidate is infeasible: the plan says so,
     # and no worker group is launched to learn it again.
     grid = [c for c in space.candidates() if c.local_batch <= probe.max_local_batch]
-    searcher = TulaSearcher(grid, request.strategy, _strategy_options(request, probe),
+    searcher = TulaSearcher(grid, request.strategy,
+                            _strategy_options(request, probe, workers.workers_per_node),
                             context=context)
     return run_experiment(searcher, constants, request.storage_path, name, resume)
