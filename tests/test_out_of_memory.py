@@ -10,6 +10,7 @@ import torch.distributed as dist
 from benchmarks.common import spawn_gloo
 from trainables.profiling_sweep import PeerOutOfMemoryError, agree_first_step_fits
 from trainables.profiling_trial import COLLECTIVE_TIMEOUT_S, build_trainer
+from tula_ray.cluster import WORKER_GROUP_START_RETRIES
 from tula_ray.failures import is_out_of_memory
 
 NCCL_OOM = ("NCCL error in: ProcessGroupNCCL.cpp:1970, unhandled cuda error (run with "
@@ -76,4 +77,4 @@ def test_a_profiling_trial_gives_up_on_a_lost_peer_or_a_group_that_cannot_start(
     assert COLLECTIVE_TIMEOUT_S <= 300 < 1800  # torch's default: half an hour
     # A group that keeps failing to start gives up too (Ray Train's default: retry forever).
     assert 0 <= built["run_config"].failure_config.controller_failure_limit \
-        == trial.WORKER_GROUP_START_RETRIES
+        == trial.PROFILING_START_RETRIES < WORKER_GROUP_START_RETRIES

@@ -36,8 +36,8 @@ from ray.train.torch import TorchConfig, TorchTrainer
 from ray.tune.integration.ray_train import TuneReportCallback
 
 from trainables.profiling_loop import profile_loop_per_worker
-from tula_ray.cluster import (WORKER_GROUP_START_RETRIES, alive_node_resources, can_place,
-                              scaling_config, trial_resources, worker_shape, workers_that_fit)
+from tula_ray.cluster import (alive_node_resources, can_place, scaling_config, trial_resources,
+                              worker_shape, workers_that_fit)
 from tula_ray.failures import (FAILURE_INFRASTRUCTURE, FAILURE_OOM, FAILURE_USER_CODE,
                                UserCodeError, is_out_of_memory)
 from tula_ray.models.topology import STRICT_PACK, placement_strategy
@@ -59,6 +59,13 @@ LOST_NODE_WAIT_S = 60.0
 # kill, an allocation failure past the agreed first step); the trial ends as an error
 # row in minutes instead of half an hour.
 COLLECTIVE_TIMEOUT_S = 180
+# Tries Ray Train makes, after the first, to start a profiling trial's worker group (each
+# waits RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S, 60 s). A node lost just as the trial
+# started passes `_cannot_place` and shows only here: fewer retries than training's
+# (`tula_ray.cluster.WORKER_GROUP_START_RETRIES`, 10) keep that wait near LOST_NODE_WAIT_S
+# (3 minutes, not 11, before its rows read "error" and the search goes on), and one
+# retry more than none covers a slow start on a loaded machine.
+PROFILING_START_RETRIES = 2
 
 
 def trainable_with_resources() -> Callable:
@@ -102,7 +109,7 @@ def build_trainer(config: dict[str, Any], callbacks: list | None = None) -> Torc
             # A failed candidate is a measurement (status "error"), not a reason to retry;
             # a group that keeps failing to start is one too (its rows become errors).
             failure_config=FailureConfig(
-                max_failures=0, controller_failure_limit=WORKER_GROUP_START_RETRIES)),
+                max_failures=0, controller_failure_limit=PROFILING_START_RETRIES)),
     )
 
 
