@@ -43,7 +43,7 @@ from tula_ray.models.compute_forms import (ComputeCurve, Curve, curve_from_dict,
                                            curve_to_dict, fit_compute_curve)
 from tula_ray.models.sync_levels import (COLLECTIVE_HOPS, COLLECTIVES,  # noqa: F401
                                          SyncFit, _collective, exposed_sync_s, fit_sync_levels,
-                                         level_terms, nodes_spanned, parameter_server_units,
+                                         level_terms, packed_nodes, parameter_server_units,
                                          register_collective, ring_allreduce_hops,
                                          ring_allreduce_units, rows_nodes)
 from tula_ray.profile_table import usable
@@ -138,7 +138,7 @@ def predict_sync_s(params: PerfParams, num_workers, local_batch=0.0,
     params' workers_per_node."""
     n = np.asarray(num_workers, dtype=float)
     if num_nodes is None:
-        num_nodes = nodes_spanned(n, params.workers_per_node)
+        num_nodes = packed_nodes(n, params.workers_per_node)
     levels = level_sync_s(params, n, num_nodes)
     units = _collective(params.collective)(n)
     return exposed_sync_s(levels, units, params.sync_per_unit_per_sample_s, local_batch)

@@ -24,6 +24,8 @@ import numpy as np
 import pandas as pd
 from scipy.optimize import lsq_linear
 
+from tula_ray.models.topology import nodes_for
+
 def ring_allreduce_units(num_workers: np.ndarray) -> np.ndarray:
     """Eq. 2c, ring all-reduce: bandwidth term proportional to (1 - 1/N); 0 for N = 1."""
     n = np.asarray(num_workers, dtype=float)
@@ -86,12 +88,12 @@ def _collective(name: str) -> Callable[[np.ndarray], np.ndarray]:
 
 
 
-def nodes_spanned(num_workers, workers_per_node: int | None) -> np.ndarray:
-    """`topology.nodes_for` over an array of N."""
-    n = np.asarray(num_workers, dtype=float)
-    if workers_per_node is None or workers_per_node <= 0:
-        return np.ones_like(n)
-    return np.maximum(np.ceil(n / workers_per_node), 1.0)
+def packed_nodes(num_workers, workers_per_node: int | None) -> np.ndarray:
+    """`topology.nodes_for` over an array of N: the nodes each N spans when packed."""
+    def one(n: float) -> float:
+        return float(nodes_for(int(n), workers_per_node))
+
+    return np.vectorize(one, otypes=[float])(np.asarray(num_workers, dtype=float))
 
 
 @dataclass(frozen=True)
@@ -141,10 +143,10 @@ class SyncFit:
 
 
 def rows_nodes(rows: pd.DataFrame, workers_per_node: int | None) -> np.ndarray:
-    """Each row's measured `num_nodes`; `nodes_spanned(N, G)` where the row has none
+    """Each row's measured `num_nodes`; `packed_nodes(N, G)` where the row has none
     (profiles written before it was recorded)."""
     n = rows["num_workers"].to_numpy(float)
-    fallback = nodes_spanned(n, workers_per_node)
+    fallback = packed_nodes(n, workers_per_node)
     if "num_nodes" not in rows:
         return fallback
     measured = pd.to_numeric(rows["num_nodes"], errors="coerce").to_numpy(float)

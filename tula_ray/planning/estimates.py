@@ -120,7 +120,7 @@ def predict_candidates(space_frame: pd.DataFrame, params: perf.PerfParams,
     3 (memory) and 4b (cost) per row."""
     frame = space_frame.copy()
     n, b = frame["num_workers"].to_numpy(float), frame["local_batch"].to_numpy(float)
-    frame["num_nodes"] = perf.nodes_spanned(n, params.workers_per_node).astype(int)
+    frame["num_nodes"] = perf.packed_nodes(n, params.workers_per_node).astype(int)
     frame["compute_time_s"] = perf.predict_compute_s(params, n, b)
     frame["step_time_s"] = perf.predict_step_s(params, n, b)
     frame["sync_time_s"] = frame["step_time_s"] - frame["compute_time_s"]
