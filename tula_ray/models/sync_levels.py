@@ -86,8 +86,6 @@ def _collective(name: str) -> Callable[[np.ndarray], np.ndarray]:
     return COLLECTIVES[name]
 
 
-
-
 def packed_nodes(num_workers, workers_per_node: int | None) -> np.ndarray:
     """`topology.nodes_for` over an array of N: the nodes each N spans when packed."""
     def one(n: float) -> float:
@@ -125,8 +123,6 @@ def exposed_sync_s(level_s, units, per_unit_per_sample_s: float, local_batch) ->
     change = per_unit_per_sample_s * np.asarray(local_batch, dtype=float) * np.asarray(units,
                                                                                      dtype=float)
     return np.maximum(np.asarray(level_s, dtype=float) + change, 0.0)
-
-
 
 
 @dataclass(frozen=True)
