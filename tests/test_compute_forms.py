@@ -82,3 +82,30 @@ def test_unknown_forms_are_named():
 def test_plans_written_before_forms_were_named_still_read():
     old = {"intercept_s": 0.004, "per_sample_s": 1.5e-4, "exponent": 1.0}
     assert compute_forms.curve_from_dict(old) == ComputeCurve(0.004, 1.5e-4)
+
+
+def test_three_batches_bend_the_curve_where_the_cost_per_sample_falls_then_rises():
+    """The CNN's shape on 2 CPU cores (issue 24): a fixed cost per step and a convex
+    cost per sample; the line through the ends over-predicts the batches between."""
+    def truth(b):
+        return 4.5e-3 + 1.9e-4 * np.asarray(b, float) ** 1.17
+    ends, profiled = np.array([16.0, 1024]), np.array([16.0, 128, 1024])
+    inner = np.array([32.0, 64, 256, 512])
+    chord = fit_compute_curve(ends, truth(ends))
+    assert np.max(chord(inner) / truth(inner) - 1) > 0.15  # what two ends give
+    bent = fit_compute_curve(profiled, truth(profiled))
+    assert bent.form == "power"
+    assert (bent.intercept_s, bent.per_sample_s, bent.exponent) == pytest.approx(
+        (4.5e-3, 1.9e-4, 1.17), rel=1e-3)
+    assert np.max(np.abs(bent(inner) / truth(inner) - 1)) < 1e-3
+
+
+def test_a_line_through_three_batches_is_kept_within_its_tolerance():
+    b = np.array([16.0, 128, 1024])
+    line = 0.01 + 2e-4 * b
+    assert fit_compute_curve(b, line).form == "linear"
+    nudged = line * np.array([1.0, 1 + 0.8 * compute_forms.LINE_TOLERANCE, 1.0])
+    assert fit_compute_curve(b, nudged).form == "linear"  # within the timing's noise
+    bent = line * np.array([1.0, 1 - 2 * compute_forms.LINE_TOLERANCE, 1.0])
+    assert fit_compute_curve(b, bent).form == "power"
+    assert fit_compute_curve(b, bent)(b) == pytest.approx(bent, rel=1e-3)

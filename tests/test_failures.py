@@ -109,7 +109,7 @@ def test_the_searcher_ends_at_the_workloads_own_error_instead_of_moving_inward()
     def user_code(n, b):
         return profile_row(n, b, status="error", failure="user_code",
                            error="workload 'x': training at B=256 raised ValueError: bad")
-    searcher = TulaSearcher(SPACE.candidates(), "partial")
+    searcher = TulaSearcher(SPACE.candidates(), "partial", {"middle": False})  # the corners
     trials = run(searcher, _failing({(1, 256)}, user_code))
     assert pairs(trials) == [(1, 32), (1, 256)]  # N = 4 and the inward batch never launched
     assert searcher.suggest("again") == Searcher.FINISHED

@@ -87,8 +87,10 @@ def test_sync_that_grows_with_the_batch_is_recovered():
 def test_partial_fit_from_extremes_predicts_the_grid(true, seed):
     profiles = synthetic_profiles(SPACE.candidates(), true, noise=0.05, seed=seed)
     fitted = perf.fit(make_search_strategy("partial").fit_rows(profiles))
-    assert fitted.num_profiles == 4
+    assert fitted.num_profiles == 6  # the corners, and the middle B at min and max N
     assert median_rel_error(fitted, profiles) <= 0.05
+    paper = perf.fit(make_search_strategy("partial", {"middle": False}).fit_rows(profiles))
+    assert paper.num_profiles == 4 and median_rel_error(paper, profiles) <= 0.05
 
 
 def test_partial_uses_only_the_corner_rows():
@@ -96,8 +98,8 @@ def test_partial_uses_only_the_corner_rows():
     partial, full = make_search_strategy("partial"), make_search_strategy("full")
     fitted_rows = partial.fit_rows(profiles)
     assert sorted(zip(fitted_rows["num_workers"], fitted_rows["global_batch"])) == [
-        (1, 32), (1, 2048), (8, 32), (8, 2048)]
-    # Moving any non-corner row must not change a partial fit.
+        (1, 32), (1, 256), (1, 2048), (8, 32), (8, 256), (8, 2048)]  # corners, middles
+    # Moving any other row must not change a partial fit.
     moved = profiles.copy()
     inner = (moved["num_workers"] == 2) & (moved["global_batch"] == 256)
     moved.loc[inner, ["compute_time_s", "step_time_s"]] *= 10

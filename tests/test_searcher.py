@@ -55,10 +55,19 @@ def test_full_search_launches_once_per_cluster_size():
     assert "every feasible candidate is profiled" in searcher.stop_reason
 
 
-def test_partial_search_profiles_the_corners_in_two_launches():
+def test_partial_search_profiles_the_corners_and_middles_in_two_launches():
     trials = run(TulaSearcher(SPACE.candidates(), "partial"))
+    # B = 32 ... 256: the middle is 64 or 128, equally near sqrt(32 * 256); the smaller
+    assert [(t["num_workers"], t["global_batches"]) for t in trials] == [
+        (1, [32, 64, 256]), (4, [32, 64, 256])]
+
+
+def test_the_papers_partial_search_profiles_the_corners_only():
+    trials = run(TulaSearcher(SPACE.candidates(), "partial", {"middle": False}))
     assert [(t["num_workers"], t["global_batches"]) for t in trials] == [
         (1, [32, 256]), (4, [32, 256])]
+    with pytest.raises(ValueError, match="middle"):
+        make_search_strategy("partial", {"middle": "yes"})
 
 
 def test_suggestions_hold_the_searched_keys_only_and_the_state_is_json():
@@ -78,8 +87,11 @@ def oom_from(local_batch):
     return outcome
 
 
+PAPER_PARTIAL = {"middle": False}  # the corners alone: where a test is about them
+
+
 def test_oom_ends_the_sweep_and_partial_falls_back_inward():
-    searcher = TulaSearcher(SPACE.candidates(), "partial")
+    searcher = TulaSearcher(SPACE.candidates(), "partial", PAPER_PARTIAL)
     trials = run(searcher, oom_from(128))
     # N=1 runs 32 then 256 (OOM at b=256); N=4's b=64 fits. Then the next batch inward
     # at N=1, one relaunch each (paper §IV-B): 128 (OOM), then 64.
@@ -98,7 +110,7 @@ def test_full_search_drops_batches_an_earlier_sweep_found_too_large():
 
 
 def test_a_crashed_worker_group_is_recorded_not_fatal():
-    searcher = TulaSearcher(SPACE.candidates(), "partial")
+    searcher = TulaSearcher(SPACE.candidates(), "partial", PAPER_PARTIAL)
     config = searcher.suggest("a")
     searcher.on_trial_result("a", ok_row(1, 32))
     searcher.on_trial_complete("a", None, error=True)  # died before B = 256
@@ -110,7 +122,7 @@ def test_a_crashed_worker_group_is_recorded_not_fatal():
 
 
 def test_a_failed_group_re_reporting_every_batch_keeps_the_measured_ones():
-    searcher = TulaSearcher(SPACE.candidates(), "partial")
+    searcher = TulaSearcher(SPACE.candidates(), "partial", PAPER_PARTIAL)
     searcher.suggest("a")
     searcher.on_trial_result("a", ok_row(1, 32))
     for b in (32, 256):  # the trial's failure path reports every batch as an error
@@ -173,9 +185,12 @@ def test_a_fourth_strategy_is_one_registration(diagonal):
 def test_partial_fit_rows_are_the_corners_of_what_was_measured():
     rows = profile_frame([ok_row(n, b) for n in (1, 2, 4) for b in (32, 64, 128)]
                          + [{**ok_row(1, 256), "status": "oom", "step_time_s": None}])
-    fitted = make_search_strategy("partial").fit_rows(rows)
+    fitted = make_search_strategy("partial", PAPER_PARTIAL).fit_rows(rows)
     assert sorted(zip(fitted["num_workers"], fitted["global_batch"])) == [
         (1, 32), (1, 128), (4, 32), (4, 128)]
+    fitted = make_search_strategy("partial").fit_rows(rows)  # and the middle at those N
+    assert sorted(zip(fitted["num_workers"], fitted["global_batch"])) == [
+        (1, 32), (1, 64), (1, 128), (4, 32), (4, 64), (4, 128)]
     assert corners(SPACE.candidates()) == [Candidate(1, 32), Candidate(1, 256), Candidate(4, 32),
                                 Candidate(4, 256)]
 
@@ -217,7 +232,8 @@ def with_round(searcher, outcome):
 def test_adaptive_search_measures_its_choice_and_stops_when_nothing_ties_it():
     searcher = adaptive()
     trials = run(searcher, with_round(searcher, paper_row))
-    assert trials[0]["round"] == 1 and pairs(trials[:2]) == [(1, 32), (1, 1024), (4, 32), (4, 1024)]
+    assert trials[0]["round"] == 1 and pairs(trials[:2]) == [
+        (1, 32), (1, 128), (1, 1024), (4, 32), (4, 128), (4, 1024)]  # partial's, middles too
     profiled = set(pairs(trials))
     assert searcher.rounds >= 2 and len(profiled) < len(GRID.candidates())  # not the whole grid
     assert "is measured and no unmeasured candidate ties it" in searcher.stop_reason
@@ -227,7 +243,7 @@ def test_adaptive_search_measures_its_choice_and_stops_when_nothing_ties_it():
 
 
 def test_adaptive_search_stops_when_its_budget_is_spent():
-    searcher = adaptive(max_rounds=1)
+    searcher = adaptive(max_rounds=1, middle=False)  # the corners alone: the knee unmeasured
     trials = run(searcher, with_round(searcher, paper_row))
     assert {t["round"] for t in trials} == {1}
     assert "budget spent after 1 rounds (max_rounds=1)" in searcher.stop_reason

@@ -1,7 +1,10 @@
 import pytest
 from hypothesis import given, strategies as st
 
-from tula_ray.space import Candidate, SearchSpace, geometric, powers_of_two, corners
+import math
+
+from tula_ray.space import (Candidate, SearchSpace, corners, geometric, middle,
+                            powers_of_two)
 
 
 def test_defaults_are_powers_of_two_and_geometric_batches():
@@ -16,6 +19,23 @@ def test_extremes_are_the_corners():
     space = SearchSpace.build((2, 4, 8), batch_sizes=(32, 64, 128))
     assert corners(space.candidates()) == [Candidate(2, 32), Candidate(2, 128), Candidate(8, 32),
                                 Candidate(8, 128)]
+
+
+def test_the_middle_is_the_inner_batch_nearest_the_geometric_mean():
+    at_two = [Candidate(2, b) for b in (32, 64, 128, 256, 512, 1024, 2048)]
+    assert middle(at_two) == Candidate(2, 256)
+    assert middle(at_two[:4]) == Candidate(2, 64)  # 64 and 128 tie around 90.5: the smaller
+    assert middle(at_two[:2]) is None and middle([]) is None
+
+
+@given(st.lists(st.integers(1, 1 << 16), min_size=3, max_size=12, unique=True))
+def test_the_middle_lies_strictly_inside_and_nearest_the_centre(batches):
+    chosen = middle(Candidate(1, b) for b in batches)
+    low, high = min(batches), max(batches)
+    assert chosen is not None and low < chosen.global_batch < high
+    centre = (math.log(low) + math.log(high)) / 2
+    distance = abs(math.log(chosen.global_batch) - centre)
+    assert all(distance <= abs(math.log(b) - centre) for b in batches if low < b < high)
 
 
 @pytest.mark.parametrize("kwargs, error, message", [

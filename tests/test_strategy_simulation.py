@@ -14,7 +14,7 @@ def test_the_simulation_counts_launches_per_cluster_size_and_round():
     sizes = len(simulation.CLUSTER_SIZES)
     assert rows[("full", "time", "fixed")]["launches"] == sizes  # one worker group per N
     assert rows[("partial", "time", "fixed")]["launches"] == 2  # min and max N
-    assert rows[("partial", "time", "fixed")]["candidates"] == 4  # the corners
+    assert rows[("partial", "time", "fixed")]["candidates"] == 6  # corners and middles
     feasible = sum(1 for n in simulation.CLUSTER_SIZES for b in result["grid"]["batch_sizes"]
                    if b % n == 0 and b // n <= simulation.MAX_LOCAL_BATCH)
     assert rows[("full", "time", "fixed")]["candidates"] == feasible

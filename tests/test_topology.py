@@ -137,7 +137,7 @@ def test_partial_search_profiles_the_largest_one_node_size_too():
     strategy = make_search_strategy("partial", topology_options("partial", None, 4))
     proposed = strategy.propose(grid, profile_frame([])).candidates
     assert sorted({c.num_workers for c in proposed}) == [1, 4, 8]
-    assert len(proposed) == 6  # smallest and largest B at each
+    assert len(proposed) == 9  # smallest, middle and largest B at each
     assert topology_options("full", {}, 4) == {}  # full search takes no topology
 
 

@@ -8,6 +8,7 @@ N in [2, 4, 8, 16], B from 32 doubling).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
@@ -187,6 +188,18 @@ def corners(candidates: Iterable[Candidate], workers_per_node: int | None = None
         at_n = [c for c in pairs if c.num_workers == n]
         picked += [at_n[0], at_n[-1]]
     return sorted(set(picked))
+
+
+def middle(candidates: Iterable[Candidate]) -> Candidate | None:
+    """Of candidates at one N, the one strictly between the smallest and the largest B
+    nearest their geometric mean (ties: the smaller B); None with no B between them.
+    Partial search times it beside the ends (`PartialSearch`, middle=True)."""
+    ordered = sorted(set(candidates), key=lambda c: c.global_batch)
+    inner = ordered[1:-1]
+    if not inner:
+        return None
+    centre = (math.log(ordered[0].global_batch) + math.log(ordered[-1].global_batch)) / 2
+    return min(inner, key=lambda c: (abs(math.log(c.global_batch) - centre), c.global_batch))
 
 
 def _lcm(values: Iterable[int]) -> int:

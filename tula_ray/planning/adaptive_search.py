@@ -44,7 +44,8 @@ class AdaptiveSearch:
     unmeasured candidate ties it, or when a budget (rounds, launches, seconds) is spent.
 
     The plan context (objective, pricing, epochs, dataset_size, ...) are options too, so
-    that the strategy, like the others, is rebuilt from JSON on restore.
+    that the strategy, like the others, is rebuilt from JSON on restore. `middle` is
+    partial search's: False starts from the paper's four corners alone.
     """
 
     name = "adaptive"
@@ -56,7 +57,7 @@ class AdaptiveSearch:
                  pricing: Any = "fixed", weight_time: float = 0.5, collective: str = "ring",
                  memory: dict | None = None, max_local_batch: int | None = None,
                  reference_batch: int = REFERENCE_BATCH_DEFAULT,
-                 workers_per_node: int | None = None) -> None:
+                 workers_per_node: int | None = None, middle: bool = True) -> None:
         for label, value in (("max_rounds", max_rounds), ("max_launches", max_launches)):
             check_int(label, value, minimum=1, optional=True)
         check_number("max_seconds", max_seconds, low=0.0, low_open=True, high=math.inf,
@@ -67,7 +68,8 @@ class AdaptiveSearch:
                             max_local_batch=max_local_batch, reference_batch=reference_batch,
                             workers_per_node=workers_per_node)
         self.memory = memory
-        self._corners = PartialSearch(workers_per_node=workers_per_node)
+        # its first round is partial search's, middle batches included (middle=True)
+        self._corners = PartialSearch(workers_per_node=workers_per_node, middle=middle)
 
     def fit_rows(self, rows: pd.DataFrame) -> pd.DataFrame:
         return usable(rows)

@@ -23,9 +23,9 @@ from typing import Any, Callable, Protocol, Sequence
 
 import pandas as pd
 
-from tula_ray.arguments import check_int, check_text
+from tula_ray.arguments import check_bool, check_int, check_text
 from tula_ray.profile_table import STATUS_OK, oom_local_batch, usable
-from tula_ray.space import Candidate, corner_sizes, corners
+from tula_ray.space import Candidate, corner_sizes, corners, middle
 
 
 @dataclass(frozen=True)
@@ -94,14 +94,23 @@ class PartialSearch:
     A corner that ran out of memory or crashed is replaced by the next batch inward at
     the same N (paper §IV-B: "relaunching progressively smaller batches until a
     feasible configuration is found"), so that the model stays identified.
+
+    middle=True (the default; beyond the paper, issue 24) also times, at each of those
+    N, the batch nearest the geometric middle of the two ends (`space.middle`), in the
+    same worker group: no launch more. The cost per sample is not constant in b (on
+    CPUs it falls and rises again), and a curve through two ends over-predicted the
+    batches between them by 20-30 %; with the middle, eq. 2b's fit can bend
+    (`compute_forms`). middle=False is the paper's two batches per N. A middle that
+    fails is not replaced: the ends identify the model.
     """
 
     name = "partial"
 
-    def __init__(self, *, workers_per_node: int | None = None) -> None:
+    def __init__(self, *, workers_per_node: int | None = None, middle: bool = True) -> None:
         # G, the workers one node holds: the largest N <= G is a corner too (`corner_sizes`)
         check_int("workers_per_node", workers_per_node, minimum=1, optional=True)
         self.workers_per_node = workers_per_node
+        self.middle = check_bool("middle", middle)
 
     def propose(self, grid: Sequence[Candidate], rows: pd.DataFrame) -> Proposal:
         status = {(int(n), int(b)): s for n, b, s in
@@ -118,19 +127,30 @@ class PartialSearch:
                         break
                     if state == STATUS_OK:
                         break  # this side is covered; failed or too large: try inward
+            centre = middle(at_n) if self.middle else None
+            if centre is not None and candidate_key(centre) not in status \
+                    and centre.local_batch < bound:
+                needed.append(centre)
         needed = list(dict.fromkeys(needed))
         if needed:
             return Proposal(tuple(needed), "partial search: the extremes of N and B "
-                                           "(the next batch inward where one failed)")
+                                           + ("and the middle B " if self.middle else "")
+                                           + "(the next batch inward where an end failed)")
         return Proposal((), "partial search: every extreme is profiled")
 
     def fit_rows(self, rows: pd.DataFrame) -> pd.DataFrame:
-        """The usable rows at the corners of what was measured: min/max N x min/max B."""
+        """The usable rows at the corners of what was measured: min/max N x min/max B,
+        and with middle=True the middle B measured at each of those N."""
         ok = usable(rows)
         if ok.empty:
             return ok
         pairs = [Candidate(int(n), int(b)) for n, b in zip(ok["num_workers"], ok["global_batch"])]
-        keep = {candidate_key(c) for c in corners(pairs, self.workers_per_node)}
+        kept = corners(pairs, self.workers_per_node)
+        if self.middle:  # at each corner N, the middle of what was measured there
+            centres = (middle(c for c in pairs if c.num_workers == n)
+                       for n in sorted({c.num_workers for c in kept}))
+            kept += [c for c in centres if c is not None]
+        keep = {candidate_key(c) for c in kept}
         picked = [(int(n), int(b)) in keep for n, b in zip(ok["num_workers"], ok["global_batch"])]
         return ok[picked].reset_index(drop=True)
 
