@@ -235,8 +235,26 @@ def test_time_to_accuracy_quick():
         assert all(c["regret"] >= 0 for c in judged["choices"].values())
         assert math.isfinite(judged["median_log_error"])
         assert judged["fitted_noise_scale"] > 0  # from B = 128's measured epochs
+        assert judged["clock"] == "train_seconds"  # the goals' clock: what `train` waits
+        assert all(math.isfinite(r["measured_s"]) and r["loop_s"] > 0 for r in judged["rows"])
+        assert set(result["loop_targets"][target]["choices"]) == set(judged["choices"])
     markdown = (RESULTS_DIR / "time_to_accuracy_quick.md").read_text()
     assert len(_table_rows(markdown, "| B | predicted epochs |")) == 2  # the first target's
+
+
+def test_time_to_accuracy_on_trains_clock():
+    """Measured epochs to a target x (whole steps of the training split at `train`'s step
+    + the loop's median evaluation); NaN at a B that `train` did not time."""
+    from benchmarks.time_to_accuracy import on_train_clock, whole_steps
+
+    assert whole_steps(8000, 2048) == 3 and whole_steps(8000, 32) == 250
+    truth = {32: {"epochs": 1.5, "seconds": 9.0}, 64: {"epochs": 2.0, "seconds": 9.0}}
+    runs = [{"global_batch": 32, "history": [{"eval_seconds": 0.4}, {"eval_seconds": 0.2},
+                                            {"eval_seconds": 0.3}]},
+            {"global_batch": 64, "history": [{"eval_seconds": 0.3}]}]
+    on_train_clock(truth, runs, {32: {"step_s": 0.02}}, train_size=8000)
+    assert truth[32]["train_seconds"] == pytest.approx(1.5 * (250 * 0.02 + 0.3))
+    assert math.isnan(truth[64]["train_seconds"])
 
 
 def test_profiling_wall_checks_out_an_earlier_commit_and_removes_it():

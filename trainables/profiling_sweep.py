@@ -29,15 +29,14 @@ from tula_ray.training.gradient_noise import measure_gradient_noise
 from tula_ray.training.measure import (collective_buffer_bytes, memtracker_peak_bytes,
                                        reset_peak_memory, train_step)
 from tula_ray.training.phase_agreement import PeerOutOfMemoryError, PhaseAgreement
-from tula_ray.training.step_timing import (cycle, max_measure_steps, mean_step_s,
-                                           measured_step_count, spread as step_spread, time_block,
-                                           warm_up)
+from tula_ray.training.step_timing import (ALTERNATING_BLOCKS, cycle, max_measure_steps,
+                                           mean_step_s, measured_step_count,
+                                           spread as step_spread, time_block, warm_up)
 from tula_ray.training.strategy_base import StrategySetup
 from tula_ray.workloads import resolve_workload
 
 WARMUP_STEPS_DEFAULT = 3
 WARMUP_SECONDS_GPU = 0.5  # and at least this long on a GPU (`warmup_seconds_default`)
-ALTERNATING_BLOCKS = 3  # compute / synced blocks per phase, alternated
 MEASURE_STEPS_DEFAULT = 5  # at least this many timed steps per phase
 # ... and more while a phase takes less than this: cheap for short steps, where the
 # mean of a few steps is noisiest relative to the step (fixed costs, scheduler jitter).

@@ -10,6 +10,7 @@ sync, all-reduces), so a small batch, where they stand out of the timing noise, 
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import ray.train.torch
@@ -17,7 +18,8 @@ import ray.train.torch
 from tula_ray.distributed import max_over_ranks
 from tula_ray.training.epochs import EpochTally
 from tula_ray.training.run import optimizer_hyperparameters
-from tula_ray.training.step_timing import mean_step_s, measured_step_count, time_block
+from tula_ray.training.step_timing import (ALTERNATING_BLOCKS, mean_step_s,
+                                           measured_step_count, time_block)
 from tula_ray.training.strategies import build_strategy, get_training_strategy
 
 
@@ -55,7 +57,9 @@ def measure_strategy_extra_s(sweep: Any) -> float:
     `sweep.strategy_batch`; `sweep`: the loop's worker group (model, data, config, and
     `agreement`: each part below ends with the workers' agreement, so that a failure on
     one worker, the second model out of memory most likely, stops them all). Both steps
-    are the data path's (`EpochTally.step` on the sweep's batches), in blocks."""
+    are the data path's (`EpochTally.step` on the sweep's batches), in alternating blocks:
+    a difference of two means on a shared machine is all drift when they are timed one
+    after the other (searches here measured 2-9 ms for the same AGS-NS step so)."""
     agree = sweep.agreement.run
     global_batch = sweep.strategy_batch
     batches = sweep.batches(global_batch // sweep.world_size)
@@ -65,8 +69,6 @@ def measure_strategy_extra_s(sweep: Any) -> float:
     (first_s,) = max_over_ranks(first, sweep.device)
     # Plain and strategy steps share one phase's budget: its cost is what the plan needs.
     count = measured_step_count(first_s, sweep.measure, sweep.budget_s / 2)
-    plain_s = agree("strategy: plain steps", lambda: time_block(
-        count, lambda: plain.step(*next(batches)), sweep.device))
     # The second model, built and placed without a collective, then wrapped (DDP's
     # broadcast, its buckets): each agreed on apart.
     model = agree("strategy: second model",
@@ -86,9 +88,21 @@ def measure_strategy_extra_s(sweep: Any) -> float:
         return EpochTally(wrapped, setup, sweep.loss_fn, sweep.device)
 
     tally = agree("strategy: setup", strategy_setup)
-    # The first step builds the optimizer's state: untimed.
-    seconds = agree("strategy: steps", lambda: time_block(
-        count, lambda: tally.step(*next(batches)), sweep.device, transition=1))
+    # The strategy's first step builds the optimizer's state: untimed. Each block's first
+    # step after the other model's is untimed too (`sweep.transition`: BatchNorm's
+    # buffers broadcast then, as in the sweep's own alternating blocks).
+    agree("strategy: first step", lambda: tally.step(*next(batches)))
+    blocks = min(ALTERNATING_BLOCKS, count)
+    per_block = math.ceil(count / blocks)
+    plain_s: list[float] = []
+    seconds: list[float] = []
+    for _ in range(blocks):
+        plain_s += agree("strategy: plain steps", lambda: time_block(
+            per_block, lambda: plain.step(*next(batches)), sweep.device,
+            transition=sweep.transition))
+        seconds += agree("strategy: steps", lambda: time_block(
+            per_block, lambda: tally.step(*next(batches)), sweep.device,
+            transition=sweep.transition))
     strategy_mean, plain_mean = max_over_ranks(
         [mean_step_s(seconds), mean_step_s(plain_s)], sweep.device)
     return strategy_mean - plain_mean

@@ -19,6 +19,9 @@ import torch
 from tula_ray.training.measure import synchronize
 
 MAX_MEASURE_STEPS = 64
+# Blocks per timed phase, alternated with the phase they are compared with (compute-only
+# with synced steps, plain with the strategy's): the machine's drift falls on both alike.
+ALTERNATING_BLOCKS = 3
 # A GPU's steps are milliseconds: the phase's time budget, not this cap, bounds them.
 MAX_MEASURE_STEPS_GPU = 1024
 

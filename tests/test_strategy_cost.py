@@ -1,0 +1,58 @@
+"""The profiling loop's strategy phase (`trainables.strategy_cost`) on one process, without
+Ray: plain and strategy steps are timed in alternating blocks, on a user's own workload."""
+
+from __future__ import annotations
+
+import types
+
+import torch
+from torch import nn
+from torch.utils.data import TensorDataset
+
+import trainables.strategy_cost as strategy_cost
+from tula_ray import Workload
+from tula_ray.training.batches import training_batches
+from tula_ray.training.step_timing import ALTERNATING_BLOCKS, cycle
+from tula_ray.training.strategy_base import StrategySetup
+
+
+def _tiny_workload() -> Workload:
+    data = TensorDataset(torch.randn(256, 1, 4, 4), torch.randint(0, 3, (256,)))
+    return Workload(name="user-tiny", model_fn=lambda: nn.Sequential(nn.Flatten(),
+                                                                     nn.Linear(16, 3)),
+                    train_dataset_fn=lambda: data, sample_shape=(1, 4, 4), num_classes=3)
+
+
+class _RecordingAgreement:
+    """Runs each phase on this process and records its label, in order."""
+
+    def __init__(self) -> None:
+        self.labels: list[str] = []
+
+    def run(self, label, fn, inside=None):
+        self.labels.append(label)
+        return fn()
+
+
+def test_plain_and_strategy_steps_alternate_in_blocks(monkeypatch):
+    monkeypatch.setattr(strategy_cost.ray.train.torch, "prepare_model", lambda model: model)
+    workload = _tiny_workload()
+    dataset = workload.train_dataset_fn()
+    model = workload.model_fn()
+    plain = StrategySetup("plain", workload.optimizer_fn(model.parameters()))
+    plain.set_precision(workload.precision, torch.device("cpu"))
+    agreement = _RecordingAgreement()
+    sweep = types.SimpleNamespace(
+        agreement=agreement, strategy_batch=16, world_size=1, model=model, plain=plain,
+        loss_fn=workload.loss_fn(), device=torch.device("cpu"), measure=6, budget_s=0.0,
+        workload=workload, dataset=dataset, transition=0, strategy_options={},
+        config={"training_strategy": "lrs", "epochs": 1},
+        batches=lambda local: cycle(training_batches(dataset, local, torch.device("cpu"),
+                                                        seed=0)))
+
+    extra = strategy_cost.measure_strategy_extra_s(sweep)
+
+    timed = [label for label in agreement.labels
+             if label in ("strategy: plain steps", "strategy: steps")]
+    assert timed == ["strategy: plain steps", "strategy: steps"] * ALTERNATING_BLOCKS
+    assert isinstance(extra, float) and extra == extra  # a number, not NaN
