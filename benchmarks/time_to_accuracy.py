@@ -257,10 +257,14 @@ def replanned(plan, epochs: int, train_size: int, objective: str):
     from tula_ray.planning.plan import build_plan
     from tula_ray.space import SearchSpace
 
+    from tula_ray.training.strategies import plain_steps
+
     space = SearchSpace.of_pairs(plan.table["num_workers"], plan.table["global_batch"])
+    pairs = [(c.num_workers, c.global_batch) for c in space.candidates()]
     return build_plan(space, plan.profiles, epochs=max(1, epochs), dataset_size=train_size,
                       strategy=plan.strategy, objective=objective,
-                      reference_batch=REFERENCE_BATCH, meta=plan.meta)
+                      reference_batch=REFERENCE_BATCH, meta=plan.meta,
+                      plain_steps=plain_steps(STRATEGY, {}, pairs))
 
 
 def judge(plan, truth: dict[int, dict[str, float]], train_size: int,

@@ -3,6 +3,7 @@
 from pathlib import Path
 
 import pandas as pd
+import pytest
 
 from tula_ray.cli import main
 from tula_ray.planning.plan import Plan
@@ -207,3 +208,25 @@ def test_replay_keeps_what_the_training_strategy_cannot_train(tmp_path):
     assert row["infeasible_reason"] == "the training strategy cannot train it: refused by the test"
     assert (again.choice.num_workers, again.choice.global_batch) == (
         plan.choice.num_workers, plan.choice.global_batch)
+
+
+def test_replay_keeps_where_the_training_strategy_trains_plain_steps(tmp_path):
+    """A replayed plan.json adds the strategy's cost per step where the plan did, and not
+    where it trains plain SGD steps (`plain_steps`), with no strategy to re-ask."""
+    from tula_ray import build_plan
+    from tula_ray.space import SearchSpace
+    from tula_ray.planning.synthetic import example_params, synthetic_profiles
+
+    space = SearchSpace.build((1, 2), min_batch=32, max_batch=256)
+    profiles = synthetic_profiles(space.candidates(), example_params()).assign(
+        strategy_extra_s=0.003)
+    plan = build_plan(space, profiles, epochs=2, dataset_size=4096, objective="time",
+                      plain_steps={(1, 32), (2, 32)}, meta={"training_strategy": "ags-ns"})
+    plan.to_json(tmp_path / "plan.json")
+    assert main(["replay", str(tmp_path / "plan.json"), "--objective", "time",
+                 "--out", str(tmp_path / "again")]) == 0
+    again = Plan.from_json(tmp_path / "again" / "plan.json").table
+    assert again["plain_steps"].tolist() == plan.table["plain_steps"].tolist()
+    assert again["strategy_extra_s"].to_numpy() == pytest.approx(
+        plan.table["strategy_extra_s"].to_numpy())
+    assert (again.loc[again["global_batch"] == 32, "strategy_extra_s"] == 0).all()

@@ -254,6 +254,41 @@ def test_training_times_include_the_strategys_measured_cost_per_step():
     assert (noisy.table["strategy_extra_s"] == 0).all()
 
 
+def test_no_strategy_cost_where_the_strategy_trains_plain_steps():
+    """AGS-NS at a B no larger than its reference batch (32) trains plain SGD steps: the
+    plan adds its measured cost per step everywhere else, on the candidates and on the
+    dense curve, marks those rows `plain_steps`, and the summary says so."""
+    from tula_ray.planning.estimates import step_extras
+    from tula_ray.training.strategies import plain_steps
+
+    profiles = synthetic_profiles(corners(SPACE.candidates()), example_params(), seed=2)
+    first = (profiles["num_workers"] == 2) & (profiles["global_batch"] == 32)
+    profiles.loc[first, "strategy_extra_s"] = 0.004
+    pairs = [(c.num_workers, c.global_batch) for c in SPACE.candidates()]
+    plain_pairs = plain_steps("ags-ns", {}, pairs)
+    assert plain_pairs == {(1, 32), (2, 32)}
+    plan = build_plan(SPACE, profiles, epochs=5, dataset_size=10000, strategy="partial",
+                      objective="time", meta={"training_strategy": "ags-ns"},
+                      plain_steps=plain_pairs)
+    table = plan.table
+    small = table["global_batch"] == 32
+    assert (table.loc[small, "strategy_extra_s"] == 0).all() and table.loc[small,
+                                                                          "plain_steps"].all()
+    assert table.loc[~small, "strategy_extra_s"].to_numpy() == pytest.approx(0.004)
+    assert not table.loc[~small, "plain_steps"].any()
+    everywhere = build_plan(SPACE, profiles, epochs=5, dataset_size=10000, strategy="partial",
+                            objective="time")
+    steps = 5 * np.floor(10000 / 32)
+    assert table.loc[small, "total_time_s"].to_numpy() == pytest.approx(
+        everywhere.table.loc[small, "total_time_s"].to_numpy() - steps * 0.004)
+    assert "except where it trains plain SGD steps (B <= 32)" in plan.summary()
+    # Between candidates (the dense curve): plain up to the largest plain B of that N.
+    dense = pd.DataFrame({"num_workers": [2, 2, 2, 4], "global_batch": [20.0, 32.0, 45.0, 20.0]})
+    assert step_extras(dense, lambda n: np.full(len(n), 0.004), plain_pairs) == \
+        pytest.approx([0.0, 0.0, 0.004, 0.004])
+    assert plain_steps("lbt", {}, pairs) == set()  # no trains_plain: its cost everywhere
+
+
 def test_candidates_the_training_strategy_cannot_train_are_marked_and_never_chosen():
     """Issue 22, item 6: the plan asks the training strategy (`refusals`) and keeps what it
     refuses out of the choice, with a column, the reason and a summary line."""

@@ -101,6 +101,7 @@ def _ray_for(enabled: bool, address: str | None,
 def run_replay(args: argparse.Namespace) -> None:
     meta: dict = {"source": "replay"}
     untrainable: dict = {}
+    plain: set = set()  # where the plan's training strategy trains plain SGD steps
     workers_per_node = None  # one node holds every N, unless the plan replayed says not
     if args.synthetic:
         from tula_ray.planning.synthetic import example_params, synthetic_profiles
@@ -124,6 +125,9 @@ def run_replay(args: argparse.Namespace) -> None:
             untrainable = {(int(n), int(b)): reason.removeprefix(UNTRAINABLE) for n, b, reason
                            in zip(refused["num_workers"], refused["global_batch"],
                                   refused["infeasible_reason"])}
+        if "plain_steps" in old.table:
+            rows = old.table[old.table["plain_steps"].astype(bool)]
+            plain = set(zip(rows["num_workers"].astype(int), rows["global_batch"].astype(int)))
     else:
         profiles = pd.read_csv(args.profiles, keep_default_na=False, na_values=[""])
         workload, epochs, dataset_size = args.profiles.stem, args.epochs, args.dataset_size
@@ -132,7 +136,7 @@ def run_replay(args: argparse.Namespace) -> None:
                       strategy=args.search_strategy, objective=args.objective,
                       pricing=args.pricing, reference_batch=args.reference_batch,
                       workload=workload, meta=meta, untrainable=untrainable,
-                      workers_per_node=workers_per_node)
+                      plain_steps=plain, workers_per_node=workers_per_node)
     write_plan(plan, args.out)
 
 

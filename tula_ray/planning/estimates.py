@@ -7,7 +7,7 @@ curve the knee is found on. Core module: no Ray.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Collection
 
 import numpy as np
 import pandas as pd
@@ -40,6 +40,23 @@ def by_nearest_n(profiles: pd.DataFrame, column: str, *, per_worker_share: bool 
         nearest = np.abs(np.log2(n)[..., None] - known).argmin(axis=-1)
         return values[nearest] * (counts[nearest] / n if per_worker_share else 1.0)
     return at
+
+
+def step_extras(frame: pd.DataFrame, extra: StepExtra | None,
+                plain_steps: Collection[tuple[int, int]] = ()) -> np.ndarray:
+    """The training strategy's cost per step at each row of `frame`: `extra(N)`, and none
+    where the strategy trains plain SGD steps (AGS at a B no larger than its reference
+    batch): at the (N, B) in `plain_steps` and, between them, at a B no larger than a
+    plain one of the same N (the dense curve's points)."""
+    n = frame["num_workers"].to_numpy(float)
+    if extra is None:
+        return np.zeros(len(frame))
+    largest_plain: dict[int, int] = {}
+    for workers, batch in plain_steps:
+        largest_plain[int(workers)] = max(int(batch), largest_plain.get(int(workers), 0))
+    plain = np.array([b <= largest_plain.get(int(w), 0) for w, b
+                      in zip(frame["num_workers"], frame["global_batch"])], dtype=bool)
+    return np.where(plain, 0.0, extra(n))
 
 
 def strategy_extra_by_n(profiles: pd.DataFrame) -> StepExtra | None:
@@ -114,17 +131,19 @@ def predict_candidates(space_frame: pd.DataFrame, params: perf.PerfParams,
              memory: memory_model.MemoryParams | None, pricing: Pricing,
              epochs: int, dataset_size: int, whole_steps: bool = True,
              strategy_extra: StepExtra | None = None,
-             costs: EpochCosts = EpochCosts()) -> pd.DataFrame:
+             costs: EpochCosts = EpochCosts(),
+             plain_steps: Collection[tuple[int, int]] = ()) -> pd.DataFrame:
     """Eq. 2 (step), 4a (training time: the epoch's steps with the training strategy's
-    measured cost per step, `strategy_extra`, and the epoch's other measured `costs`),
-    3 (memory) and 4b (cost) per row."""
+    measured cost per step, `strategy_extra`, none where it trains plain steps
+    (`step_extras`), and the epoch's other measured `costs`), 3 (memory) and 4b (cost)
+    per row."""
     frame = space_frame.copy()
     n, b = frame["num_workers"].to_numpy(float), frame["local_batch"].to_numpy(float)
     frame["num_nodes"] = perf.packed_nodes(n, params.workers_per_node).astype(int)
     frame["compute_time_s"] = perf.predict_compute_s(params, n, b)
     frame["step_time_s"] = perf.predict_step_s(params, n, b)
     frame["sync_time_s"] = frame["step_time_s"] - frame["compute_time_s"]
-    frame["strategy_extra_s"] = 0.0 if strategy_extra is None else strategy_extra(n)
+    frame["strategy_extra_s"] = step_extras(frame, strategy_extra, plain_steps)
     add_epoch_times(frame, "step_time_s", epochs, dataset_size, costs, whole_steps=whole_steps)
     frame["peak_mem_bytes"] = (np.nan if memory is None
                                else memory_model.predict_peak_bytes(memory, b))
@@ -180,7 +199,8 @@ def add_uncertainty(table: pd.DataFrame, profiles: pd.DataFrame,
 def dense_curve(space, params, memory, pricing, epochs, dataset_size, oom_local,
                  max_local_batch, max_workers, max_global_batch,
                  strategy_extra: StepExtra | None = None,
-                 costs: EpochCosts = EpochCosts()) -> pd.DataFrame:
+                 costs: EpochCosts = EpochCosts(),
+                 plain_steps: Collection[tuple[int, int]] = ()) -> pd.DataFrame:
     """Predictions on a dense log-spaced batch grid for every N: what the knee is found on."""
     batches = np.geomspace(space.batch_sizes[0], space.batch_sizes[-1], DENSE_POINTS)
     grid = pd.DataFrame([(n, b) for n in space.cluster_sizes for b in batches],
@@ -189,7 +209,8 @@ def dense_curve(space, params, memory, pricing, epochs, dataset_size, oom_local,
     # Unrounded steps per epoch: the knee is a property of the smooth curve (eq. 4a);
     # snapping to a candidate afterwards uses the candidate table's rounded times.
     dense = predict_candidates(grid, params, memory, pricing, epochs, dataset_size,
-                               whole_steps=False, strategy_extra=strategy_extra, costs=costs)
+                               whole_steps=False, strategy_extra=strategy_extra, costs=costs,
+                               plain_steps=plain_steps)
     feasible = (dense["local_batch"] < oom_local) & (dense["local_batch"] >= 1)
     if max_local_batch is not None:
         feasible &= dense["local_batch"] <= max_local_batch

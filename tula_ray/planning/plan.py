@@ -14,7 +14,7 @@ import json
 import warnings
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Collection, Mapping
 
 import numpy as np
 import pandas as pd
@@ -123,10 +123,15 @@ class Plan:
         measured = "strategy_extra_s" in self.profiles and \
             self.profiles["strategy_extra_s"].notna().any()
         if measured:
-            extra = self.table.groupby("num_workers")["strategy_extra_s"].first()
+            extra = self.table.groupby("num_workers")["strategy_extra_s"].max()
             per_n = ", ".join(f"N={n}: +{1e3 * v:.3g} ms" for n, v in extra.items())
-            return (f"training times include {name or 'the training strategy'}'s measured "
+            text = (f"training times include {name or 'the training strategy'}'s measured "
                     f"cost per step ({per_n})")
+            if "plain_steps" in self.table and self.table["plain_steps"].any():
+                plain = self.table[self.table["plain_steps"].astype(bool)]
+                text += (", except where it trains plain SGD steps (B <= "
+                         f"{int(plain['global_batch'].max())})")
+            return text
         if name:
             return (f"training times: plain SGD steps ({name}'s cost per step was not "
                     "measured: no profiled batch suits it)")
@@ -235,6 +240,7 @@ def build_plan(
     meta: dict[str, Any] | None = None,
     mode: str | None = None,
     untrainable: Mapping[tuple[int, int], str] | None = None,
+    plain_steps: Collection[tuple[int, int]] = (),
     reference_batch: int = REFERENCE_BATCH_DEFAULT,
     noise_calibration: float = NOISE_CALIBRATION_DEFAULT,
     workers_per_node: int | None = None,
@@ -246,6 +252,9 @@ def build_plan(
     mode: the former name of `strategy` (deprecated).
     untrainable: (N, B) -> why the training strategy the plan is for cannot train it
       (`tula_ray.training.strategies.refusals`): marked `trainable` False, never chosen.
+    plain_steps: the (N, B) at which that strategy trains plain SGD steps
+      (`tula_ray.training.strategies.plain_steps`: AGS at B <= its reference batch): its
+      measured cost per step is not added there; marked in the table's `plain_steps`.
     reference_batch: M0, the batch at which `epochs` reach the target accuracy; each
       candidate's epochs to that accuracy scale with the profiled gradient noise
       (`tula_ray.planning.accuracy`), times `noise_calibration`.
@@ -272,8 +281,11 @@ def build_plan(
     grid = pd.DataFrame([c.as_dict() for c in space.candidates()])
     extra = strategy_extra_by_n(profiles)  # the training strategy's measured cost per step
     costs = EpochCosts.from_profiles(profiles)  # evaluation, checkpoint, start-up: measured
+    plain_steps = {(int(n), int(b)) for n, b in plain_steps}
     table = predict_candidates(grid, params, memory, pricing, epochs, dataset_size,
-                               strategy_extra=extra, costs=costs)
+                               strategy_extra=extra, costs=costs, plain_steps=plain_steps)
+    table["plain_steps"] = [(int(n), int(b)) in plain_steps
+                            for n, b in zip(table["num_workers"], table["global_batch"])]
     measured = profiles.rename(columns={
         "step_time_s": "measured_step_time_s", "peak_mem_bytes": "measured_peak_mem_bytes",
         "compute_time_s": "measured_compute_time_s", "sync_time_s": "measured_sync_time_s"})
@@ -308,7 +320,7 @@ def build_plan(
         table[column] = estimates[column]
     dense = dense_curve(space, params, memory, pricing, epochs, dataset_size,
                          oom_bound, max_local_batch, max_workers, max_global_batch, extra,
-                         costs)
+                         costs, plain_steps)
     dense = through_measurements(dense, table, pricing)
     add_time_to_accuracy(dense, noise, reference_batch, epochs, pricing)
     choice = choose(estimates, objective, dense=dense, weight_time=weight_time,

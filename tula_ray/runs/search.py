@@ -33,8 +33,8 @@ from tula_ray.runs.search_experiment import (check_same_search, context_of, expe
 from tula_ray.runs.search_request import (SearchRequest, check_dataset_size, check_request,
                                           check_search_arguments, json_options, search_identity)
 from tula_ray.space import MIN_BATCH_DEFAULT, SearchSpace
-from tula_ray.training.strategies import (TRAINING_STRATEGY_DEFAULT, portable_training_strategy,
-                                          refusals)
+from tula_ray.training.strategies import (TRAINING_STRATEGY_DEFAULT, plain_steps,
+                                          portable_training_strategy, refusals)
 from tula_ray.training.strategy_base import TrainingStrategy
 from tula_ray.workloads import Workload, in_precision, portable_workload, resolve_workload
 
@@ -183,15 +183,18 @@ def search(
                 "training_options": json_options(request.training_options)}
         workload = request.workload
         # What the training strategy cannot train is never chosen: train takes the choice.
+        pairs = [(c.num_workers, c.global_batch) for c in space.candidates()]
         untrainable = {} if request.training_strategy is None else refusals(
-            request.training_strategy, request.training_options,
-            [(c.num_workers, c.global_batch) for c in space.candidates()])
+            request.training_strategy, request.training_options, pairs)
+        # Where it trains plain SGD steps, its measured cost per step is not added.
+        plain = set() if request.training_strategy is None else plain_steps(
+            request.training_strategy, request.training_options, pairs)
         return build_plan(
             space, profiles, epochs=request.epochs, dataset_size=workload.dataset_size,
             strategy=request.strategy, objective=request.objective, pricing=request.pricing,
             memory=probe.params, max_local_batch=probe.max_local_batch,
             weight_time=request.weight_time, collective=request.collective,
-            workload=workload.name, meta=meta, untrainable=untrainable,
+            workload=workload.name, meta=meta, untrainable=untrainable, plain_steps=plain,
             reference_batch=request.reference_batch, workers_per_node=workers.workers_per_node)
 
 

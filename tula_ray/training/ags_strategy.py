@@ -144,6 +144,12 @@ class AdaptiveGradientScaling(BaseStrategy):
                          f"which needs fewer than {local}: pass strategy_options with "
                          f"small_batch < {local}{hint}")
 
+    def trains_plain(self, num_workers: int, global_batch: int,
+                     options: dict[str, Any]) -> bool:
+        """Whether the steps at (N, B) with `options` (as `check` returns them) are plain
+        SGD: the plan adds no strategy cost there (`strategies.plain_steps`)."""
+        return self._plain(global_batch, options)
+
     @staticmethod
     def _plain(global_batch: int, options: dict[str, Any]) -> bool:
         """Whether B is no larger than the reference small batch: then the large batch is a

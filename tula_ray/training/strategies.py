@@ -111,6 +111,28 @@ def refusals(strategy: str | TrainingStrategy, options: dict[str, Any] | None,
     return refused
 
 
+def plain_steps(strategy: str | TrainingStrategy, options: dict[str, Any] | None,
+                candidates: Iterable[tuple[int, int]]) -> set[tuple[int, int]]:
+    """The (N, B) among `candidates` at which `strategy` with `options` trains plain SGD
+    steps (AGS at a B no larger than its reference batch: nothing to scale), where its own
+    cost per step is none; a strategy says so with `trains_plain(N, B, options)`, optional
+    (a user's strategy without it is taken to add its cost everywhere)."""
+    strategy = get_training_strategy(strategy)
+    trains_plain = getattr(strategy, "trains_plain", None)
+    if trains_plain is None:
+        return set()
+    found = set()
+    for num_workers, global_batch in candidates:
+        try:
+            checked, _ = strategy.check(int(num_workers), int(global_batch),
+                                        dict(options or {}))
+        except ValueError:
+            continue  # refused: `refusals` says why
+        if trains_plain(int(num_workers), int(global_batch), checked):
+            found.add((int(num_workers), int(global_batch)))
+    return found
+
+
 def build_strategy(name: str | TrainingStrategy, model: nn.Module, *, global_batch: int,
                    steps_per_epoch: int, epochs: int, lr: float = LR_DEFAULT,
                    momentum: float = MOMENTUM_DEFAULT, weight_decay: float = WEIGHT_DECAY_DEFAULT,
