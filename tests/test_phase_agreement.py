@@ -141,7 +141,7 @@ def test_every_phase_of_a_batch_ends_with_the_agreement(tmp_path):
         "first step", "memory step", "warm-up", "first synced steps", "compute steps",
         "synced steps", "gradient noise", "checkpoint", "evaluation",
         "strategy: first plain step", "strategy: plain steps", "strategy: second model",
-        "strategy: setup", "strategy: steps"}
+        "strategy: setup", "strategy: first step", "strategy: steps"}
 
 
 def _agreement_rank(rank: int, directory: str, error_kind: str) -> None:

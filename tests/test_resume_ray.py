@@ -130,7 +130,10 @@ def test_resumed_search_makes_the_plan_of_its_rows(killed_then_resumed):
                        dataset_size=plan.dataset_size, strategy=plan.strategy,
                        objective=plan.objective, pricing=plan.pricing, memory=plan.memory,
                        max_local_batch=plan.meta["max_local_batch"],
-                       collective=plan.perf.collective)
+                       collective=plan.perf.collective,
+                       plain_steps=set(zip(plan.table.loc[plan.table["plain_steps"], "num_workers"],
+                                           plan.table.loc[plan.table["plain_steps"],
+                                                          "global_batch"])))
     assert again.choice == plan.choice
     columns = ["num_workers", "global_batch", "step_time_s", "total_time_s", "cost_usd",
                "feasible"]

@@ -92,8 +92,10 @@ def full_plan(ray_session, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def partial_plan(ray_session, tmp_path_factory):
+    # The paper's partial search (its corners alone): the off-corner cells are predicted.
     return tula_ray.search(**WORKLOAD, **QUICK, cluster_sizes=(1, 2), strategy="partial",
-                           objective="knee", epochs=2, storage_path=str(tmp_path_factory.mktemp("partial")))
+                           strategy_options={"middle": False}, objective="knee", epochs=2,
+                           storage_path=str(tmp_path_factory.mktemp("partial")))
 
 
 @pytest.fixture(scope="module")
@@ -160,7 +162,7 @@ def _off_corner_errors(profiles, params):
     and each cell's bound: its own measured spread plus the largest of its N's corners
     (spread = interquartile range / median of the synced steps, within the worker group)."""
     rows = usable(profiles)
-    corners = make_search_strategy("partial").fit_rows(profiles)
+    corners = make_search_strategy("partial", {"middle": False}).fit_rows(profiles)
     seen = set(zip(corners["num_workers"], corners["global_batch"]))
     off = rows[[(n, b) not in seen for n, b in zip(rows["num_workers"], rows["global_batch"])]]
     predicted = perf.predict_step_s(params, off["num_workers"], off["local_batch"])
@@ -176,7 +178,7 @@ def test_partial_fit_predicts_the_cells_it_did_not_see(full_plan):
     within their measured spread; a model with the per-sample compute cost 10x too high
     fails the same check, so the bound is not vacuous (on a machine loaded well past its
     cores the spread of tiny steps exceeds 100 %: the wrong model must be far off)."""
-    params = perf.fit(make_search_strategy("partial").fit_rows(full_plan.profiles))
+    params = perf.fit(make_search_strategy("partial", {"middle": False}).fit_rows(full_plan.profiles))
     error, bound = _off_corner_errors(full_plan.profiles, params)
     assert len(error) == 2  # (1, 64) and (2, 64)
     assert (error <= bound).all(), (error, bound)
