@@ -238,8 +238,11 @@ def test_time_to_accuracy_quick():
         assert judged["clock"] == "train_seconds"  # the goals' clock: what `train` waits
         assert all(math.isfinite(r["measured_s"]) and r["loop_s"] > 0 for r in judged["rows"])
         assert set(result["loop_targets"][target]["choices"]) == set(judged["choices"])
+        assert result["searches"][0]["targets"][target]["global_batch"] == \
+            judged["choices"]["time_to_accuracy"]["global_batch"]
     markdown = (RESULTS_DIR / "time_to_accuracy_quick.md").read_text()
     assert len(_table_rows(markdown, "| B | predicted epochs |")) == 2  # the first target's
+    assert len(_table_rows(markdown, "| search | phi |")) == 1  # one search in --quick
 
 
 def test_time_to_accuracy_on_trains_clock():
