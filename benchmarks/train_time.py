@@ -94,7 +94,8 @@ def _measure(key: dict[str, Any], runs: list[dict], path: Path, plan, strategy: 
         return
     seconds = _train_seconds(_choosing(plan, key["num_workers"], key["global_batch"]),
                              strategy, options, storage, epochs)
-    record = {**key, **seconds}
+    # The tree each run trained at: a resumed benchmark mixes runs of several commits.
+    record = {**key, **seconds, "commit": provenance()["commit"]}
     _append(path, record)
     runs.append(record)
     print(f"{key}: epochs {', '.join(f'{s:.2f}' for s in seconds['epoch_seconds'])} s",
@@ -143,7 +144,8 @@ def run(quick: bool = False) -> dict:
                       "repeat": 0}, runs, runs_path, demo, strategy, {}, storage)
             demos.append(demo)
     result = {"provenance": provenance(), "epochs": epochs, "repeats": repeats,
-              "demo_repeats": len(demos), "rows": _compare(plans, demos, runs)}
+              "demo_repeats": len(demos), "rows": _compare(plans, demos, runs),
+              "run_commits": _run_commits(runs)}
     if demos:
         result["demo_profiling_wall_s"] = [d.meta.get("profiling_wall_s") for d in demos]
         result["demo_launches"] = [d.meta.get("launches") for d in demos]
@@ -151,6 +153,17 @@ def run(quick: bool = False) -> dict:
     write_result(name, result, report(result))
     print(report(result))
     return result
+
+
+def _run_commits(runs: list[dict]) -> dict[str, dict[str, int]]:
+    """{"grid" | "demo": {commit: runs}}: the trees the recorded runs trained at (runs
+    recorded before commits were kept count as "not recorded")."""
+    counts: dict[str, dict[str, int]] = {"grid": {}, "demo": {}}
+    for run in runs:
+        part = counts["demo" if run["workload"].startswith("demo") else "grid"]
+        commit = run.get("commit", "not recorded")
+        part[commit] = part.get(commit, 0) + 1
+    return counts
 
 
 def _profiled(plan) -> list[tuple[int, int]]:
@@ -224,4 +237,8 @@ def report(result: dict) -> str:
         launches = ", ".join(str(n) for n in result["demo_launches"])
         lines.append(f"- The demo's profiling wall: {walls} s in {launches} worker-group "
                      "launches.")
+    for part, commits in result.get("run_commits", {}).items():
+        if commits:
+            trees = ", ".join(f"{commit} ({count})" for commit, count in commits.items())
+            lines.append(f"- The {part}'s runs trained at: {trees}.")
     return "\n".join(lines) + "\n"

@@ -154,6 +154,7 @@ def test_train_in_fp16_to_a_scale_invariant_budget(ray_session, tmp_path):
         progress[-1])
 
 
+def test_train_time_benchmark_quick(ray_session):
     """Issue 24's benchmark, smoke test: a search's plan against `train`'s epochs."""
     from result_checks import table_rows
 
@@ -165,3 +166,7 @@ def test_train_in_fp16_to_a_scale_invariant_budget(ray_session, tmp_path):
     assert row["measured_s"] > 0 and row["predicted_s"] > 0 and row["eval_predicted_s"] > 0
     markdown = (RESULTS_DIR / "train_time_quick.md").read_text()
     assert len(table_rows(markdown, "| workload | N | B |")) == 1
+    # Every run records the tree it trained at (a resumed run mixes commits).
+    assert list(result["run_commits"]["grid"].values()) == [1]
+    assert "not recorded" not in result["run_commits"]["grid"]
+    assert "- The grid's runs trained at: " in markdown
