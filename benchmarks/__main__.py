@@ -22,6 +22,7 @@ BENCHMARKS = {"search": "benchmarks.search_cost", "ags-overhead": "benchmarks.ag
               "noise-evolution": "benchmarks.noise_evolution",
               "equal-progress": "benchmarks.equal_progress",
               "time-to-accuracy": "benchmarks.time_to_accuracy",
+              "strategy-extra": "benchmarks.strategy_extra",
               "gpu-acceptance": "benchmarks.gpu_acceptance"}
 SEEDED = ("equal-progress", "time-to-accuracy")  # benchmarks that take --seeds
 REPORT = Path(__file__).parents[1] / "BENCHMARKS.md"

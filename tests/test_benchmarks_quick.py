@@ -222,6 +222,23 @@ def test_equal_progress_quick():
     assert len(_table_rows(markdown, "| run | B |")) == 2
 
 
+def test_strategy_extra_quick():
+    """The strategy-extra benchmark, smoke test: 3 repeats of the profile's strategy phase
+    on two gloo workers (no Ray), every layout of blocks estimated both ways."""
+    from benchmarks import strategy_extra
+
+    result = strategy_extra.run(quick=True)
+    variants = result["variants"]
+    assert {(v["blocks"], v["estimator"]) for v in variants} == {
+        (blocks, estimator) for blocks in strategy_extra.LAYOUTS
+        for estimator in strategy_extra.ESTIMATORS}
+    assert all(len(v["values_s"]) == 3 and all(map(math.isfinite, v["values_s"]))
+               for v in variants)
+    assert result["plain_step_s"] > 0 and math.isfinite(result["reference_s"])
+    markdown = (RESULTS_DIR / "strategy_extra_quick.md").read_text()
+    assert len(_table_rows(markdown, "| blocks | steps per block |")) == len(variants)
+
+
 def test_time_to_accuracy_quick():
     """Issue 25's time-to-accuracy benchmark, smoke test: B = 32 and 128 on 1024 images to
     two low targets, judged against a plan from synthetic profiles (no Ray)."""
