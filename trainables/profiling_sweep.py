@@ -37,7 +37,10 @@ from tula_ray.workloads import resolve_workload
 
 WARMUP_STEPS_DEFAULT = 3
 WARMUP_SECONDS_GPU = 0.5  # and at least this long on a GPU (`warmup_seconds_default`)
-MEASURE_STEPS_DEFAULT = 5  # at least this many timed steps per phase
+# At least this many timed steps per phase: only steps longer than MEASURE_SECONDS / 3
+# run this few (a CPU's largest batches: on the demo a second each, 1-2 % apart); 5
+# cost its profiling ~4 s of 66 (`python -m benchmarks profiling-wall`).
+MEASURE_STEPS_DEFAULT = 3
 # ... and more while a phase takes less than this: cheap for short steps, where the
 # mean of a few steps is noisiest relative to the step (fixed costs, scheduler jitter).
 MEASURE_SECONDS_DEFAULT = 1.0
