@@ -6,13 +6,15 @@ every predicted step. Three searches of the time-to-accuracy benchmark measured 
 and 0.5 ms for the same AGS-NS step (one of them then chose the wrong B). Here, without
 Ray, two gloo workers (DDP, as Ray Train places them here) repeat that phase `REPEATS`
 times on the Fashion-MNIST CNN with AGS-NS at B = 64 (local 32: the batch the sweep picks
-for AGS-NS on N = 2), and each repeat's steps give two estimators side by side:
+for AGS-NS on N = 2), each repeat timing every layout of blocks in `LAYOUTS` in turn (the
+loop's 3 blocks, finer ones, single steps; the order rotating), and each layout's steps
+give two estimators side by side:
   mean:   the slowest worker's mean strategy step less its mean plain step (the loop's
-          estimator until this benchmark);
+          estimator);
   median: the same with medians.
-The reference is the pooled mean difference over every repeat (what an epoch's sum adds,
-its hiccups averaged over ~REPEATS x the phase's steps). Reported: each estimator's
-median, spread and error against the reference over the repeats.
+The reference is the mean difference pooled over every repeat and layout (what an epoch's
+sum adds, its hiccups averaged). Reported per layout and estimator: the median, range and
+error against the reference over the repeats.
 """
 
 from __future__ import annotations

@@ -366,24 +366,26 @@ def run(quick: bool = False, seeds: int | None = None) -> dict:
                                    settings["train_subset"])
     for target in settings["targets"]:
         on_train_clock(truth[target], recorded, steps, train_size)
+    # Each search's plan per target on `train`'s clock; the first's are the report's tables.
+    judged = [{str(t): judge(p, truth[t], train_size, "train_seconds")
+               for t in settings["targets"]} for p in plans]
     result = {"provenance": provenance(), "quick": quick, "settings": settings,
               "noise": replanned(plan, 1, 1, "time").meta["noise"], "truth": truth,
               "train_steps": steps,
-              "targets": {str(t): judge(plan, truth[t], train_size, "train_seconds")
-                          for t in settings["targets"]},
+              "targets": judged[0],
               "loop_targets": {str(t): judge(plan, truth[t], train_size)
                                for t in settings["targets"]},
-              "searches": [searched(p, truth, settings["targets"], train_size) for p in plans]}
+              "searches": [searched(p, j) for p, j in zip(plans, judged)]}
     markdown = report(result)
     write_result(name, result, markdown)
     print(markdown)
     return result
 
 
-def searched(plan, truth: dict, targets, train_size: int) -> dict[str, Any]:
-    """One search's plan judged on `train`'s clock: its noise scale and, per target, its
-    `time_to_accuracy` choice, regret, epochs' error and rank correlation."""
-    judged = {str(t): judge(plan, truth[t], train_size, "train_seconds") for t in targets}
+def searched(plan, judged: dict[str, dict]) -> dict[str, Any]:
+    """One search's plan and its `judge`ment per target on `train`'s clock: its noise
+    scale and, per target, its `time_to_accuracy` choice, regret, epochs' error and rank
+    correlation."""
     return {"noise_scale": plan.meta["noise"]["noise_scale"],
             "profiling_wall_s": plan.meta.get("profiling_wall_s"),
             "targets": {t: {"global_batch": j["choices"]["time_to_accuracy"]["global_batch"],

@@ -21,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import statistics
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -158,12 +159,11 @@ def run(quick: bool = False) -> dict:
 def _run_commits(runs: list[dict]) -> dict[str, dict[str, int]]:
     """{"grid" | "demo": {commit: runs}}: the trees the recorded runs trained at (runs
     recorded before commits were kept count as "not recorded")."""
-    counts: dict[str, dict[str, int]] = {"grid": {}, "demo": {}}
+    counts: dict[str, Counter] = {"grid": Counter(), "demo": Counter()}
     for run in runs:
-        part = counts["demo" if run["workload"].startswith("demo") else "grid"]
-        commit = run.get("commit", "not recorded")
-        part[commit] = part.get(commit, 0) + 1
-    return counts
+        counts["demo" if run["workload"].startswith("demo") else "grid"][
+            run.get("commit", "not recorded")] += 1
+    return {part: dict(counted) for part, counted in counts.items()}
 
 
 def _profiled(plan) -> list[tuple[int, int]]:
