@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 from result_checks import finite as _finite, table_rows as _table_rows
 
 from benchmarks.common import RESULTS_DIR
@@ -260,6 +261,20 @@ def test_time_to_accuracy_quick():
     markdown = (RESULTS_DIR / "time_to_accuracy_quick.md").read_text()
     assert len(_table_rows(markdown, "| B | predicted epochs |")) == 2  # the first target's
     assert len(_table_rows(markdown, "| search | phi |")) == 1  # one search in --quick
+
+
+def test_time_to_accuracy_holds_out_images_it_never_trains_on():
+    """The ground truth trains on the subset a search of it profiles (the first k images)
+    and scores the next ones: disjoint, the test set untouched."""
+    from benchmarks.time_to_accuracy import held_out_workload
+    from tula_ray.workloads.datasets import fashion_mnist
+
+    workload = held_out_workload(train_subset=100, held_out=50)
+    train, held = workload.train_dataset_fn(), workload.test_dataset_fn()
+    assert (len(train), len(held), workload.dataset_size) == (100, 50, 100)
+    images, _ = fashion_mnist(train=True).tensors
+    assert torch.equal(train.tensors[0], images[:100])
+    assert torch.equal(held.tensors[0], images[100:150])
 
 
 def test_time_to_accuracy_on_trains_clock():
