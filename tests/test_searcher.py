@@ -253,3 +253,44 @@ def test_adaptive_search_stops_when_its_budget_is_spent():
 def test_adaptive_options_are_checked():
     with pytest.raises(ValueError, match="max_rounds=0"):
         make_search_strategy("adaptive", {"max_rounds": 0})
+
+
+def test_adaptive_search_never_chases_what_the_training_strategy_refuses():
+    """The final plan never chooses a candidate the training strategy refuses, so no round
+    profiles one for the choice: free, the knee is N = 1, B = 128; with B = 64 ... 512
+    refused at every N, no round after partial's first profiles one of them, and the
+    choice is a candidate `train` can train."""
+    free = adaptive()
+    run(free, with_round(free, paper_row))
+    assert "the choice N=1, B=128 is measured" in free.stop_reason
+    refused = [[n, b, "refused"] for n in (1, 2, 4) for b in (64, 128, 256, 512)]
+    searcher = adaptive(untrainable=refused)
+    trials = run(searcher, with_round(searcher, paper_row))
+    later = {(t["num_workers"], b) for t in trials if t["round"] > 1
+             for b in t["global_batches"]}
+    assert not later & {(n, b) for n, b, _ in refused}
+    assert "the choice N=1, B=32 is measured" in searcher.stop_reason
+
+
+def test_search_gives_the_adaptive_search_the_training_strategys_limits():
+    """What the final plan is built with (refused candidates, plain SGD steps) reaches the
+    adaptive search's own plans, as JSON (its state is saved as such)."""
+    from types import SimpleNamespace
+
+    from tula_ray.models.pricing import parse_pricing
+    from tula_ray.runs.search import _strategy_options
+
+    space = SearchSpace.build((1, 2), min_batch=32, max_batch=256)
+    request = SimpleNamespace(
+        strategy="adaptive", strategy_options={}, objective="time_to_accuracy", epochs=2,
+        workload=SimpleNamespace(dataset_size=8192), pricing=parse_pricing("fixed"),
+        weight_time=0.5, collective="ring", reference_batch=64,
+        training_strategy="ags", training_options={"small_batch": 64})
+    probe = SimpleNamespace(params=SimpleNamespace(to_dict=dict), max_local_batch=256)
+    options = _strategy_options(request, space, probe, workers_per_node=None)
+    json.dumps(options)
+    assert [tuple(p[:2]) for p in options["untrainable"]] == [(2, 128)]
+    assert options["plain_steps"] == [[1, 32], [1, 64], [2, 32], [2, 64]]
+    strategy = make_search_strategy("adaptive", options)
+    assert set(strategy.context["untrainable"]) == {(2, 128)}
+    assert strategy.context["plain_steps"] == {(1, 32), (1, 64), (2, 32), (2, 64)}

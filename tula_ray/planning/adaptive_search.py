@@ -44,8 +44,10 @@ class AdaptiveSearch:
     unmeasured candidate ties it, or when a budget (rounds, launches, seconds) is spent.
 
     The plan context (objective, pricing, epochs, dataset_size, ...) are options too, so
-    that the strategy, like the others, is rebuilt from JSON on restore. `middle` is
-    partial search's: False starts from the paper's four corners alone.
+    that the strategy, like the others, is rebuilt from JSON on restore; among them the
+    training strategy's `untrainable` ([N, B, why]: never chosen) and `plain_steps`
+    ([N, B]: no strategy cost), as the final plan has them. `middle` is partial search's:
+    False starts from the paper's four corners alone.
     """
 
     name = "adaptive"
@@ -57,7 +59,9 @@ class AdaptiveSearch:
                  pricing: Any = "fixed", weight_time: float = 0.5, collective: str = "ring",
                  memory: dict | None = None, max_local_batch: int | None = None,
                  reference_batch: int = REFERENCE_BATCH_DEFAULT,
-                 workers_per_node: int | None = None, middle: bool = True) -> None:
+                 workers_per_node: int | None = None, middle: bool = True,
+                 untrainable: Sequence[Sequence] = (),
+                 plain_steps: Sequence[Sequence[int]] = ()) -> None:
         for label, value in (("max_rounds", max_rounds), ("max_launches", max_launches)):
             check_int(label, value, minimum=1, optional=True)
         check_number("max_seconds", max_seconds, low=0.0, low_open=True, high=math.inf,
@@ -66,7 +70,12 @@ class AdaptiveSearch:
         self.context = dict(objective=objective, epochs=epochs, dataset_size=dataset_size,
                             pricing=pricing, weight_time=weight_time, collective=collective,
                             max_local_batch=max_local_batch, reference_batch=reference_batch,
-                            workers_per_node=workers_per_node)
+                            workers_per_node=workers_per_node,
+                            # what the final plan knows of the training strategy, so that
+                            # a round never chases a choice that plan could not make
+                            untrainable={(int(n), int(b)): str(why)
+                                         for n, b, why in untrainable},
+                            plain_steps={(int(n), int(b)) for n, b in plain_steps})
         self.memory = memory
         # its first round is partial search's, middle batches included (middle=True)
         self._corners = PartialSearch(workers_per_node=workers_per_node, middle=middle)
@@ -96,7 +105,9 @@ class AdaptiveSearch:
         open_keys = {candidate_key(c) for c in open_candidates(grid, rows)}
         wanted = [(choice.num_workers, choice.global_batch), *choice.ties,
                   *_knee_neighbours(choice, grid, self.context["objective"])]
-        todo = [Candidate(n, b) for n, b in dict.fromkeys(wanted) if (n, b) in open_keys]
+        refused = self.context["untrainable"]  # never the plan's choice: not worth a launch
+        todo = [Candidate(n, b) for n, b in dict.fromkeys(wanted)
+                if (n, b) in open_keys and (n, b) not in refused]
         named = f"N={choice.num_workers}, B={choice.global_batch}"
         if not todo:
             why = (f"the choice {named} is measured and no unmeasured candidate ties it "

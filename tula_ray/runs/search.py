@@ -182,13 +182,7 @@ def search(
                 "training_strategy": request.training_strategy_name,
                 "training_options": json_options(request.training_options)}
         workload = request.workload
-        # What the training strategy cannot train is never chosen: train takes the choice.
-        pairs = [(c.num_workers, c.global_batch) for c in space.candidates()]
-        untrainable = {} if request.training_strategy is None else refusals(
-            request.training_strategy, request.training_options, pairs)
-        # Where it trains plain SGD steps, its measured cost per step is not added.
-        plain = set() if request.training_strategy is None else plain_steps(
-            request.training_strategy, request.training_options, pairs)
+        untrainable, plain = _training_limits(request, space)
         return build_plan(
             space, profiles, epochs=request.epochs, dataset_size=workload.dataset_size,
             strategy=request.strategy, objective=request.objective, pricing=request.pricing,
@@ -257,18 +251,33 @@ def _bounded_space(request: SearchRequest, resources: dict[str, float], use_gpu:
     return request, space, probe, device_bytes
 
 
-def _strategy_options(request: SearchRequest, probe: MemoryProbe,
+def _training_limits(request: SearchRequest, space: SearchSpace
+                     ) -> tuple[dict[tuple[int, int], str], set[tuple[int, int]]]:
+    """What the training strategy refuses ((N, B) -> why: never chosen, since `train`
+    takes the choice) and where it trains plain SGD steps (its measured cost per step
+    not added); neither without a training strategy."""
+    if request.training_strategy is None:
+        return {}, set()
+    pairs = [(c.num_workers, c.global_batch) for c in space.candidates()]
+    return (refusals(request.training_strategy, request.training_options, pairs),
+            plain_steps(request.training_strategy, request.training_options, pairs))
+
+
+def _strategy_options(request: SearchRequest, space: SearchSpace, probe: MemoryProbe,
                       workers_per_node: int | None) -> dict[str, Any]:
     """The user's strategy options, plus the cluster's topology for a strategy that takes
     it (partial and adaptive) and the plan's context for one that plans as it goes
     (adaptive): all JSON, so the searcher's state stays JSON."""
     options = topology_options(request.strategy, request.strategy_options, workers_per_node)
+    untrainable, plain = _training_limits(request, space)
     return with_plan_context(
         request.strategy, options, objective=request.objective,
         epochs=request.epochs, dataset_size=request.workload.dataset_size,
         pricing=pricing_to_dict(request.pricing), weight_time=request.weight_time,
         collective=request.collective, memory=probe.params.to_dict(),
-        max_local_batch=probe.max_local_batch, reference_batch=request.reference_batch)
+        max_local_batch=probe.max_local_batch, reference_batch=request.reference_batch,
+        untrainable=[[n, b, why] for (n, b), why in sorted(untrainable.items())],
+        plain_steps=[[n, b] for n, b in sorted(plain)])
 
 
 def _profile(request: SearchRequest, space: SearchSpace, use_gpu: bool, device_bytes: float,
@@ -294,6 +303,7 @@ def _profile(request: SearchRequest, space: SearchSpace, use_gpu: bool, device_b
     # and no worker group is launched to learn it again.
     grid = [c for c in space.candidates() if c.local_batch <= probe.max_local_batch]
     searcher = TulaSearcher(grid, request.strategy,
-                            _strategy_options(request, probe, workers.workers_per_node),
+                            _strategy_options(request, space, probe,
+                                              workers.workers_per_node),
                             context=context)
     return run_experiment(searcher, constants, request.storage_path, name, resume)
