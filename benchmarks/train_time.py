@@ -10,7 +10,8 @@ partial search with the default AGS-NS, as `tula-ray demo` runs it) against
 `train(plan, epochs=3)` for its choice, with the plan's own training strategy, as a user
 types it; `DEMO_REPEATS` times, each a new search followed by its training (a plan
 measured under one load and trained under another is what a single pair would show),
-and the demo's profiling wall time.
+and the demo's profiling wall time. The CNN has a second, bf16 search and runs (autocast
+on the CPU): the plan's bf16 epochs against `train`'s, and bf16 over fp32 both ways.
 
 Every run is appended to train_time.runs.jsonl as it ends, the plans kept beside it: a
 run that stops part-way goes on from what it recorded. Writes train_time.{json,md}.
@@ -35,14 +36,22 @@ from benchmarks.markdown import markdown_table
 REPEATS = 3
 DEMO_REPEATS = 3  # a new demo search and its choice's training, each time
 EPOCHS = 3
-# (workload, options, (min, max) batch of the search, the batches trained): subsets of
-# Fashion-MNIST's training images (its first ones) so that a run takes a minute or two on
-# 2 CPU cores; the CNN's runs at every other profiled batch, for the same reason. The
-# demo's plan below is the full data set's.
-WORKLOADS = (("fashion-mnist-cnn", {"train_subset": 30_000}, (32, 2048), (32, 128, 512, 2048)),
-             ("resnet18-fashion-mnist", {"train_subset": 1024}, (64, 256), (64, 128, 256)))
+# (label, workload, options, (min, max) batch of the search, the batches trained): subsets
+# of Fashion-MNIST's training images (its first ones) so that a run takes a minute or two
+# on 2 CPU cores; the CNN's runs at every other profiled batch, for the same reason; the
+# CNN again in bf16 (autocast on the CPU; its own search), at two batches. The demo's plan
+# below is the full data set's.
+WORKLOADS = (
+    ("fashion-mnist-cnn", "fashion-mnist-cnn", {"train_subset": 30_000}, (32, 2048),
+     (32, 128, 512, 2048)),
+    ("resnet18-fashion-mnist", "resnet18-fashion-mnist", {"train_subset": 1024}, (64, 256),
+     (64, 128, 256)),
+    ("fashion-mnist-cnn-bf16", "fashion-mnist-cnn",
+     {"train_subset": 30_000, "precision": "bf16"}, (32, 2048), (128, 512)))
+BF16_OF = {"fashion-mnist-cnn-bf16": "fashion-mnist-cnn"}  # a bf16 label: its fp32 one
 # The smoke test: one worker, one batch, two epochs (the second one is compared).
-QUICK_WORKLOADS = (("fashion-mnist-cnn", {"train_subset": 1024}, (256, 256), (256,)),)
+QUICK_WORKLOADS = (("fashion-mnist-cnn", "fashion-mnist-cnn", {"train_subset": 1024},
+                    (256, 256), (256,)),)
 QUICK_EPOCHS = 2
 
 
@@ -124,16 +133,16 @@ def run(quick: bool = False) -> dict:
     storage = tempfile.mkdtemp(prefix="tula-train-time-")
     plans = {}
     with ray_session(None, None):
-        for workload, options, (low, high), _ in workloads:
-            plans[workload] = _plan(
-                RESULTS_DIR / f"{name}_{workload}.plan.json", workload=workload,
+        for label, workload, options, (low, high), _ in workloads:
+            plans[label] = _plan(
+                RESULTS_DIR / f"{name}_{label}.plan.json", workload=workload,
                 workload_options=options or None, cluster_sizes=sizes, min_batch=low,
                 max_batch=high, strategy="full", training_strategy="lbt", epochs=epochs)
         for repeat in range(repeats):
-            for workload, options, _, trained in workloads:
-                plan = plans[workload]
+            for label, _, options, _, trained in workloads:
+                plan = plans[label]
                 for n, b in [(n, b) for n, b in _profiled(plan) if b in trained]:
-                    _measure({"workload": workload, "num_workers": n, "global_batch": b,
+                    _measure({"workload": label, "num_workers": n, "global_batch": b,
                               "strategy": "lbt", "repeat": repeat}, runs, runs_path, plan,
                              "lbt", options, storage, epochs)
         demos = []
@@ -153,6 +162,7 @@ def run(quick: bool = False) -> dict:
         result["demo_profiling_wall_s"] = [d.meta.get("profiling_wall_s") for d in demos]
         result["demo_launches"] = [d.meta.get("launches") for d in demos]
     result["summary"] = _summary(result["rows"])
+    result["precision"] = _precision_ratios(result["rows"])
     if repeats > 2:  # what the earlier two-run grid would say of these same runs
         result["summary_two_runs"] = _summary(
             _compare(plans, demos, [r for r in runs if r["repeat"] < 2]))
@@ -204,12 +214,30 @@ def _compare(plans: dict, demos: list, runs: list[dict]) -> list[dict[str, Any]]
 
 
 def _summary(rows: list[dict]) -> dict[str, Any]:
-    grid = [abs(r["ratio"] - 1) for r in rows if not r["workload"].startswith("demo")]
+    """The goal's figures over the fp32 grid (as before bf16 joined it), bf16's beside."""
+    grid = [abs(r["ratio"] - 1) for r in rows
+            if not r["workload"].startswith("demo") and r["workload"] not in BF16_OF]
+    bf16 = [abs(r["ratio"] - 1) for r in rows if r["workload"] in BF16_OF]
     demo = [abs(r["ratio"] - 1) for r in rows if r["workload"].startswith("demo")]
     return {"median_abs_error": float(np.median(grid)) if grid else None,
             "worst_abs_error": float(np.max(grid)) if grid else None,
+            "bf16_abs_errors": bf16,
             "demo_abs_error": float(np.median(demo)) if demo else None,
             "demo_abs_errors": demo}
+
+
+def _precision_ratios(rows: list[dict]) -> list[dict[str, Any]]:
+    """bf16's epoch over fp32's at the same (N, B): as the plans predict it and as `train`
+    measured it (runs of one day, not interleaved across precisions)."""
+    by_key = {(r["workload"], r["num_workers"], r["global_batch"]): r for r in rows}
+    ratios = []
+    for (label, n, b), row in by_key.items():
+        fp32 = by_key.get((BF16_OF.get(label), n, b))
+        if fp32 is not None:
+            ratios.append({"num_workers": n, "global_batch": b,
+                           "predicted": row["predicted_s"] / fp32["predicted_s"],
+                           "measured": row["measured_s"] / fp32["measured_s"]})
+    return ratios
 
 
 def report(result: dict) -> str:
@@ -231,7 +259,15 @@ def report(result: dict) -> str:
     if s["median_abs_error"] is not None:
         lines.append(f"\n- Over the grid: median |predicted / measured - 1| = "
                      f"{s['median_abs_error']:.1%}, worst {s['worst_abs_error']:.1%} "
-                     "(goal: <= 5 %, worst <= 15 %).")
+                     "(fp32; goal: <= 5 %, worst <= 15 %).")
+    if s.get("bf16_abs_errors"):
+        each = ", ".join(f"{e:.1%}" for e in s["bf16_abs_errors"])
+        lines.append(f"- The CNN in bf16 (its own search and runs; not in the figures above): "
+                     f"|predicted / measured - 1| = {each}.")
+    for ratio in result.get("precision", []):
+        lines.append(f"- bf16 / fp32 epoch at N = {ratio['num_workers']}, B = "
+                     f"{ratio['global_batch']}: the plans say {ratio['predicted']:.2f}, "
+                     f"`train` {ratio['measured']:.2f}.")
     two = result.get("summary_two_runs")
     if two and two["median_abs_error"] is not None:
         lines.append(f"- The same grid with only each cell's first 2 runs (their mean): "
