@@ -299,3 +299,21 @@ def test_profiling_wall_checks_out_an_earlier_commit_and_removes_it():
         assert commit_of(tree) == commit_of(REPO)
         assert (tree / "tula_ray" / "cli" / "__main__.py").is_file()
     assert not tree.exists()
+
+
+def test_train_time_keeps_bf16_out_of_the_fp32_goal_and_sets_it_beside_fp32():
+    from benchmarks.train_time import _precision_ratios, _summary
+
+    def row(workload, predicted, measured):
+        return {"workload": workload, "num_workers": 2, "global_batch": 128,
+                "predicted_s": predicted, "measured_s": measured,
+                "ratio": predicted / measured}
+
+    rows = [row("fashion-mnist-cnn", 10.0, 8.0), row("fashion-mnist-cnn-bf16", 5.0, 6.0),
+            row("demo0", 9.0, 10.0)]
+    summary = _summary(rows)
+    assert summary["median_abs_error"] == summary["worst_abs_error"] == pytest.approx(0.25)
+    assert summary["bf16_abs_errors"] == [pytest.approx(1 / 6)]
+    assert summary["demo_abs_errors"] == [pytest.approx(0.1)]
+    (ratio,) = _precision_ratios(rows)
+    assert (ratio["predicted"], ratio["measured"]) == (pytest.approx(0.5), pytest.approx(0.75))
