@@ -11,10 +11,11 @@ target are interpolated linearly between the two evaluations around the crossing
 median over the seeds is the measurement. Until 2026-11-27 the split was 20 % of the
 subset (2000 images): its accuracy's sampling error (0.9 points at 80 %) was as large as
 what an epoch adds near the early target, so B = 32 and 64 could trade places by chance.
-The targets moved with it, from 80 and 85 % to 82 and 86 %: on 10k training images an
-epoch, B = 32 passed 80 % within its first epoch (seed 0: 81.0 %), before any evaluation
-to interpolate from; the later target is one where the fastest B is not the smallest, as
-the issue asks (this ground truth informed both choices).
+The targets moved with it, from 80 and 85 % to 82, 86 and 87 %: on 10k training images
+an epoch, B = 32 passed 80 % within its first epoch (seed 0: 81.0 %), before any
+evaluation to interpolate from; and at 86 % B = 32 was still the fastest, so 87 % joined,
+looking for a target where the fastest B is not the smallest, as the issue asks (this
+ground truth informed these choices; BENCHMARKS.md keeps the 82/86 % run's figures).
 
 The clock: those runs' seconds are the loop's without Ray, while the plan predicts what
 `tula_ray.train` waits for (issue 24: its `seconds`, under Ray, beside Ray's own processes
@@ -62,7 +63,7 @@ REFERENCE_BATCH = 32
 # held_out: the training images after the subset's, scored after every epoch.
 FULL = {"train_subset": 10_000, "held_out": 10_000,
         "batches": (32, 64, 128, 256, 512, 1024, 2048), "seeds": (0, 1, 2, 3, 4),
-        "targets": (0.82, 0.86), "max_epochs": 100, "searches": 3}
+        "targets": (0.82, 0.86, 0.87), "max_epochs": 100, "searches": 3}
 QUICK = {"train_subset": 1024, "held_out": 512, "batches": (32, 128), "seeds": (0,),
          "targets": (0.30, 0.45), "max_epochs": 3, "searches": 1}
 TEST_SIZE = 10_000  # Fashion-MNIST's test set: what the profile's evaluation pass scored
