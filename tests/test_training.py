@@ -203,3 +203,31 @@ def test_optimizer_hyperparameters_follow_the_workload():
     assert optimizer_hyperparameters(custom) == {"lr": 0.1, "momentum": 0.0, "weight_decay": 0.0}
     adam = dataclasses.replace(cnn, optimizer_fn=lambda params: torch.optim.Adam(params, lr=1e-3))
     assert optimizer_hyperparameters(adam) == {"lr": 1e-3, "momentum": 0.9, "weight_decay": 0.0}
+
+
+def test_evaluation_estimate_leaves_out_the_first_batchs_one_off_cost():
+    """The profile's evaluation pass (two batches timed, scaled to the test set) runs one
+    batch untimed first: a one-off cost there (here a 0.5 s first forward) is paid in
+    `train`'s first epoch only, not in the later ones the plan predicts."""
+    import time
+
+    from torch.utils.data import TensorDataset
+
+    from tula_ray.training.data import EVAL_BATCH
+    from tula_ray.training.epoch_costs import evaluation_s
+
+    class SlowFirstForward(nn.Linear):
+        calls = 0
+
+        def forward(self, inputs):
+            SlowFirstForward.calls += 1
+            if SlowFirstForward.calls == 1:
+                time.sleep(0.5)
+            return super().forward(inputs)
+
+    test_set = TensorDataset(torch.randn(10 * EVAL_BATCH, 4),
+                             torch.randint(0, 3, (10 * EVAL_BATCH,)))
+    seconds = evaluation_s(SlowFirstForward(4, 3), test_set, nn.CrossEntropyLoss(),
+                           torch.device("cpu"))
+    assert SlowFirstForward.calls == 3  # the untimed batch and the two timed ones
+    assert 0 < seconds < 0.5  # scaled x5 from two fast batches: far below the sleep

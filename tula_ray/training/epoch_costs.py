@@ -39,9 +39,17 @@ def evaluation_s(model: nn.Module, test_set: Dataset, loss_fn, device: torch.dev
     share = math.ceil((size - rank) / num_replicas)
     full_batches = math.ceil(share / EVAL_BATCH)
     probe = min(probe_batches, full_batches)
-    subset = Subset(test_set, range(min(size, probe * EVAL_BATCH * num_replicas)))
-    batches = evaluation_batches(subset, EVAL_BATCH, device, num_replicas=num_replicas,
-                                 rank=rank)
+
+    def batches_of(count: int):
+        subset = Subset(test_set, range(min(size, count * EVAL_BATCH * num_replicas)))
+        return evaluation_batches(subset, EVAL_BATCH, device, num_replicas=num_replicas,
+                                  rank=rank)
+
+    # One batch untimed first: its one-off costs (a precision's kernels chosen for a new
+    # shape, allocations) fall in `train`'s first epoch only, not in the later ones the
+    # plan predicts; scaled up from two batches, they had doubled bf16's pass at random.
+    evaluate(model, batches_of(1), device, loss_fn, autocast=autocast)
+    batches = batches_of(probe)
     with StepTimer(device) as timer:
         evaluate(model, batches, device, loss_fn, autocast=autocast)
     (seconds,) = max_over_ranks([timer.seconds * full_batches / max(probe, 1)], device)
