@@ -25,12 +25,13 @@ from tula_ray.models.pricing import Pricing
 from tula_ray.profile_table import usable
 
 REFERENCE_BATCH_DEFAULT = 32  # M0: the batch whose epochs the workload's epochs count
-# None (1). The profiles' pooled phi (168 and 252 in two CNN searches) is already close to
-# the phi AGS-NS's own gain sees over a whole run (177-214, `equal-progress`) and to the
-# phi that fits the measured epochs to 80 % and 85 % (46 and 151, `time-to-accuracy`).
-# The pooled rows include large batches measured after hundreds of steps, not the
-# step-100 plain-SGD phi that `noise-evolution`'s 7.18 (epoch-end over step 100) scales:
-# with 7.18 the plan's phi was 6-12x too high (BENCHMARKS.md, 2026-11-26; the
+# None (1). The profiles' pooled phi (150-167 in three CNN searches) is close to the phi
+# AGS-NS's own gain sees over a whole run (177-214, `equal-progress`) and to the phi that
+# fits the measured epochs to 82 and 86 % (112 and 150, `time-to-accuracy`, 2026-11-27),
+# not to 87 %'s (341): the phi that matters grows with the target, which one constant
+# cannot follow. The pooled rows include large batches measured after hundreds of steps,
+# not the step-100 plain-SGD phi that `noise-evolution`'s 7.18 (epoch-end over step 100)
+# scales: with 7.18 the plan's phi was 6-12x too high (BENCHMARKS.md, 2026-11-26; the
 # time-to-accuracy ground truth informed this choice).
 NOISE_CALIBRATION_DEFAULT = 1.0
 
