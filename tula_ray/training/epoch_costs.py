@@ -45,9 +45,10 @@ def evaluation_s(model: nn.Module, test_set: Dataset, loss_fn, device: torch.dev
         return evaluation_batches(subset, EVAL_BATCH, device, num_replicas=num_replicas,
                                   rank=rank)
 
-    # One batch untimed first: its one-off costs (a precision's kernels chosen for a new
-    # shape, allocations) fall in `train`'s first epoch only, not in the later ones the
-    # plan predicts; scaled up from two batches, they had doubled bf16's pass at random.
+    # One batch untimed first: a first pass's one-off costs (set-up for a new batch shape
+    # and precision, allocations) fall in `train`'s first epoch only, not in the later
+    # ones the plan predicts; scaled up from two batches, something of the kind had
+    # doubled bf16's predicted pass at random (BENCHMARKS.md, train-time).
     evaluate(model, batches_of(1), device, loss_fn, autocast=autocast)
     batches = batches_of(probe)
     with StepTimer(device) as timer:
