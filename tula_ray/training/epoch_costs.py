@@ -48,7 +48,7 @@ def evaluation_s(model: nn.Module, test_set: Dataset, loss_fn, device: torch.dev
     # One batch untimed first: a first pass's one-off costs (set-up for a new batch shape
     # and precision, allocations) fall in `train`'s first epoch only, not in the later
     # ones the plan predicts; scaled up from two batches, something of the kind had
-    # doubled bf16's predicted pass at random (BENCHMARKS.md, train-time).
+    # doubled bf16's predicted pass at random (train-time's bf16 plans at b21805e, e9fb50d).
     evaluate(model, batches_of(1), device, loss_fn, autocast=autocast)
     batches = batches_of(probe)
     with StepTimer(device) as timer:
