@@ -166,8 +166,9 @@ def run(quick: bool = False) -> dict:
     if repeats > 2:  # what the earlier two-run grid would say of these same runs
         result["summary_two_runs"] = _summary(
             _compare(plans, demos, [r for r in runs if r["repeat"] < 2]))
-    write_result(name, result, report(result))
-    print(report(result))
+    markdown = report(result)
+    write_result(name, result, markdown)
+    print(markdown)
     return result
 
 
