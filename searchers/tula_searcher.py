@@ -25,8 +25,8 @@ from ray.tune.search import Searcher
 
 from tula_ray.failures import deciding_error, record_error
 from tula_ray.planning.search_strategies import make_search_strategy
-from tula_ray.profile_table import (STATUS_OK, TRACEBACK_KEY, oom_local_batch, profile_frame,
-                                    profile_row)
+from tula_ray.profile_table import (LAUNCH_TOTAL_KEY, STATUS_OK, TRACEBACK_KEY,
+                                    oom_local_batch, profile_frame, profile_row)
 from tula_ray.space import Candidate
 
 logger = logging.getLogger(__name__)
@@ -123,6 +123,9 @@ class TulaSearcher(Searcher):
     def on_trial_result(self, trial_id: str, result: dict) -> None:
         """One (N, B) of a running trial measured: record it now, not at the trial's end."""
         running = self._running.get(trial_id)
+        if running is not None and LAUNCH_TOTAL_KEY in result:
+            self._launch_fixed(running, float(result[LAUNCH_TOTAL_KEY]))
+            return
         if running is None or "global_batch" not in result:
             return
         n, b = int(running[0]), int(result["global_batch"])
@@ -131,6 +134,16 @@ class TulaSearcher(Searcher):
             return  # a batch keeps its first row (a failed group re-reports every batch)
         self._rows[key] = profile_row(n, b, result)
         self._record_failure(self._rows[key], result.get(TRACEBACK_KEY, ""), running[3])
+
+    def _launch_fixed(self, running: list, launch_s: float) -> None:
+        """The launch's seconds beyond its candidates (its whole `launch_s` less their
+        `profile_wall_s`: start, data load, set-up, reports, end) on each row it measured."""
+        n, batches, _, round_ = running
+        rows = [self._rows[_key(n, b)] for b in batches if _key(n, b) in self._rows]
+        rows = [row for row in rows if row["status"] == STATUS_OK and row.get("round") == round_]
+        fixed = launch_s - sum(float(row["profile_wall_s"]) for row in rows)
+        for row in rows:
+            row["launch_fixed_s"] = fixed
 
     def _record_failure(self, row: dict[str, Any], traceback_text: str, round_: int) -> None:
         """Keep a failed row's error once per distinct error (logged the first time)."""

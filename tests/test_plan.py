@@ -341,3 +341,18 @@ def test_an_epoch_is_its_steps_plus_the_measured_evaluation_and_checkpoint():
                       dataset_size=DATASET, strategy="full", objective="time")
     assert (bare.table["eval_time_s"] == 0).all()
     assert "not measured, left out: an evaluation pass per epoch" in bare.summary()
+
+
+def test_the_start_up_is_the_launchs_whole_time_beyond_its_candidates_where_recorded():
+    """Issue 24: a launch's set-up and end are waited for too (`launch_fixed_s`); a
+    profile without it (an older search) keeps its start and data load."""
+    profiles = exact_profiles(SPACE.candidates())
+    profiles["launch_wall_s"] = 8.0
+    profiles["data_load_s"] = 1.0
+    profiles["launch_fixed_s"] = np.where(profiles["num_workers"] == 2, 15.0, np.nan)
+    plan = build_plan(SPACE, profiles, epochs=EPOCHS, dataset_size=DATASET, strategy="full",
+                      objective="time")
+    startup = plan.table.groupby("num_workers")["startup_time_s"].unique()
+    assert list(startup[1]) == [pytest.approx(9.0)] and list(startup[2]) == [15.0]
+    assert "the start-up (the worker group's launch, data load, set-up and end)" in \
+        plan.summary()

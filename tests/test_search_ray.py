@@ -430,6 +430,9 @@ def test_the_plan_includes_the_training_strategys_measured_cost(partial_plan):
     steps = np.floor(partial_plan.dataset_size / table["global_batch"])
     assert (table["eval_time_s"] > 0).all() and (table["checkpoint_time_s"] > 0).all()
     assert (table["startup_time_s"] > 0).all()
+    # The start-up is each launch's whole time beyond its candidates: more than its start.
+    ok = profiles[profiles["status"] == "ok"]
+    assert (ok["launch_fixed_s"] > ok["launch_wall_s"]).all()
 
     def total(step_s):
         epoch = steps * (step_s + table["strategy_extra_s"])

@@ -1,13 +1,14 @@
 """TulaSearcher (the Tune adapter) and the search strategies, driven by hand (no Ray session)."""
 
 import json
+import math
 
 import pytest
 from ray.tune.search import Searcher
 
 from searchers import TulaSearcher
 from tula_ray.planning import search_strategies
-from tula_ray.profile_table import profile_frame
+from tula_ray.profile_table import LAUNCH_TOTAL_KEY, profile_frame
 from tula_ray.planning.search_strategies import SEARCH_STRATEGIES, Proposal, make_search_strategy, register_search_strategy
 from tula_ray.space import Candidate, SearchSpace, corners
 
@@ -130,6 +131,22 @@ def test_a_failed_group_re_reporting_every_batch_keeps_the_measured_ones():
     searcher.on_trial_complete("a", None)
     rows = {r["global_batch"]: r["status"] for r in searcher.profiles}
     assert rows == {32: "ok", 256: "error"}
+
+
+def test_a_launchs_time_beyond_its_candidates_goes_on_its_rows():
+    """The trial reports its whole launch after its worker group ends (no candidate, the
+    metric NaN): each of its rows gets the launch less the candidates' own time, what a
+    `train` job waits for beyond its epochs; a row of an earlier round keeps its own."""
+    searcher = TulaSearcher(SPACE.candidates(), "partial", PAPER_PARTIAL)
+    config = searcher.suggest("a")
+    assert config["global_batches"] == [32, 256]
+    for b, seconds in ((32, 2.0), (256, 5.0)):
+        searcher.on_trial_result("a", {**ok_row(1, b), "round": 1, "profile_wall_s": seconds})
+    searcher.on_trial_complete("a", {LAUNCH_TOTAL_KEY: 30.0, "step_time_s": math.nan})
+    rows = {r["global_batch"]: r for r in searcher.profiles if r["num_workers"] == 1}
+    assert rows[32]["launch_fixed_s"] == rows[256]["launch_fixed_s"] == pytest.approx(23.0)
+    assert len(searcher.sweeps) == 1  # the launch's record is no candidate's row
+    assert profile_frame(searcher.profiles)["launch_fixed_s"].notna().sum() == 2
 
 
 def test_save_and_restore_resume_without_repeating_finished_candidates(tmp_path):

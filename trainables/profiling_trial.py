@@ -41,7 +41,8 @@ from tula_ray.cluster import (alive_node_resources, can_place, scaling_config, t
 from tula_ray.failures import (FAILURE_INFRASTRUCTURE, FAILURE_OOM, FAILURE_USER_CODE,
                                UserCodeError, is_out_of_memory)
 from tula_ray.models.topology import STRICT_PACK, placement_strategy
-from tula_ray.profile_table import STATUS_ERROR, STATUS_OOM, TRACEBACK_KEY, profile_row
+from tula_ray.profile_table import (LAUNCH_TOTAL_KEY, STATUS_ERROR, STATUS_OOM, TRACEBACK_KEY,
+                                    profile_row)
 from tula_ray.workloads import resolve_workload
 
 logger = logging.getLogger(__name__)
@@ -154,6 +155,11 @@ def profile_cluster_size(config: dict[str, Any]) -> None:
             tune.report({**profile_row(num_workers, global_batch, status=status,
                                        error=message, failure=failure),
                          "num_nodes": _placed_nodes(num_workers, config), TRACEBACK_KEY: trace})
+    else:
+        # The whole launch, its end included (the worker group's and Ray Train's shutdown):
+        # what a `train` job of this N waits for beyond its epochs, once the searcher has
+        # taken the candidates' own time off (the search metric, NaN: no candidate).
+        tune.report({LAUNCH_TOTAL_KEY: time.time() - started_at, "step_time_s": math.nan})
 
 
 def _placed_nodes(num_workers: int, config: dict[str, Any]) -> float:

@@ -58,6 +58,9 @@ PROFILE_COLUMNS = (
     "round",  # the search round that asked for this candidate (1, 2, ...)
     "launch_wall_s",  # start of the worker group that profiled it (same for its whole sweep)
     "profile_wall_s",  # wall time of this candidate inside its worker group
+    # the worker group's whole launch (its trial's start to its end) less its candidates'
+    # profile_wall_s: what a `train` job waits for beyond its epochs (same for the sweep)
+    "launch_fixed_s",
     "warmup_wall_s",  # of which the untimed warm-up steps
     "timed_wall_s",  # of which the timed steps (compute and synced phases)
     "status",
@@ -68,6 +71,9 @@ ID_COLUMNS = PROFILE_COLUMNS[:3]
 NUMERIC_COLUMNS = PROFILE_COLUMNS[:-3]
 TEXT_COLUMNS = PROFILE_COLUMNS[-2:]
 MAX_ERROR_CHARS = 2000  # keep a traceback-sized message out of every results table
+# After its worker group ends, a profiling trial reports the launch's seconds under this
+# key (with no candidate): the searcher turns them into its rows' `launch_fixed_s`.
+LAUNCH_TOTAL_KEY = "launch_total_s"
 # A failed row's report also carries the worker's traceback under this key: the searcher
 # keeps it once per distinct error (tula_ray.failures.record_error), not in every row.
 TRACEBACK_KEY = "traceback"

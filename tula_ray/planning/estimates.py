@@ -71,7 +71,8 @@ class EpochCosts:
     """What an epoch of `train` costs beyond its steps, and what the job costs once, as
     measured while profiling (issue 24): evaluation per epoch (N -> seconds, the pass
     split over N workers), rank 0's checkpoint write per epoch, and the start-up (N ->
-    seconds: the worker group's launch and its data load). Zero where not measured."""
+    seconds: the profiling launch's whole time beyond its candidates, `launch_fixed_s`:
+    the worker group's start, data load, set-up and end). Zero where not measured."""
 
     eval_s: StepExtra | None = None
     checkpoint_s: float = 0.0
@@ -81,8 +82,13 @@ class EpochCosts:
     def from_profiles(cls, profiles: pd.DataFrame) -> "EpochCosts":
         startup = None
         if "launch_wall_s" in profiles:
+            # The launch's whole time beyond its candidates where the search recorded it;
+            # before 2026-11-27 (and where it did not): its start and data load only, which
+            # left out its set-up and end (`train-time`: 9 s predicted, 14 s waited).
             load = profiles["data_load_s"].fillna(0.0) if "data_load_s" in profiles else 0.0
-            startup = by_nearest_n(profiles.assign(startup_s=profiles["launch_wall_s"] + load),
+            started = profiles["launch_wall_s"] + load
+            fixed = profiles["launch_fixed_s"] if "launch_fixed_s" in profiles else started
+            startup = by_nearest_n(profiles.assign(startup_s=fixed.fillna(started)),
                                    "startup_s")
         checkpoint = profiles["checkpoint_time_s"].dropna() if "checkpoint_time_s" in \
             profiles else pd.Series(dtype=float)
@@ -94,7 +100,8 @@ class EpochCosts:
         """Which parts of the training time were measured, which left out."""
         parts = {"an evaluation pass per epoch": self.eval_s is not None,
                  "a checkpoint write per epoch": self.checkpoint_s > 0,
-                 "the start-up (worker group launch, data load)": self.startup_s is not None}
+                 "the start-up (the worker group's launch, data load, set-up and end)":
+                     self.startup_s is not None}
         measured = [name for name, known in parts.items() if known]
         missing = [name for name, known in parts.items() if not known]
         text = ("training times: each epoch's steps, data path included (measured where "
