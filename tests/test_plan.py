@@ -356,3 +356,9 @@ def test_the_start_up_is_the_launchs_whole_time_beyond_its_candidates_where_reco
     assert list(startup[1]) == [pytest.approx(9.0)] and list(startup[2]) == [15.0]
     assert "the start-up (the worker group's launch, data load, set-up and end)" in \
         plan.summary()
+    # The search's check of the workload on a worker: `train` runs it before its launch.
+    checked = build_plan(SPACE, profiles, epochs=EPOCHS, dataset_size=DATASET,
+                         strategy="full", objective="time", meta={"workload_check_s": 4.0})
+    assert (checked.table["startup_time_s"] == plan.table["startup_time_s"] + 4.0).all()
+    assert "the start-up (the workload's check on a worker, the worker group's" in \
+        checked.summary()

@@ -130,7 +130,7 @@ def test_resumed_search_makes_the_plan_of_its_rows(killed_then_resumed):
                        dataset_size=plan.dataset_size, strategy=plan.strategy,
                        objective=plan.objective, pricing=plan.pricing, memory=plan.memory,
                        max_local_batch=plan.meta["max_local_batch"],
-                       collective=plan.perf.collective,
+                       collective=plan.perf.collective, meta=plan.meta,
                        plain_steps=set(zip(plan.table.loc[plan.table["plain_steps"], "num_workers"],
                                            plan.table.loc[plan.table["plain_steps"],
                                                           "global_batch"])))

@@ -433,6 +433,9 @@ def test_the_plan_includes_the_training_strategys_measured_cost(partial_plan):
     # The start-up is each launch's whole time beyond its candidates: more than its start.
     ok = profiles[profiles["status"] == "ok"]
     assert (ok["launch_fixed_s"] > ok["launch_wall_s"]).all()
+    # ... plus the workload's check on a worker, which `train` runs before its launch.
+    assert partial_plan.meta["workload_check_s"] > 0
+    assert (table["startup_time_s"] > ok["launch_fixed_s"].min()).all()
 
     def total(step_s):
         epoch = steps * (step_s + table["strategy_extra_s"])

@@ -12,6 +12,7 @@ is raised again in the driver as it is, before any worker group starts.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -36,9 +37,11 @@ def _check_and_measure(workload: str | Workload, options: dict[str, Any],
     resolved = resolve_workload(workload, options)
     facts = inspect_workload(resolved, _device(use_gpu))
     completed = complete(resolved, facts)  # a contradicted declaration fails here
+    started = time.perf_counter()
     measured = measure.probe_peaks(completed, local_batches, _device(use_gpu),
                                    example=facts.example) if local_batches else {}
-    return {"facts": facts, "workload": completed, **measured}
+    return {"facts": facts, "workload": completed, **measured,
+            "measure_s": time.perf_counter() - started}
 
 
 def _peak_on_worker(workload: Workload, local_batch: int, use_gpu: bool,
@@ -86,6 +89,15 @@ def check_workload(workload: str | Workload, options: dict[str, Any], *,
         workload, options, [], use_gpu), workload)["workload"]
 
 
+def timed_check_workload(workload: str | Workload, options: dict[str, Any], *,
+                         resources: dict[str, float], use_gpu: bool) -> tuple[Workload, float]:
+    """`check_workload` and the seconds it took the driver: what `train` waits for before
+    its worker group starts."""
+    started = time.perf_counter()
+    checked = check_workload(workload, options, resources=resources, use_gpu=use_gpu)
+    return checked, time.perf_counter() - started
+
+
 @dataclass
 class MemoryProbe:
     """What the memory probe learned (DESIGN step 1), one type for a fresh search and a
@@ -102,13 +114,18 @@ class MemoryProbe:
     device_in_use_bytes: float = 0.0  # what the device holds besides the model (CUDA context)
     static: memory_model.StaticMemory | None = None  # eq. 3's static terms
     input_bytes_per_sample: float | None = None  # what a refit needs
+    # The driver's seconds for the task less its measuring: the workload's check alone,
+    # which `train` runs again before its worker group starts (a part of its start-up).
+    check_s: float | None = None
 
 
 def probe_memory(workload: str | Workload, options: dict[str, Any], *, min_local_batch: int,
                  resources: dict[str, float], use_gpu: bool) -> MemoryProbe:
     """Check the workload and measure peaks on one worker, then fit the memory model."""
+    started = time.perf_counter()
     measured = _get(_on_one_worker(_check_and_measure, resources).remote(
         workload, options, memory_model.probe_batches(min_local_batch), use_gpu), workload)
+    check_s = time.perf_counter() - started - measured["measure_s"]
     points = list(zip(measured["local_batches"], measured["peaks"]))
     params = memory_model.fit_probe(points, measured["static"],
                                     measured["input_bytes_per_sample"])
@@ -117,7 +134,8 @@ def probe_memory(workload: str | Workload, options: dict[str, Any], *, min_local
                        device_memory_bytes=measured["device_memory_bytes"],
                        device_in_use_bytes=measured["device_in_use_bytes"],
                        static=measured["static"],
-                       input_bytes_per_sample=measured["input_bytes_per_sample"])
+                       input_bytes_per_sample=measured["input_bytes_per_sample"],
+                       check_s=check_s)
 
 
 def check_max_local_batch(probe: MemoryProbe, device_bytes: float, *, headroom: float,

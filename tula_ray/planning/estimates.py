@@ -6,6 +6,7 @@ curve the knee is found on. Core module: no Ray.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Callable, Collection
 
@@ -66,42 +67,57 @@ def strategy_extra_by_n(profiles: pd.DataFrame) -> StepExtra | None:
     return by_nearest_n(profiles, "strategy_extra_s")
 
 
+def startup_by_n(profiles: pd.DataFrame, check_s: float = 0.0) -> StepExtra | None:
+    """The job's start-up as a function of N: `check_s` (the workload's check on a worker,
+    which `train` runs before its launch) + the profiling launch's whole time beyond its
+    candidates (`launch_fixed_s`), per N (`by_nearest_n`). Where the search did not record
+    that (before 2026-11-27), the launch's start and data load only, which left out its
+    set-up and end (`train-time --quick`: 9.3 s predicted, 13.9 s waited). None when no
+    launch was timed."""
+    if "launch_wall_s" not in profiles:
+        return None
+    load = profiles["data_load_s"].fillna(0.0) if "data_load_s" in profiles else 0.0
+    started = profiles["launch_wall_s"] + load
+    fixed = profiles["launch_fixed_s"].fillna(started) if "launch_fixed_s" in profiles \
+        else started
+    launch = by_nearest_n(profiles.assign(startup_s=fixed), "startup_s")
+    if launch is None:
+        return None
+    return lambda num_workers: launch(num_workers) + check_s
+
+
 @dataclass(frozen=True)
 class EpochCosts:
     """What an epoch of `train` costs beyond its steps, and what the job costs once, as
     measured while profiling (issue 24): evaluation per epoch (N -> seconds, the pass
     split over N workers), rank 0's checkpoint write per epoch, and the start-up (N ->
-    seconds: the profiling launch's whole time beyond its candidates, `launch_fixed_s`:
-    the worker group's start, data load, set-up and end). Zero where not measured."""
+    seconds, `startup_by_n`). Zero where not measured."""
 
     eval_s: StepExtra | None = None
     checkpoint_s: float = 0.0
     startup_s: StepExtra | None = None
+    check_s: float = 0.0  # of the start-up: `train`'s check of the workload on a worker
 
     @classmethod
-    def from_profiles(cls, profiles: pd.DataFrame) -> "EpochCosts":
-        startup = None
-        if "launch_wall_s" in profiles:
-            # The launch's whole time beyond its candidates where the search recorded it;
-            # before 2026-11-27 (and where it did not): its start and data load only, which
-            # left out its set-up and end (`train-time`: 9 s predicted, 14 s waited).
-            load = profiles["data_load_s"].fillna(0.0) if "data_load_s" in profiles else 0.0
-            started = profiles["launch_wall_s"] + load
-            fixed = profiles["launch_fixed_s"] if "launch_fixed_s" in profiles else started
-            startup = by_nearest_n(profiles.assign(startup_s=fixed.fillna(started)),
-                                   "startup_s")
+    def from_profiles(cls, profiles: pd.DataFrame,
+                      check_s: float | None = None) -> "EpochCosts":
+        """check_s: the seconds a check of the workload on one worker took the search
+        (`train` runs it before its launch), added to every N's start-up; None: unknown."""
+        check_s = float(check_s) if check_s is not None and math.isfinite(check_s) else 0.0
+        startup = startup_by_n(profiles, check_s)
         checkpoint = profiles["checkpoint_time_s"].dropna() if "checkpoint_time_s" in \
             profiles else pd.Series(dtype=float)
         return cls(eval_s=by_nearest_n(profiles, "eval_time_s", per_worker_share=True),
                    checkpoint_s=float(checkpoint.median()) if len(checkpoint) else 0.0,
-                   startup_s=startup)
+                   startup_s=startup, check_s=check_s if startup is not None else 0.0)
 
     def describe(self) -> str:
         """Which parts of the training time were measured, which left out."""
         parts = {"an evaluation pass per epoch": self.eval_s is not None,
                  "a checkpoint write per epoch": self.checkpoint_s > 0,
-                 "the start-up (the worker group's launch, data load, set-up and end)":
-                     self.startup_s is not None}
+                 "the start-up (" + ("the workload's check on a worker, " if self.check_s
+                                     else "") + "the worker group's launch, data load, "
+                 "set-up and end)": self.startup_s is not None}
         measured = [name for name, known in parts.items() if known]
         missing = [name for name, known in parts.items() if not known]
         text = ("training times: each epoch's steps, data path included (measured where "

@@ -159,7 +159,8 @@ class Plan:
         if c.ties:
             lines.append(c.describe_ties())
         lines.append(self.describe_strategy_cost())
-        lines.append(EpochCosts.from_profiles(self.profiles).describe())
+        lines.append(EpochCosts.from_profiles(
+            self.profiles, check_s=self.meta.get("workload_check_s")).describe())
         if "noise" in self.meta:
             noise = ProfiledNoise.from_dict(self.meta["noise"])
             lines.append(noise.describe(self.meta["reference_batch"]))
@@ -280,7 +281,9 @@ def build_plan(
 
     grid = pd.DataFrame([c.as_dict() for c in space.candidates()])
     extra = strategy_extra_by_n(profiles)  # the training strategy's measured cost per step
-    costs = EpochCosts.from_profiles(profiles)  # evaluation, checkpoint, start-up: measured
+    # evaluation, checkpoint, start-up: measured (the workload's check on a worker, which
+    # `train` runs again before its launch, by the search's memory probe)
+    costs = EpochCosts.from_profiles(profiles, check_s=(meta or {}).get("workload_check_s"))
     plain_steps = {(int(n), int(b)) for n, b in plain_steps}
     table = predict_candidates(grid, params, memory, pricing, epochs, dataset_size,
                                strategy_extra=extra, costs=costs, plain_steps=plain_steps)

@@ -14,7 +14,8 @@ from typing import Any, Sequence
 import ray
 
 from searchers import TulaSearcher
-from trainables.memory_probe import MemoryProbe, check_max_local_batch, check_workload, probe_memory
+from trainables.memory_probe import (MemoryProbe, check_max_local_batch, probe_memory,
+                                     timed_check_workload)
 from trainables.profiling_sweep import (MEASURE_SECONDS_DEFAULT, MEASURE_STEPS_DEFAULT,
                                         WARMUP_STEPS_DEFAULT)
 from tula_ray.arguments import named_arguments
@@ -158,16 +159,18 @@ def search(
             probe_s = time.perf_counter() - started
         else:
             check_same_search(saved.context.get("request", {}), search_identity(request), saved_at)
-            request = _checked(request, check_workload(
-                request.spec, request.options, resources=workers.resources, use_gpu=use_gpu))
+            checked, check_s = timed_check_workload(
+                request.spec, request.options, resources=workers.resources, use_gpu=use_gpu)
+            request = _checked(request, checked)
             space, probe, device_bytes = restore_context(saved.context)
+            probe.check_s = check_s
             probe_s = 0.0
         context = context_of(space, probe, device_bytes, use_gpu, probe_s, search_identity(request))
         searcher, path = _profile(request, space, use_gpu, device_bytes, probe,
                                   workers, name, resume, context)
         _raise_deciding_error(searcher, path)
         profiles = profile_frame(searcher.profiles)
-        meta = {"probe_wall_s": probe_s,
+        meta = {"probe_wall_s": probe_s, "workload_check_s": probe.check_s,
                 "profiling_wall_s": time.perf_counter() - started - probe_s,
                 "trials": len(searcher.sweeps), "launches": len(searcher.sweeps),
                 "rounds": searcher.rounds, "stop_reason": searcher.stop_reason,
