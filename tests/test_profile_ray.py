@@ -15,7 +15,8 @@ from ray import cloudpickle, tune  # noqa: E402
 from trainables.profiling_trial import profile_cluster_size  # noqa: E402
 from tula_ray.cluster import DRIVER_RESOURCE, trial_resources, worker_shape  # noqa: E402
 from tula_ray.training import measure  # noqa: E402
-from tula_ray.profile_table import PROFILE_COLUMNS, profile_frame, profile_row  # noqa: E402
+from tula_ray.profile_table import (LAUNCH_TOTAL_KEY, PROFILE_COLUMNS,  # noqa: E402
+                                    profile_frame, profile_row)
 from tula_ray.workloads import FashionCNN, Workload, get_workload  # noqa: E402
 import torch  # noqa: E402
 from torch.utils.data import Dataset  # noqa: E402
@@ -88,9 +89,16 @@ def rows(tmp_path_factory) -> dict[str, dict]:
                                       verbose=0))
         results = tuner.fit()
         assert not results.errors, results.errors
-        # Every result of every trial: one per (N, B) the trial profiled.
-        return {result.config["case"]: result.metrics_dataframe.to_dict("records")
-                for result in results}
+        # Every result of every trial: one per (N, B) the trial profiled, then the launch's
+        # own (its whole seconds, no candidate), kept apart under the key "launch".
+        rows = {}
+        for result in results:
+            records = result.metrics_dataframe.to_dict("records")
+            rows[result.config["case"]] = [r for r in records
+                                           if not math.isfinite(r.get(LAUNCH_TOTAL_KEY, math.nan))]
+            rows[result.config["case"] + ":launch"] = [
+                r for r in records if math.isfinite(r.get(LAUNCH_TOTAL_KEY, math.nan))]
+        return rows
     finally:
         ray.shutdown()
 
@@ -101,6 +109,10 @@ def test_one_worker_group_reports_each_batch_smallest_first(rows):
     assert [r["global_batch"] for r in sweep] == [32, 64]
     assert all(r["status"] == "ok" for r in sweep)
     assert sweep[0]["launch_wall_s"] == sweep[1]["launch_wall_s"] > 0  # one worker group
+    # After the group ends, one result with the launch's whole seconds: more than its rows'.
+    (launch,) = rows["one:launch"]
+    assert launch[LAUNCH_TOTAL_KEY] > sweep[0]["launch_wall_s"] + sum(
+        r["profile_wall_s"] for r in sweep)
     for r in sweep:  # the timed steps are part of the batch's wall time
         assert 0 < r["warmup_wall_s"] and 0 < r["timed_wall_s"]
         assert r["warmup_wall_s"] + r["timed_wall_s"] < r["profile_wall_s"]
