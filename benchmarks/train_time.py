@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from benchmarks.common import RESULTS_DIR, provenance, write_result
-from benchmarks.markdown import markdown_table
+from benchmarks.train_time_report import report
 
 # Three runs per cell: the median of three resists one slow run, which two (their mean)
 # do not; the machine's runs of one cell differ by up to 20 % (NOTES-ENV).
@@ -209,7 +209,8 @@ def _compare(plans: dict, demos: list, runs: list[dict]) -> list[dict[str, Any]]
             predicted = float(row["measured_epoch_time_s"]) if np.isfinite(
                 row.get("measured_epoch_time_s", np.nan)) else float(row["epoch_time_s"])
             evals = [statistics.median(r["eval_seconds"][1:]) for r in mine]
-            rows.append({**_whole_call(row, predicted, mine, plan.profiles),"workload": workload, "num_workers": n, "global_batch": b,
+            rows.append({**_whole_call(row, predicted, mine, plan.profiles),
+                         "workload": workload, "num_workers": n, "global_batch": b,
                          "predicted_s": predicted, "model_s": float(row["epoch_time_s"]),
                          "measured_s": measured, "ratio": predicted / measured,
                          "repeat_spread": (max(per_run) - min(per_run)) / measured,
@@ -251,7 +252,8 @@ def _summary(rows: list[dict]) -> dict[str, Any]:
     demo = [abs(r["ratio"] - 1) for r in rows if r["workload"].startswith("demo")]
     calls = [abs(r["call_predicted_s"] / r["call_measured_s"] - 1) for r in rows
              if "call_measured_s" in r]
-    return {"call_abs_errors": calls,"median_abs_error": float(np.median(grid)) if grid else None,
+    return {"call_abs_errors": calls,
+            "median_abs_error": float(np.median(grid)) if grid else None,
             "worst_abs_error": float(np.max(grid)) if grid else None,
             "bf16_abs_errors": bf16,
             "demo_abs_error": float(np.median(demo)) if demo else None,
@@ -270,75 +272,3 @@ def _precision_ratios(rows: list[dict]) -> list[dict[str, Any]]:
                            "predicted": row["predicted_s"] / fp32["predicted_s"],
                            "measured": row["measured_s"] / fp32["measured_s"]})
     return ratios
-
-
-def report(result: dict) -> str:
-    p, s = result["provenance"], result["summary"]
-    lines = ["## Predicted against measured epoch time (issue 24)\n",
-             f"`{p['command']}` at {p['commit']}, {p['date']}, {p['machine']}.\n",
-             f"The plan's `epoch_time_s` (the profiled step, data path included, times the "
-             f"epoch's whole steps; the measured row's own steps where profiled) against "
-             f"`tula_ray.train`'s `seconds`, median of epochs 2-{result['epochs']} of each "
-             f"run, median over {result['repeats']} interleaved runs; spread = (max - min) / "
-             f"median of the runs. The plan was written before the runs, never refitted.\n"]
-    body = [[r["workload"], r["num_workers"], r["global_batch"], f"{r['predicted_s']:.2f}",
-             f"{r['model_s']:.2f}", f"{r['measured_s']:.2f}", f"{r['ratio']:.3f}",
-             f"{r['repeat_spread']:.1%}", f"{r['eval_predicted_s']:.2f}",
-             f"{r['eval_measured_s']:.2f}"] for r in result["rows"]]
-    lines.append(markdown_table(["workload", "N", "B", "plan s (measured row)", "model fit s",
-                                 "train s", "plan / train", "spread of runs",
-                                 "eval plan s", "eval train s"], body))
-    if s["median_abs_error"] is not None:
-        lines.append(f"\n- Over the grid: median |predicted / measured - 1| = "
-                     f"{s['median_abs_error']:.1%}, worst {s['worst_abs_error']:.1%} "
-                     "(fp32; goal: <= 5 %, worst <= 15 %).")
-    if s.get("bf16_abs_errors"):
-        each = ", ".join(f"{e:.1%}" for e in s["bf16_abs_errors"])
-        lines.append(f"- The CNN in bf16 (its own search and runs; not in the figures above): "
-                     f"|predicted / measured - 1| = {each}.")
-    for ratio in result.get("precision", []):
-        lines.append(f"- bf16 / fp32 epoch at N = {ratio['num_workers']}, B = "
-                     f"{ratio['global_batch']}: the plans say {ratio['predicted']:.2f}, "
-                     f"`train` {ratio['measured']:.2f}.")
-    two = result.get("summary_two_runs")
-    if two and two["median_abs_error"] is not None:
-        lines.append(f"- The same grid with only each cell's first 2 runs (their mean): "
-                     f"median {two['median_abs_error']:.1%}, worst "
-                     f"{two['worst_abs_error']:.1%}.")
-    if s["demo_abs_error"] is not None:
-        each = ", ".join(f"{e:.1%}" for e in s["demo_abs_errors"])
-        lines.append(f"- The demo's own choice, trained with the plan's strategy: median "
-                     f"{s['demo_abs_error']:.1%} over {len(s['demo_abs_errors'])} searches, "
-                     f"each trained after it ({each}; goal <= 10 %).")
-    calls = [r for r in result["rows"] if "call_measured_s" in r]
-    if calls:
-        lines.append("\nThe whole `train` call, what the user waits for (Ray already up): the "
-                     "plan's total for the run's epochs (start-up + epochs x (epoch + "
-                     "evaluation + checkpoint)) against the call's wall time, median over "
-                     "its runs; `outside` is the call's time beyond its epochs' training "
-                     "and evaluation; `start-up before` is what the plan's start-up was "
-                     "until 2026-11-27 (the launch's start and data load), from the same "
-                     "profiles.\n")
-        lines.append(markdown_table(
-            ["workload", "N", "B", "epochs", "plan total s", "train call s", "plan / call",
-             "plan start-up s", "outside s", "start-up before s"],
-            [[r["workload"], r["num_workers"], r["global_batch"], r["call_epochs"],
-              f"{r['call_predicted_s']:.1f}", f"{r['call_measured_s']:.1f}",
-              f"{r['call_predicted_s'] / r['call_measured_s']:.3f}",
-              f"{r['startup_predicted_s']:.1f}", f"{r['outside_epochs_s']:.1f}",
-              f"{r['startup_before_s']:.1f}"]
-             for r in calls]))
-        errors = ", ".join(f"{e:.1%}" for e in s["call_abs_errors"])
-        lines.append(f"\n- The whole call: |plan total / call - 1| = {errors}; median "
-                     f"{np.median(s['call_abs_errors']):.1%}, signed plan / call median "
-                     f"{np.median([r['call_predicted_s'] / r['call_measured_s'] for r in calls]):.3f}.\n")
-    if result.get("demo_profiling_wall_s"):
-        walls = ", ".join(f"{w:.0f}" for w in result["demo_profiling_wall_s"])
-        launches = ", ".join(str(n) for n in result["demo_launches"])
-        lines.append(f"- The demo's profiling wall: {walls} s in {launches} worker-group "
-                     "launches.")
-    for part, commits in result.get("run_commits", {}).items():
-        if commits:
-            trees = ", ".join(f"{commit} ({count})" for commit, count in commits.items())
-            lines.append(f"- The {part}'s runs trained at: {trees}.")
-    return "\n".join(lines) + "\n"
