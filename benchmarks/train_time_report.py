@@ -16,18 +16,21 @@ def report(result: dict) -> str:
              f"epoch's whole steps; the measured row's own steps where profiled) against "
              f"`tula_ray.train`'s `seconds`, median of epochs 2-{result['epochs']} of each "
              f"run, median over {result['repeats']} interleaved runs; spread = (max - min) / "
-             f"median of the runs. The plan was written before the runs, never refitted.\n"]
+             f"median of the runs. The plan is the first search's, written before the runs, never "
+             f"refitted; `spread of plans` is that of the {result['repeats']} searches' "
+             f"predictions of the cell (one search before each repeat of the runs).\n"]
     body = [[r["workload"], r["num_workers"], r["global_batch"], f"{r['predicted_s']:.2f}",
              f"{r['model_s']:.2f}", f"{r['measured_s']:.2f}", f"{r['ratio']:.3f}",
-             f"{r['repeat_spread']:.1%}", f"{r['eval_predicted_s']:.2f}",
+             f"{r['repeat_spread']:.1%}", _spread(r), f"{r['eval_predicted_s']:.2f}",
              f"{r['eval_measured_s']:.2f}"] for r in result["rows"]]
     lines.append(markdown_table(["workload", "N", "B", "plan s (measured row)", "model fit s",
-                                 "train s", "plan / train", "spread of runs",
+                                 "train s", "plan / train", "spread of runs", "spread of plans",
                                  "eval plan s", "eval train s"], body))
     if s["median_abs_error"] is not None:
         lines.append(f"\n- Over the grid: median |predicted / measured - 1| = "
                      f"{s['median_abs_error']:.1%}, worst {s['worst_abs_error']:.1%} "
                      "(fp32; goal: <= 5 %, worst <= 15 %).")
+    lines += _searches(result)
     if s.get("bf16_abs_errors"):
         each = ", ".join(f"{e:.1%}" for e in s["bf16_abs_errors"])
         lines.append(f"- The CNN in bf16 (its own search and runs; not in the figures above): "
@@ -79,3 +82,31 @@ def report(result: dict) -> str:
             trees = ", ".join(f"{commit} ({count})" for commit, count in commits.items())
             lines.append(f"- The {part}'s runs trained at: {trees}.")
     return "\n".join(lines) + "\n"
+
+
+def _spread(row: dict) -> str:
+    return f"{row['plans_spread']:.1%}" if "plans_spread" in row else "-"
+
+
+def _searches(result: dict) -> list[str]:
+    """Each search's plan, against every run and against the runs that followed it; the
+    median of the plans."""
+    searches = [f for f in result.get("searches", []) if f["all_runs"]["median_abs_error"]
+                is not None]
+    if len(searches) < 2:
+        return []
+
+    def figures(key: str) -> str:
+        return ", ".join(f"{f[key]['median_abs_error']:.1%} (worst "
+                         f"{f[key]['worst_abs_error']:.1%})" for f in searches if f[key])
+
+    lines = [f"- Each of the {len(searches)} searches' plans against the median of every "
+             f"run: median {figures('all_runs')}.",
+             f"- Each search's plan against the one run of each cell that followed it: "
+             f"median {figures('its_runs')}."]
+    middle = result.get("median_plan")
+    if middle:
+        lines.append(f"- The median of the {len(searches)} plans against the median of the "
+                     f"runs: median {middle['median_abs_error']:.1%}, worst "
+                     f"{middle['worst_abs_error']:.1%}.")
+    return lines

@@ -302,7 +302,7 @@ def test_profiling_wall_checks_out_an_earlier_commit_and_removes_it():
 
 
 def test_train_time_keeps_bf16_out_of_the_fp32_goal_and_sets_it_beside_fp32():
-    from benchmarks.train_time import _precision_ratios, _summary
+    from benchmarks.train_time_compare import precision_ratios, summary
 
     def row(workload, predicted, measured):
         return {"workload": workload, "num_workers": 2, "global_batch": 128,
@@ -311,9 +311,43 @@ def test_train_time_keeps_bf16_out_of_the_fp32_goal_and_sets_it_beside_fp32():
 
     rows = [row("fashion-mnist-cnn", 10.0, 8.0), row("fashion-mnist-cnn-bf16", 5.0, 6.0),
             row("demo0", 9.0, 10.0)]
-    summary = _summary(rows)
-    assert summary["median_abs_error"] == summary["worst_abs_error"] == pytest.approx(0.25)
-    assert summary["bf16_abs_errors"] == [pytest.approx(1 / 6)]
-    assert summary["demo_abs_errors"] == [pytest.approx(0.1)]
-    (ratio,) = _precision_ratios(rows)
+    figures = summary(rows)
+    assert figures["median_abs_error"] == figures["worst_abs_error"] == pytest.approx(0.25)
+    assert figures["bf16_abs_errors"] == [pytest.approx(1 / 6)]
+    assert figures["demo_abs_errors"] == [pytest.approx(0.1)]
+    (ratio,) = precision_ratios(rows)
     assert (ratio["predicted"], ratio["measured"]) == (pytest.approx(0.5), pytest.approx(0.75))
+
+
+def test_train_time_sets_each_search_beside_the_runs_and_the_plans_spread():
+    import pandas as pd
+
+    from benchmarks.train_time_compare import add_plan_spread, compare, each_search
+
+    class FakePlan:  # the two parts of a Plan the comparison reads
+        def __init__(self, epoch_s):
+            self.table = pd.DataFrame({"num_workers": [1], "global_batch": [32],
+                                       "estimate": ["measured"], "epoch_time_s": [epoch_s],
+                                       "measured_epoch_time_s": [epoch_s],
+                                       "eval_time_s": [1.0]})
+            self.profiles = pd.DataFrame()
+
+    def run(repeat, seconds):
+        return {"workload": "user-cnn", "num_workers": 1, "global_batch": 32,
+                "repeat": repeat, "epoch_seconds": [99.0, seconds, seconds],
+                "eval_seconds": [1.0, 1.0, 1.0]}
+
+    searches = [{"user-cnn": FakePlan(10.0)}, {"user-cnn": FakePlan(12.0)}]
+    runs = [run(0, 10.0), run(1, 12.0)]
+    (row,) = compare(searches[0], [], runs)
+    assert row["measured_s"] == pytest.approx(11.0) and row["repeats"] == 2
+    add_plan_spread([row], searches)
+    assert row["plans_predicted_s"] == [10.0, 12.0]
+    assert row["plans_spread"] == pytest.approx(2 / 11)
+    assert row["median_plan_ratio"] == pytest.approx(1.0)
+    first, second = each_search(searches, runs)
+    assert first["all_runs"]["median_abs_error"] == pytest.approx(1 / 11)
+    assert second["all_runs"]["median_abs_error"] == pytest.approx(1 / 11)
+    # Against the run that followed it, each plan was exact.
+    assert first["its_runs"]["median_abs_error"] == pytest.approx(0.0)
+    assert second["its_runs"]["median_abs_error"] == pytest.approx(0.0)
