@@ -22,12 +22,16 @@ def _row(plan, num_workers: int, global_batch: int):
                  & (table["global_batch"] == global_batch)].iloc[0]
 
 
-def _predicted(plan, num_workers: int, global_batch: int) -> float:
-    """The plan's epoch at (N, B) as the runs are compared with it: the measured row's own
-    steps where profiled, else the model's fit."""
-    row = _row(plan, num_workers, global_batch)
+def _predicted(row) -> float:
+    """A plan row's epoch as the runs are compared with it: the measured row's own steps
+    where profiled, else the model's fit."""
     measured = float(row.get("measured_epoch_time_s", np.nan))
     return measured if np.isfinite(measured) else float(row["epoch_time_s"])
+
+
+def _in_grid(row: dict) -> bool:
+    """A row of the goal's fp32 grid: neither a demo's choice nor a bf16 cell."""
+    return not row["workload"].startswith("demo") and row["workload"] not in BF16_OF
 
 
 def compare(plans: dict, demos: list, runs: list[dict]) -> list[dict[str, Any]]:
@@ -43,7 +47,7 @@ def compare(plans: dict, demos: list, runs: list[dict]) -> list[dict[str, Any]]:
             per_run = [statistics.median(r["epoch_seconds"][1:]) for r in mine]
             measured = statistics.median(per_run)
             row = _row(plan, n, b)
-            predicted = _predicted(plan, n, b)
+            predicted = _predicted(row)
             evals = [statistics.median(r["eval_seconds"][1:]) for r in mine]
             rows.append({**_whole_call(row, predicted, mine, plan.profiles),
                          "workload": workload, "num_workers": n, "global_batch": b,
@@ -82,8 +86,7 @@ def _whole_call(row, epoch_s: float, runs: list[dict], plan_profiles) -> dict[st
 
 def summary(rows: list[dict]) -> dict[str, Any]:
     """The goal's figures over the fp32 grid (as before bf16 joined it), bf16's beside."""
-    grid = [abs(r["ratio"] - 1) for r in rows
-            if not r["workload"].startswith("demo") and r["workload"] not in BF16_OF]
+    grid = [abs(r["ratio"] - 1) for r in rows if _in_grid(r)]
     bf16 = [abs(r["ratio"] - 1) for r in rows if r["workload"] in BF16_OF]
     demo = [abs(r["ratio"] - 1) for r in rows if r["workload"].startswith("demo")]
     calls = [abs(r["call_predicted_s"] / r["call_measured_s"] - 1) for r in rows
@@ -128,8 +131,8 @@ def add_plan_spread(rows: list[dict], searches: list[dict]) -> None:
     """Each grid row gains every search's prediction of its cell (`plans_predicted_s`),
     their spread ((max - min) / median) and the median plan's ratio to the runs."""
     for row in rows:
-        predicted = [_predicted(plans[row["workload"]], row["num_workers"],
-                                row["global_batch"])
+        predicted = [_predicted(_row(plans[row["workload"]], row["num_workers"],
+                                     row["global_batch"]))
                      for plans in searches if row["workload"] in plans]
         predicted = [p for p in predicted if np.isfinite(p)]
         if len(predicted) < 2:
@@ -142,8 +145,8 @@ def add_plan_spread(rows: list[dict], searches: list[dict]) -> None:
 
 def median_plan_errors(rows: list[dict]) -> dict[str, Any] | None:
     """The goal's figures for the median of the searches' plans (fp32 grid)."""
-    grid = [abs(r["median_plan_ratio"] - 1) for r in rows if "median_plan_ratio" in r
-            and not r["workload"].startswith("demo") and r["workload"] not in BF16_OF]
+    grid = [abs(r["median_plan_ratio"] - 1) for r in rows
+            if "median_plan_ratio" in r and _in_grid(r)]
     if not grid:
         return None
     return {"median_abs_error": float(np.median(grid)), "worst_abs_error": float(np.max(grid))}
