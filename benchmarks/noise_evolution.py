@@ -11,6 +11,11 @@ and a calibration from early phi to the run's mean phi fitted on the first workl
 judged on the second (issue 25: "any calibration constant is fitted on one workload and
 judged on the other").
 
+A third trace follows the time-to-accuracy benchmark's own reference run (the CNN on its
+10k-image subset at B = 32) every quarter epoch for 7 epochs: phi where that run reaches
+each target, the phi that McCandlish et al.'s trade-off between steps and epochs takes
+at a target (`time_to_accuracy` sets the plan made with it beside the profiled one).
+
 Resumable: every point is appended to noise_evolution.runs.jsonl as it is measured; a
 workload whose run was recorded to its end is not run again (a run cut off mid-way is
 started over: its weights were not kept).
@@ -32,11 +37,19 @@ NAME = "noise_evolution"
 REFERENCE_BATCH = 32
 PAIR_BATCH = 256  # each pair: two halves of 128 and their mean
 EARLY_STEPS = (0, 25, 50, 100, 200, 400)
-# (workload, options, epochs, pairs per point): the CNN on all of Fashion-MNIST, resnet18
-# on a 10k subset (a 28 x 28 resnet18 step costs ~9 ms per sample on these CPUs).
-WORKLOADS = (("fashion-mnist-cnn", {}, 3, 24),
-             ("resnet18-fashion-mnist", {"train_subset": 10_000}, 3, 8))
-QUICK_WORKLOADS = (("fashion-mnist-cnn", {"train_subset": 1024}, 1, 4),)
+SUBSET_TRACE = "fashion-mnist-cnn-10k"  # time-to-accuracy's reference run, traced
+# (label, workload, options, epochs, pairs per point, steps between points after the early
+# ones: None, the epochs' ends only): the CNN on all of Fashion-MNIST, resnet18 on a 10k
+# subset (a 28 x 28 resnet18 step costs ~9 ms per sample on these CPUs); the calibration
+# is fitted on the first and judged on the second. Then the CNN as time-to-accuracy's
+# reference trains it (its 10k subset; 7 epochs pass its last target, 5.5 epochs in).
+WORKLOADS = (("fashion-mnist-cnn", "fashion-mnist-cnn", {}, 3, 24, None),
+             ("resnet18-fashion-mnist", "resnet18-fashion-mnist", {"train_subset": 10_000}, 3,
+              8, None),
+             (SUBSET_TRACE, "fashion-mnist-cnn", {"train_subset": 10_000}, 7, 32, 78))
+QUICK_WORKLOADS = (("fashion-mnist-cnn", "fashion-mnist-cnn", {"train_subset": 1024}, 1, 4,
+                    None),)
+CALIBRATED = 2  # the traces the calibration is fitted on and judged on: the first two
 
 
 def _recorded(path: Path) -> list[dict[str, Any]]:
@@ -45,9 +58,11 @@ def _recorded(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-def trace(name: str, options: dict, epochs: int, pairs: int, log: Path) -> list[dict]:
-    """Train `name` at B = 32 for `epochs`, measuring phi at the early steps and every
-    epoch's end; each point is appended to `log` as it is measured."""
+def trace(label: str, name: str, options: dict, epochs: int, pairs: int, every: int | None,
+          log: Path) -> list[dict]:
+    """Train `name` at B = 32 for `epochs`, measuring phi at the early steps, every `every`
+    steps after them (None: none) and every epoch's end; each point is appended to `log`
+    as it is measured, under `label`."""
     import torch
 
     from tula_ray.models.noise_scale import noise_scale
@@ -65,14 +80,16 @@ def trace(name: str, options: dict, epochs: int, pairs: int, log: Path) -> list[
     dataset = workload.train_dataset_fn()
     probes = cycle(training_batches(dataset, PAIR_BATCH, "cpu", seed=1))
     steps_per_epoch = len(dataset) // REFERENCE_BATCH
-    points = sorted({s for s in EARLY_STEPS if s < steps_per_epoch * epochs}
+    last = steps_per_epoch * epochs
+    points = sorted({s for s in EARLY_STEPS if s < last}
+                    | set(range(max(EARLY_STEPS) + (every or 0), last, every or last))
                     | {steps_per_epoch * (e + 1) for e in range(epochs)})
     records, step, started = [], 0, time.perf_counter()
 
     def measure() -> None:
         average = measure_gradient_noise(model, setup, loss_fn, probes, pairs)
         grad_sqr, grad_var = average.estimate()
-        record = {"workload": name, "step": step, "epoch": step / steps_per_epoch,
+        record = {"workload": label, "step": step, "epoch": step / steps_per_epoch,
                   "grad_sqr": grad_sqr, "grad_var": grad_var,
                   "noise_scale": noise_scale(grad_sqr, grad_var), "pairs": average.steps,
                   "last": step == points[-1], "seconds": time.perf_counter() - started}
@@ -118,16 +135,17 @@ def run(quick: bool = False) -> dict:
     RESULTS_DIR.mkdir(parents=True, exist_ok=True)
     recorded = _recorded(log)
     traces: dict[str, list[dict]] = {}
-    for name, options, epochs, pairs in QUICK_WORKLOADS if quick else WORKLOADS:
-        points = [r for r in recorded if r["workload"] == name]
+    for label, name, options, epochs, pairs, every in QUICK_WORKLOADS if quick else WORKLOADS:
+        points = [r for r in recorded if r["workload"] == label]
         if not any(p["last"] for p in points):
             if points:  # cut off mid-run: its weights are gone, start it over
-                recorded = [r for r in recorded if r["workload"] != name]
+                recorded = [r for r in recorded if r["workload"] != label]
                 log.write_text("".join(json.dumps(r) + "\n" for r in recorded))
-            points = trace(name, options, epochs, pairs, log)
-        traces[name] = points
+            points = trace(label, name, options, epochs, pairs, every, log)
+        traces[label] = points
+    calibrated = dict(list(traces.items())[:CALIBRATED])
     result = {"provenance": provenance(), "quick": quick, "traces": traces,
-              "calibrations": [calibration(traces, s) for s in (0, 100, 400)]}
+              "calibrations": [calibration(calibrated, s) for s in (0, 100, 400)]}
     markdown = report(result)
     write_result(NAME + ("_quick" if quick else ""), result, markdown)
     print(markdown)
