@@ -284,10 +284,11 @@ def make_plan(settings: dict, quick: bool, index: int = 0):
     return plan
 
 
-def replanned(plan, epochs: int, train_size: int, objective: str):
+def replanned(plan, epochs: int, train_size: int, objective: str,
+              noise_scale: float | None = None):
     """The plan re-made from its own profiles for `epochs` at the reference batch over the
-    training split's size, by this tree's planning (its noise calibration included):
-    what a user asking for that target would be given."""
+    training split's size, by this tree's planning (its noise calibration included), with
+    the user's `noise_scale` if given: what a user asking for that target would be given."""
     from tula_ray.planning.plan import build_plan
     from tula_ray.space import SearchSpace
 
@@ -298,14 +299,15 @@ def replanned(plan, epochs: int, train_size: int, objective: str):
     return build_plan(space, plan.profiles, epochs=max(1, epochs), dataset_size=train_size,
                       strategy=plan.strategy, objective=objective,
                       reference_batch=REFERENCE_BATCH, meta=plan.meta,
-                      plain_steps=plain_steps(STRATEGY, {}, pairs))
+                      plain_steps=plain_steps(STRATEGY, {}, pairs), noise_scale=noise_scale)
 
 
 def judge(plan, truth: dict[int, dict[str, float]], train_size: int, held_out: int,
-          clock: str = "seconds") -> dict[str, Any]:
+          clock: str = "seconds", noise_scale: float | None = None) -> dict[str, Any]:
     """One target: E0 from the B = 32 runs, the three objectives' choices and regrets, and
     predicted against measured epochs and time to the target; times on `clock`
-    (`seconds`: the loop's, `train_seconds`: `train`'s, `on_train_clock`)."""
+    (`seconds`: the loop's, `train_seconds`: `train`'s, `on_train_clock`); the plans
+    re-made with `noise_scale` when given."""
     from scipy.stats import spearmanr
 
     e0 = truth[REFERENCE_BATCH]["epochs"] if REFERENCE_BATCH in truth else math.nan
@@ -316,11 +318,12 @@ def judge(plan, truth: dict[int, dict[str, float]], train_size: int, held_out: i
     if not math.isfinite(e0):
         return {"e0": e0, "rows": rows, "choices": choices, "best_batch": best_batch}
     for objective in ("time_to_accuracy", "time", "knee"):
-        chosen = replanned(plan, round(e0), train_size, objective).choice.global_batch
+        chosen = replanned(plan, round(e0), train_size, objective,
+                           noise_scale).choice.global_batch
         seconds = truth.get(chosen, {}).get(clock, math.nan)
         choices[objective] = {"global_batch": chosen, "seconds": seconds,
                               "regret": seconds / best - 1}
-    table = replanned(plan, round(e0), train_size, "time_to_accuracy").table
+    table = replanned(plan, round(e0), train_size, "time_to_accuracy", noise_scale).table
     for _, row in table[table["num_workers"] == WORLD_SIZE].iterrows():
         batch = int(row["global_batch"])
         if batch not in truth:
@@ -407,11 +410,52 @@ def run(quick: bool = False, seeds: int | None = None) -> dict:
               "targets": judged[0],
               "loop_targets": {str(t): judge(plan, truth[t], train_size, held_out)
                                for t in settings["targets"]},
-              "searches": [searched(p, j) for p, j in zip(plans, judged)]}
+              "searches": [searched(p, j) for p, j in zip(plans, judged)],
+              "at_target": at_target(plans, truth, settings, quick)}
     markdown = report(result)
     write_result(name, result, markdown)
     print(markdown)
     return result
+
+
+def at_target(plans: list, truth: dict, settings: dict, quick: bool) -> dict | None:
+    """Every search's plan re-made per target with phi at that target (`noise_scale=`):
+    the pooled phi of `noise-evolution`'s trace of the reference run near the target's
+    step; None without that trace (--quick, or noise-evolution not run)."""
+    from benchmarks.noise_evolution import SUBSET_TRACE
+
+    path = RESULTS_DIR / "noise_evolution.json"
+    if quick or not path.exists():
+        return None
+    recorded = json.loads(path.read_text())
+    trace = recorded["traces"].get(SUBSET_TRACE)
+    if not trace:
+        return None
+    train_size = settings["train_subset"]
+    window = train_size // REFERENCE_BATCH // 2  # half an epoch of the reference run
+    phis = {str(t): phi_near(trace, truth[t][REFERENCE_BATCH]["epochs"] * train_size
+                             / REFERENCE_BATCH, window)
+            for t in settings["targets"] if math.isfinite(truth[t][REFERENCE_BATCH]["epochs"])}
+    judged = [{t: judge(p, truth[float(t)], train_size, settings["held_out"], "train_seconds",
+                        noise_scale=phis[t]["noise_scale"]) for t in phis} for p in plans]
+    return {"trace_commit": recorded["provenance"]["commit"], "window_steps": window,
+            "phi": phis, "searches": [searched(p, j) for p, j in zip(plans, judged)]}
+
+
+def phi_near(trace: list[dict], step: float, window: int) -> dict[str, float]:
+    """phi at `step` of a traced run: |G|^2 and tr(Sigma) of the points within `window`
+    steps of it, each weighted by its pairs, then their ratio (single points of 32 pairs
+    scatter by a factor of several; their pooled sums do not)."""
+    from tula_ray.models.noise_scale import noise_scale
+
+    near = [p for p in trace if abs(p["step"] - step) <= window]
+    pairs = sum(p["pairs"] for p in near)
+    if not pairs:
+        raise ValueError(f"the trace has no point within {window} steps of step {step:.0f}")
+    grad_sqr = sum(p["grad_sqr"] * p["pairs"] for p in near) / pairs
+    grad_var = sum(p["grad_var"] * p["pairs"] for p in near) / pairs
+    return {"step": step, "noise_scale": noise_scale(grad_sqr, grad_var),
+            "points": len(near), "pairs": pairs}
 
 
 def searched(plan, judged: dict[str, dict]) -> dict[str, Any]:

@@ -84,24 +84,44 @@ def report(result: dict) -> str:
                          "phi that fits the measured epochs best: "
                          f"{_fmt(judged['fitted_noise_scale'], '.4g')}")
         lines.append("")
-    lines += _searches_report(result)
+    lines += _searches_report(result["searches"], list(result["targets"]), (
+        f"Every search ({len(result['searches'])}, each a new `tula_ray.search` of the same "
+        "workload) against the same ground truth, on `train`'s clock:\n"))
+    lines += _at_target_report(result)
     return "\n".join(lines) + "\n"
 
 
-def _searches_report(result: dict) -> list[str]:
+def _at_target_report(result: dict) -> list[str]:
+    """The same searches' plans re-made with phi at each target (`noise_scale=`)."""
+    at = result.get("at_target")
+    if not at:
+        return ["The plans with phi at the target: not made (no trace of the reference run "
+                "in noise_evolution.json).\n"]
+    phis = ", ".join(f"{float(t):.0%}: phi = {_fmt(p['noise_scale'], '.4g')} at step "
+                     f"{p['step']:.0f} ({p['points']} points, {p['pairs']} pairs)"
+                     for t, p in at["phi"].items())
+    intro = ("The same searches' plans re-made with phi at each target (`noise_scale=`, "
+             "`tula-ray replay plan.json --noise-scale`): the phi of the reference run where "
+             "it reaches the target, from `noise-evolution`'s trace of that run (the CNN on "
+             f"the same subset at B = 32, plain SGD, seed 0; at {at['trace_commit']}), its "
+             f"pairs pooled over the points within {at['window_steps']} steps (half an "
+             "epoch) of the target's step S0 = E0 x subset / 32. No constant is fitted: "
+             f"{phis}. Epochs, choices and regrets as above, on `train`'s clock:\n")
+    return _searches_report(at["searches"], list(result["targets"]), intro, profiled=False)
+
+
+def _searches_report(searches: list[dict], targets: list[str], intro: str,
+                     profiled: bool = True) -> list[str]:
     """Each search's plan against the same ground truth: how much of the above is one
     search's luck (its profiled steps and noise scale)."""
-    searches = result["searches"]
-    targets = list(result["targets"])
-    lines = [f"Every search ({len(searches)}, each a new `tula_ray.search` of the same "
-             "workload) against the same ground truth, on `train`'s clock:\n"]
-    header = ["search", "phi", "profiling wall s"]
+    lines = [intro]
+    header = ["search", "phi", "profiling wall s"] if profiled else ["search"]
     for target in targets:
         header += [f"{float(target):.0%}: B, regret", "log error", "Spearman"]
     body = []
     for index, found in enumerate(searches):
         row = [index, _fmt(found["noise_scale"], ".4g"),
-               _fmt(found["profiling_wall_s"] or math.nan, ".3g")]
+               _fmt(found["profiling_wall_s"] or math.nan, ".3g")] if profiled else [index]
         for target in targets:
             mine = found["targets"].get(target)
             row += ([f"{mine['global_batch']}, {_regret(mine['regret'])}",

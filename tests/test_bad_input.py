@@ -93,6 +93,8 @@ BAD_SEARCH = {
         "ags", "ags-ns", "lbt", "lrs", "lars", "polo")), st.sampled_from([5, ["ags"]])),
     "training_options": st.sampled_from(["fast", 5, ["delta"], {"no_such_option": 1}]),
     "runtime_env": RUNTIME_ENVS,
+    "noise_scale": st.one_of(st.floats(max_value=0.0), st.sampled_from(
+        [float("nan"), float("inf"), "300", [300], {"phi": 1}, 1.5j])),
 }
 
 
@@ -232,6 +234,7 @@ def _valid(argument: str, value) -> bool:
             "ags", "ags-ns", "lbt", "lrs", "lars", "polo"),
         "training_options": lambda v: v is None or v == {},
         "runtime_env": lambda v: v is None or v == {},
+        "noise_scale": lambda v: v is None or (_number(v) and 0 < v < math.inf),
     }
     return bool(checks[argument](value))
 

@@ -28,6 +28,18 @@ def test_replay_of_a_saved_plan_refits_its_profiles(tmp_path, capsys):
     assert again.choice.objective == "time"
 
 
+def test_replay_of_a_saved_plan_for_another_target(tmp_path):
+    """A re-plan for a target the user measured phi at (--noise-scale) and reached in other
+    epochs at the reference batch (--epochs): neither is dropped for a plan.json."""
+    main(["replay", "--synthetic", "--out", str(tmp_path / "first")])
+    assert main(["replay", str(tmp_path / "first" / "plan.json"), "--epochs", "7",
+                 "--noise-scale", "250", "--objective", "time_to_accuracy",
+                 "--out", str(tmp_path / "again")]) == 0
+    again = Plan.from_json(tmp_path / "again" / "plan.json")
+    assert again.epochs == 7 and again.meta["noise"]["given"] == 250.0
+    assert set(again.table["noise_scale"]) == {250.0}
+
+
 def test_replay_of_a_csv(tmp_path):
     main(["replay", "--synthetic", "--out", str(tmp_path)])
     Plan.from_json(tmp_path / "plan.json").profiles.to_csv(tmp_path / "profiles.csv", index=False)

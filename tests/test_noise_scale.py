@@ -107,3 +107,43 @@ def test_two_ddp_workers_measure_it_from_their_own_and_the_reduced_gradient(tmp_
     grad_sqr, grad_var = first["estimate"]
     assert grad_sqr == pytest.approx(DIM, rel=0.05)
     assert grad_var == pytest.approx(TRUE_VAR, rel=0.15)
+
+
+def _mean_workload(samples: int = 4096):
+    """A user's Workload for the mean estimation problem: |G|^2 = DIM, tr(Sigma) = TRUE_VAR
+    at the fresh weights, so phi = TRUE_VAR / DIM = SIGMA^2."""
+    from torch.utils.data import TensorDataset
+
+    from tula_ray import Workload
+
+    inputs = SIGMA * torch.randn(samples, DIM, generator=torch.Generator().manual_seed(3))
+    return Workload(name="mean-estimation", model_fn=Mean,
+                    train_dataset_fn=lambda: TensorDataset(inputs, torch.zeros(samples)),
+                    loss_fn=lambda: _half_squared)
+
+
+def test_measure_noise_scale_finds_a_users_models_known_phi_at_its_weights():
+    """`tula_ray.measure_noise_scale` at the fresh weights (|w - mu|^2 = DIM) and at weights
+    moved halfway to the mean (a quarter of the signal, phi four times larger), given as a
+    state_dict; the model's weights and mode are left as they were."""
+    import tula_ray
+
+    workload = _mean_workload()
+    fresh = tula_ray.measure_noise_scale(workload, pairs=200, batch=64)
+    assert fresh == pytest.approx(SIGMA ** 2, rel=0.2)
+    model = Mean().eval()
+    trained = {"w": torch.full((DIM,), 0.5)}
+    moved = tula_ray.measure_noise_scale(workload, model, state_dict=trained, pairs=200,
+                                         batch=64)
+    assert moved == pytest.approx(4 * SIGMA ** 2, rel=0.2)
+    assert torch.equal(model.w.detach(), trained["w"]) and not model.training
+
+
+@pytest.mark.parametrize("kwargs, message", [({"pairs": 0}, "pairs=0"),
+                                             ({"batch": 1}, "batch=1"),
+                                             ({"batch": 8192}, "batch=8192 exceeds")])
+def test_measure_noise_scale_refuses_bad_arguments_by_name(kwargs, message):
+    import tula_ray
+
+    with pytest.raises(ValueError, match=message):
+        tula_ray.measure_noise_scale(_mean_workload(), **kwargs)

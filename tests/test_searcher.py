@@ -290,8 +290,9 @@ def test_adaptive_search_never_chases_what_the_training_strategy_refuses():
 
 
 def test_search_gives_the_adaptive_search_the_training_strategys_limits():
-    """What the final plan is built with (refused candidates, plain SGD steps) reaches the
-    adaptive search's own plans, as JSON (its state is saved as such)."""
+    """What the final plan is built with (refused candidates, plain SGD steps, the user's
+    noise scale) reaches the adaptive search's own plans, as JSON (its state is saved as
+    such)."""
     from types import SimpleNamespace
 
     from tula_ray.models.pricing import parse_pricing
@@ -301,7 +302,7 @@ def test_search_gives_the_adaptive_search_the_training_strategys_limits():
     request = SimpleNamespace(
         strategy="adaptive", strategy_options={}, objective="time_to_accuracy", epochs=2,
         workload=SimpleNamespace(dataset_size=8192), pricing=parse_pricing("fixed"),
-        weight_time=0.5, collective="ring", reference_batch=64,
+        weight_time=0.5, collective="ring", reference_batch=64, noise_scale=250.0,
         training_strategy="ags", training_options={"small_batch": 64})
     probe = SimpleNamespace(params=SimpleNamespace(to_dict=dict), max_local_batch=256)
     options = _strategy_options(request, space, probe, workers_per_node=None)
@@ -311,3 +312,4 @@ def test_search_gives_the_adaptive_search_the_training_strategys_limits():
     strategy = make_search_strategy("adaptive", options)
     assert set(strategy.context["untrainable"]) == {(2, 128)}
     assert strategy.context["plain_steps"] == {(1, 32), (1, 64), (2, 32), (2, 64)}
+    assert strategy.context["noise_scale"] == 250.0  # the user's phi plans its rounds too

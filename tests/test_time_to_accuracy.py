@@ -139,6 +139,35 @@ def test_the_plan_round_trips_its_time_to_accuracy(tmp_path):
     assert "time_to_accuracy_s" in text and "gradient noise scale phi = 100" in text
 
 
+def test_a_given_noise_scale_replaces_the_profiles_and_both_are_kept(tmp_path):
+    """phi measured at the target (`noise_scale=`) sets every candidate's efficiency; the
+    profiles' phi (100) stays recorded beside it, through the plan's JSON."""
+    plan = make_plan(objective="time_to_accuracy", noise_scale=300.0)
+    batches = plan.table["global_batch"].to_numpy(float)
+    assert np.allclose(plan.table["efficiency"], (300.0 + 32) / (300.0 + batches))
+    assert np.allclose(plan.table["epochs_to_target"], EPOCHS * (300.0 + batches) / 332.0)
+    again = Plan.from_json(plan.to_json(tmp_path / "plan.json"))
+    noise = ProfiledNoise.from_dict(again.meta["noise"])
+    assert noise.noise_scale == 300.0 and noise.measured_noise_scale == pytest.approx(100.0)
+    assert "phi = 300, given" in again.summary() and "measured 100" in again.summary()
+    # a larger phi at the target: large batches cost fewer extra epochs, so the choice
+    # moves to a batch at least as large as with the profiles' phi
+    profiled = make_plan(objective="time_to_accuracy")
+    assert plan.choice.global_batch >= profiled.choice.global_batch
+
+
+def test_a_plan_written_before_the_given_noise_scale_still_loads():
+    old = {"grad_sqr": 1.0, "grad_var": 100.0, "steps": 4, "rows": 14, "calibration": 1.0}
+    noise = ProfiledNoise.from_dict(old)
+    assert math.isnan(noise.given) and noise.noise_scale == pytest.approx(100.0)
+
+
+@pytest.mark.parametrize("bad", [0.0, -5.0, float("nan"), float("inf"), "300"])
+def test_a_bad_noise_scale_is_refused_by_name(bad):
+    with pytest.raises((TypeError, ValueError), match="noise_scale"):
+        make_plan(noise_scale=bad)
+
+
 def test_a_bad_reference_batch_is_refused_by_name():
     with pytest.raises((TypeError, ValueError), match="reference_batch"):
         make_plan(reference_batch=0)

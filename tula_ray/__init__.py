@@ -35,6 +35,7 @@ _LAZY = {  # public name -> module that defines it (ray, or torch: heavy to impo
     "tune_training": "tula_ray.runs.tune_training",
     "TuneResult": "tula_ray.runs.tune_training",
     "TulaOptimizer": "tula_ray.ags",
+    "measure_noise_scale": "tula_ray.training.gradient_noise",
     "Workload": "tula_ray.workloads",
     "register_workload": "tula_ray.workloads",
     "register_training_strategy": "tula_ray.training.strategies",

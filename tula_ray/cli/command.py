@@ -25,9 +25,10 @@ from typing import Any
 
 from tula_ray.cli.commands import run_demo, run_replay, run_search_file, run_train, run_tune
 from tula_ray.cli.extensions import import_extensions
-from tula_ray.cli.options import (METRICS_FILE, STRATEGY_DEFAULT, TUNED_FILE, add_address_option,
-                                  add_import_option, add_job_options, add_plan_options,
-                                  add_train_options, storage_location)
+from tula_ray.cli.options import (METRICS_FILE, REPLAY_DATASET_SIZE_DEFAULT,
+                                  REPLAY_EPOCHS_DEFAULT, STRATEGY_DEFAULT, TUNED_FILE,
+                                  add_address_option, add_import_option, add_job_options,
+                                  add_plan_options, add_train_options, storage_location)
 from tula_ray.failures import UserCodeError
 
 
@@ -70,8 +71,12 @@ def build_parser() -> argparse.ArgumentParser:
     replay.add_argument("--synthetic", action="store_true",
                         help="generate profiles from a known model (+-5%% noise) instead")
     replay.add_argument("--seed", type=int, default=0)
-    replay.add_argument("--epochs", type=int, default=20)
-    replay.add_argument("--dataset-size", type=int, default=60000)
+    replay.add_argument("--epochs", type=int, default=None,
+                        help="E of eq. 4a, the epochs at --reference-batch (default: a "
+                             "plan.json's own, else %d)" % REPLAY_EPOCHS_DEFAULT)
+    replay.add_argument("--dataset-size", type=int, default=None,
+                        help="samples per epoch (default: a plan.json's own, else %d)"
+                             % REPLAY_DATASET_SIZE_DEFAULT)
     add_plan_options(replay)
     replay.set_defaults(run=run_replay)
 

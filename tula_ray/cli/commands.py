@@ -10,7 +10,8 @@ from typing import Any, Iterator
 
 import pandas as pd
 
-from tula_ray.cli.options import METRICS_FILE, SHOWN_COLUMNS, TUNED_FILE
+from tula_ray.cli.options import (METRICS_FILE, REPLAY_DATASET_SIZE_DEFAULT,
+                                  REPLAY_EPOCHS_DEFAULT, SHOWN_COLUMNS, TUNED_FILE)
 from tula_ray.planning.plan import UNTRAINABLE, Plan, build_plan
 from tula_ray.space import SearchSpace
 
@@ -108,14 +109,16 @@ def run_replay(args: argparse.Namespace) -> None:
 
         space = SearchSpace.build((1, 2), min_batch=32, max_batch=2048)
         profiles = synthetic_profiles(space.candidates(), example_params(), seed=args.seed)
-        workload, epochs, dataset_size = "synthetic", args.epochs, args.dataset_size
+        workload, epochs, dataset_size = "synthetic", *_replay_sizes(args)
     elif args.profiles is None:
         raise SystemExit("replay needs PROFILES (a CSV of profile rows or a plan.json) "
                          "or --synthetic")
     elif args.profiles.suffix == ".json":
         old = Plan.from_json(args.profiles)
         profiles, workload = old.profiles, old.workload
-        epochs, dataset_size = old.epochs, old.dataset_size
+        # a re-plan for other epochs (E0 of another target) keeps the profiles
+        epochs = old.epochs if args.epochs is None else args.epochs
+        dataset_size = old.dataset_size if args.dataset_size is None else args.dataset_size
         for key in ("training_strategy", "training_options"):
             meta[key] = old.meta.get(key)
         workers_per_node = old.meta.get("workers_per_node")  # the cluster it was profiled on
@@ -130,14 +133,20 @@ def run_replay(args: argparse.Namespace) -> None:
             plain = set(zip(rows["num_workers"].astype(int), rows["global_batch"].astype(int)))
     else:
         profiles = pd.read_csv(args.profiles, keep_default_na=False, na_values=[""])
-        workload, epochs, dataset_size = args.profiles.stem, args.epochs, args.dataset_size
+        workload, (epochs, dataset_size) = args.profiles.stem, _replay_sizes(args)
         space = SearchSpace.of_pairs(profiles["num_workers"], profiles["global_batch"])
     plan = build_plan(space, profiles, epochs=epochs, dataset_size=dataset_size,
                       strategy=args.search_strategy, objective=args.objective,
                       pricing=args.pricing, reference_batch=args.reference_batch,
-                      workload=workload, meta=meta, untrainable=untrainable,
+                      noise_scale=args.noise_scale, workload=workload, meta=meta, untrainable=untrainable,
                       plain_steps=plain, workers_per_node=workers_per_node)
     write_plan(plan, args.out)
+
+
+def _replay_sizes(args: argparse.Namespace) -> tuple[int, int]:
+    """(epochs, dataset_size) for profiles that carry neither: the user's, else defaults."""
+    return (REPLAY_EPOCHS_DEFAULT if args.epochs is None else args.epochs,
+            REPLAY_DATASET_SIZE_DEFAULT if args.dataset_size is None else args.dataset_size)
 
 
 def run_demo(args: argparse.Namespace) -> None:
@@ -155,7 +164,7 @@ def run_demo(args: argparse.Namespace) -> None:
                       pricing=args.pricing, address=args.address,
                       storage_path=args.storage_path, training_strategy=args.strategy,
                       runtime_env=args.runtime_env, precision=args.precision,
-                      reference_batch=args.reference_batch)
+                      reference_batch=args.reference_batch, noise_scale=args.noise_scale)
         write_plan(plan, args.out)
         meta = plan.meta
         print(f"memory probe {meta['probe_wall_s']:.0f} s, profiling "

@@ -17,6 +17,9 @@ METRICS_FILE = "train_metrics.csv"
 # import torch at start-up (tests/test_cli.py holds the two equal).
 STRATEGY_DEFAULT = "ags-ns"
 TUNED_FILE = "tuned.json"  # `tula-ray tune`'s best configuration: `tula-ray train --config`
+# `tula-ray replay` of profiles that carry no epochs or dataset size (a CSV, --synthetic).
+REPLAY_EPOCHS_DEFAULT = 20
+REPLAY_DATASET_SIZE_DEFAULT = 60_000
 SHOWN_COLUMNS = ("epoch", "resumed_from", "train_loss", "train_accuracy", "test_loss",
                  "test_accuracy", "lr", "seconds", "scaled_fraction", "progress")
 
@@ -36,6 +39,11 @@ def add_plan_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--reference-batch", type=int, default=REFERENCE_BATCH_DEFAULT,
                         help="M0: the global batch at which the plan's epochs reach the "
                              "target accuracy (default %(default)s)")
+    parser.add_argument("--noise-scale", type=float, default=None,
+                        help="the gradient noise scale at the target accuracy, if you "
+                             "measured it on a model trained to it "
+                             "(tula_ray.measure_noise_scale); default: the profiles' "
+                             "(a barely trained model's)")
     parser.add_argument("--pricing", default="fixed",
                         help="fixed[:USD_PER_NODE_HOUR] or memory[:USD_PER_GB_HOUR]")
     parser.add_argument("--out", type=Path, default=Path("plan"),

@@ -7,7 +7,13 @@ an epoch budget E0 at M0 becomes E0 / E(B) at B, E(B) = (phi + M0) / (phi + B)
 (`tula_ray.models.noise_scale.efficiency`), phi the gradient noise scale. Every profile
 row measured |G|^2 and tr(Sigma) on the barely trained model (`profiled_noise`); the
 plan may scale the pooled phi by a calibration (`NOISE_CALIBRATION_DEFAULT`, 1: none)
-toward the phi that governs a run.
+toward the phi that governs a run. phi grows as a model trains, and the trade-off to a
+target is the one at that target (McCandlish et al.: the critical batch at a loss is the
+noise scale measured there): a user who measured phi at the target (on a model trained
+to it: `tula_ray.measure_noise_scale`) gives it as `noise_scale`, which the plan then
+uses instead of the profiles' (BENCHMARKS.md, time to accuracy: with the phi of the
+reference run where it reaches each target, the epochs to every target were within
+|log| 0.05-0.14 of the measured).
 
 Core: no Ray.
 """
@@ -20,6 +26,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import pandas as pd
 
+from tula_ray.arguments import check_number
 from tula_ray.models.noise_scale import efficiency, noise_scale
 from tula_ray.models.pricing import Pricing
 from tula_ray.profile_table import usable
@@ -46,6 +53,7 @@ class ProfiledNoise:
     steps: int
     rows: int
     calibration: float
+    given: float = math.nan  # the user's phi at the target (`noise_scale=`); nan: none
 
     @property
     def measured_noise_scale(self) -> float:
@@ -56,6 +64,9 @@ class ProfiledNoise:
 
     @property
     def noise_scale(self) -> float:
+        """The phi the plan uses: the given one, else the calibrated measurement."""
+        if not math.isnan(self.given):
+            return self.given
         return self.calibration * self.measured_noise_scale
 
     def to_dict(self) -> dict:
@@ -67,10 +78,19 @@ class ProfiledNoise:
 
     @classmethod
     def from_dict(cls, data: dict) -> "ProfiledNoise":
-        return cls(*(math.nan if data[k] is None else data[k]
-                     for k in ("grad_sqr", "grad_var", "steps", "rows", "calibration")))
+        fields = ("grad_sqr", "grad_var", "steps", "rows", "calibration", "given")
+        # .get: plans written before `given` existed carry no such key
+        return cls(*(math.nan if data.get(k) is None else data[k] for k in fields))
 
     def describe(self, reference_batch: int) -> str:
+        rule = (f"epochs to target = epochs at M0={reference_batch} / E(B), "
+                "E(B) = (phi + M0) / (phi + B)")
+        if not math.isnan(self.given):
+            measured = ("none measured by these profiles" if self.steps == 0 else
+                        f"the profiles measured {self.measured_noise_scale:.4g} over "
+                        f"{self.steps} steps of {self.rows} profiles")
+            return (f"gradient noise scale phi = {self.given:.4g}, given (the noise scale "
+                    f"at the target accuracy; {measured}); {rule}")
         if self.steps == 0:
             return ("gradient noise: not measured by these profiles; to-accuracy figures "
                     "count the workload's epochs at every batch")
@@ -79,17 +99,21 @@ class ProfiledNoise:
             if math.isinf(phi) else f"{phi:.4g}"
         return (f"gradient noise scale phi = {shown}: {self.calibration:g} x the "
                 f"{self.measured_noise_scale:.4g} measured over {self.steps} steps of "
-                f"{self.rows} profiles; epochs to target = epochs at M0={reference_batch} / "
-                "E(B), E(B) = (phi + M0) / (phi + B)")
+                f"{self.rows} profiles; {rule}")
 
 
 def profiled_noise(profiles: pd.DataFrame,
-                   calibration: float = NOISE_CALIBRATION_DEFAULT) -> ProfiledNoise:
+                   calibration: float = NOISE_CALIBRATION_DEFAULT,
+                   noise_scale: float | None = None) -> ProfiledNoise:
     """|G|^2 and tr(Sigma) pooled over the usable rows, each weighted by its steps: every
     row's pair is an unbiased estimate of the same two quantities of one (barely moved)
-    model, whatever its N and B, so their weighted mean is the pooled estimate."""
+    model, whatever its N and B, so their weighted mean is the pooled estimate.
+    noise_scale: phi at the target accuracy, measured by the user; the plan uses it
+    instead (the profiles' is kept beside it)."""
     if not calibration > 0:
         raise ValueError(f"noise_calibration={calibration!r}; it must be a positive number")
+    given = check_noise_scale(noise_scale)
+    given = math.nan if given is None else given
     rows = usable(profiles)
     if "grad_sqr" in rows:
         rows = rows.dropna(subset=["grad_sqr", "grad_var", "noise_steps"])
@@ -97,11 +121,19 @@ def profiled_noise(profiles: pd.DataFrame,
     else:
         rows = rows.iloc[0:0]
     if rows.empty:
-        return ProfiledNoise(math.nan, math.nan, 0, 0, calibration)
+        return ProfiledNoise(math.nan, math.nan, 0, 0, calibration, given)
     weight = rows["noise_steps"].to_numpy(float)
     return ProfiledNoise(float(np.average(rows["grad_sqr"], weights=weight)),
                          float(np.average(rows["grad_var"], weights=weight)),
-                         int(weight.sum()), len(rows), calibration)
+                         int(weight.sum()), len(rows), calibration, given)
+
+
+def check_noise_scale(value: object) -> float | None:
+    """A user's phi: a positive finite number (samples), or None (the profiles' phi)."""
+    return check_number("noise_scale", value, low=0.0, low_open=True, high=math.inf,
+                        high_open=True, optional=True,
+                        hint="the gradient noise scale at the target accuracy, in samples "
+                             "(tula_ray.measure_noise_scale), or None to use the profiles'")
 
 
 def epochs_to_target(epochs: float, phi: float, global_batch: np.ndarray,

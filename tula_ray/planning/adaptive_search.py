@@ -59,6 +59,7 @@ class AdaptiveSearch:
                  pricing: Any = "fixed", weight_time: float = 0.5, collective: str = "ring",
                  memory: dict | None = None, max_local_batch: int | None = None,
                  reference_batch: int = REFERENCE_BATCH_DEFAULT,
+                 noise_scale: float | None = None,
                  workers_per_node: int | None = None, middle: bool = True,
                  untrainable: Sequence[Sequence] = (),
                  plain_steps: Sequence[Sequence[int]] = ()) -> None:
@@ -70,7 +71,7 @@ class AdaptiveSearch:
         self.context = dict(objective=objective, epochs=epochs, dataset_size=dataset_size,
                             pricing=pricing, weight_time=weight_time, collective=collective,
                             max_local_batch=max_local_batch, reference_batch=reference_batch,
-                            workers_per_node=workers_per_node,
+                            noise_scale=noise_scale, workers_per_node=workers_per_node,
                             # what the final plan knows of the training strategy, so that
                             # a round never chases a choice that plan could not make
                             untrainable={(int(n), int(b)): str(why)

@@ -245,6 +245,7 @@ def build_plan(
     reference_batch: int = REFERENCE_BATCH_DEFAULT,
     noise_calibration: float = NOISE_CALIBRATION_DEFAULT,
     workers_per_node: int | None = None,
+    noise_scale: float | None = None,
 ) -> Plan:
     """Fit, predict every candidate of `space`, apply constraints, choose (DESIGN step 4).
 
@@ -259,6 +260,10 @@ def build_plan(
     reference_batch: M0, the batch at which `epochs` reach the target accuracy; each
       candidate's epochs to that accuracy scale with the profiled gradient noise
       (`tula_ray.planning.accuracy`), times `noise_calibration`.
+    noise_scale: the gradient noise scale phi at the target accuracy, if you measured it
+      (`tula_ray.measure_noise_scale` on a model trained to the target): used instead of
+      the profiles' phi, which is measured on a barely trained model and so fits targets
+      reached early in training; None: the profiles'.
     workers_per_node: G, the workers one node of the cluster holds: N > G spans nodes,
       and its sync has a network level (`tula_ray.models.sync_levels`); partial search's
       corners include the largest N <= G. None: one node holds every N.
@@ -316,7 +321,7 @@ def build_plan(
                           for n, b in zip(table["num_workers"], table["global_batch"])]
 
     estimates = add_estimates(table, pricing)
-    noise = profiled_noise(profiles, noise_calibration)
+    noise = profiled_noise(profiles, noise_calibration, noise_scale)
     add_time_to_accuracy(estimates, noise, reference_batch, epochs, pricing,
                          peak_column="estimated_peak_mem_bytes")
     for column in ACCURACY_COLUMNS:

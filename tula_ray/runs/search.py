@@ -73,6 +73,7 @@ def search(
     runtime_env: dict[str, Any] | None = None,
     precision: str | None = None,
     reference_batch: int = REFERENCE_BATCH_DEFAULT,
+    noise_scale: float | None = None,
 ) -> Plan:
     """Profile candidates on Ray, fit the models, and return the Plan with the choice.
 
@@ -87,7 +88,10 @@ def search(
     objective, weight_time, pricing: see tula_ray.planning.policy.choose and tula_ray.models.pricing.
       "time_to_accuracy", "cost_to_accuracy" and "knee_to_accuracy" rank each candidate
       by the epochs it needs to reach what `epochs` reach at `reference_batch` (M0),
-      from the gradient noise every profile row measures (tula_ray.planning.accuracy).
+      from the gradient noise every profile row measures (tula_ray.planning.accuracy),
+      or from `noise_scale`: phi at the target accuracy, if you measured it on a model
+      trained to it (`tula_ray.measure_noise_scale`); the profiles' phi is a barely
+      trained model's, and phi grows as a model trains.
     device_memory_gb: memory of one device; GPUs report theirs, on CPU this is the
       share of RAM a worker may use (default 25 % of the node's RAM).
     storage_path, name: where Ray Tune keeps the experiment (default ~/ray_results).
@@ -142,7 +146,8 @@ def search(
         named_arguments(parse_pricing, "pricing")(pricing), weight_time,
         device_memory_gb, headroom, collective, warmup_steps, measure_steps, storage_path, name,
         resolved.epochs if epochs is None else epochs, measure_seconds, provision_timeout_s,
-        training_strategy, dict(training_options or {}), reference_batch=reference_batch)
+        training_strategy, dict(training_options or {}), reference_batch=reference_batch,
+        noise_scale=noise_scale)
     check_request(request)
     resources = check_worker_request(resources_per_worker, provision_timeout_s)
     with cluster_for_run(request.cluster_sizes[-1], resources, address=address,
@@ -192,7 +197,8 @@ def search(
             memory=probe.params, max_local_batch=probe.max_local_batch,
             weight_time=request.weight_time, collective=request.collective,
             workload=workload.name, meta=meta, untrainable=untrainable, plain_steps=plain,
-            reference_batch=request.reference_batch, workers_per_node=workers.workers_per_node)
+            reference_batch=request.reference_batch, noise_scale=request.noise_scale,
+            workers_per_node=workers.workers_per_node)
 
 
 def _checked(request: SearchRequest, workload: Workload) -> SearchRequest:
@@ -279,7 +285,7 @@ def _strategy_options(request: SearchRequest, space: SearchSpace, probe: MemoryP
         pricing=pricing_to_dict(request.pricing), weight_time=request.weight_time,
         collective=request.collective, memory=probe.params.to_dict(),
         max_local_batch=probe.max_local_batch, reference_batch=request.reference_batch,
-        untrainable=[[n, b, why] for (n, b), why in sorted(untrainable.items())],
+        noise_scale=request.noise_scale, untrainable=[[n, b, why] for (n, b), why in sorted(untrainable.items())],
         plain_steps=[[n, b] for n, b in sorted(plain)])
 
 

@@ -15,7 +15,7 @@ from tula_ray.arguments import (check_bool, check_choice, check_int, check_mappi
 from tula_ray.cluster import check_runtime_env, check_worker_request
 from tula_ray.models.perf import COLLECTIVES
 from tula_ray.models.pricing import Pricing
-from tula_ray.planning.accuracy import REFERENCE_BATCH_DEFAULT
+from tula_ray.planning.accuracy import REFERENCE_BATCH_DEFAULT, check_noise_scale
 from tula_ray.planning.policy import OBJECTIVES
 from tula_ray.planning.search_strategies import SEARCH_STRATEGIES, make_search_strategy
 from tula_ray.space import check_positive_ints
@@ -49,6 +49,7 @@ def check_search_arguments(a: dict[str, Any]) -> None:
     check_int("measure_steps", a["measure_steps"], minimum=1)
     check_int("epochs", a["epochs"], minimum=1, optional=True)
     check_int("reference_batch", a["reference_batch"], minimum=1)
+    check_noise_scale(a["noise_scale"])
     check_mapping("workload_options", a["workload_options"])
     check_mapping("training_options", a["training_options"])
     for label in ("storage_path", "name", "address"):
@@ -109,6 +110,7 @@ class SearchRequest:
     training_strategy: str | TrainingStrategy | None
     training_options: dict[str, Any]
     reference_batch: int = REFERENCE_BATCH_DEFAULT  # M0 of the plan's time to accuracy
+    noise_scale: float | None = None  # the user's phi at the target; None: the profiles'
 
     @property
     def training_strategy_name(self) -> str | None:
