@@ -51,7 +51,11 @@ def report(result: dict) -> str:
             f"{d['train_timed']['epochs']} epochs of the {s['train_subset']}-image subset "
             f"at N = {d['world_size']} per run, {d['train_timed']['repeats']} runs per B, "
             "interleaved, epochs after the first") +
-        ". `loop s` is the same on the Ray-free loop's own clock, beside it.\n")
+        ". `loop s` is the same on the Ray-free loop's own clock, beside it. A run of the "
+        "benchmark reads back what earlier runs recorded (the training runs, `train`'s "
+        "timings, the searches' plans) and trains or searches only what is missing: the "
+        "commit above made this report, and `git log benchmarks/results/"
+        "time_to_accuracy.runs.jsonl` says when its runs were recorded.\n")
     for target, judged in result["targets"].items():
         loop = result["loop_targets"][target]
         lines.append(f"Target validation accuracy {float(target):.0%}: E0 = "
