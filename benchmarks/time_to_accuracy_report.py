@@ -108,10 +108,27 @@ def _at_target_report(result: dict) -> list[str]:
              "`tula-ray replay plan.json --noise-scale`): the phi of the reference run where "
              "it reaches the target, from `noise-evolution`'s trace of that run (the CNN on "
              f"the same subset at B = 32, plain SGD, seed 0; at {at['trace_commit']}), its "
-             f"pairs pooled over the points within {at['window_steps']} steps (half an "
-             "epoch) of the target's step S0 = E0 x subset / 32. No constant is fitted: "
-             f"{phis}. Epochs, choices and regrets as above, on `train`'s clock:\n")
-    return _searches_report(at["searches"], list(result["targets"]), intro, profiled=False)
+             f"pairs pooled over the points within {at['window_steps']} steps "
+             f"({at['window_epochs']:g} epoch) of the target's step S0 = E0 x subset / 32. "
+             f"No constant is fitted: {phis}. Epochs, choices and regrets as above, on "
+             "`train`'s clock:\n")
+    lines = _searches_report(at["searches"], list(result["targets"]), intro, profiled=False)
+    others = [w for w in result.get("at_target_windows", []) if w]
+    if others:
+        lines.append("The window's width was chosen with this ground truth in view; the "
+                     "widths it was chosen among:\n")
+        for other in others:
+            per_target = "; ".join(
+                f"{float(t):.0%}: phi {_fmt(other['phi'][t]['noise_scale'], '.4g')}, B "
+                + ", ".join(str(s["targets"][t]["global_batch"]) for s in other["searches"])
+                + ", regret " + ", ".join(_regret(s["targets"][t]["regret"])
+                                          for s in other["searches"])
+                + f", log error {_fmt(other['searches'][0]['targets'][t]['median_log_error'])}"
+                for t in other["phi"])
+            lines.append(f"- within {other['window_steps']} steps "
+                         f"({other['window_epochs']:g} epoch): {per_target}")
+        lines.append("")
+    return lines
 
 
 def _searches_report(searches: list[dict], targets: list[str], intro: str,

@@ -292,6 +292,22 @@ def test_time_to_accuracy_on_trains_clock():
     assert math.isnan(truth[64]["train_seconds"])
 
 
+def test_time_to_accuracy_pools_the_traced_phi_near_a_target():
+    """phi at a target's step: the |G|^2 and tr(Sigma) of the trace's points within the
+    window, weighted by their pairs, then their ratio (not a mean of the points' ratios)."""
+    from benchmarks.time_to_accuracy import phi_near
+
+    trace = [{"step": 100, "grad_sqr": 1.0, "grad_var": 100.0, "pairs": 32},
+             {"step": 200, "grad_sqr": 3.0, "grad_var": 100.0, "pairs": 32},
+             {"step": 290, "grad_sqr": 0.5, "grad_var": 200.0, "pairs": 64},
+             {"step": 900, "grad_sqr": 0.01, "grad_var": 500.0, "pairs": 32}]
+    near = phi_near(trace, 220.0, window=100)
+    assert (near["points"], near["pairs"]) == (2, 96)
+    assert near["noise_scale"] == pytest.approx((32 * 100 + 64 * 200) / (32 * 3.0 + 64 * 0.5))
+    with pytest.raises(ValueError, match="no point within 10 steps of step 500"):
+        phi_near(trace, 500.0, window=10)
+
+
 def test_profiling_wall_checks_out_an_earlier_commit_and_removes_it():
     from benchmarks.profiling_wall import REPO, checkout, commit_of
 
