@@ -34,9 +34,11 @@ search's profiled steps and noise scale vary from search to search). Per target:
 `time_to_accuracy` choice against the best measured time to accuracy, beside the regret
 of the fixed-epoch `time` and `knee` choices; predicted against measured epochs to
 target; the rank correlation (Spearman) of predicted and measured time to accuracy.
+Then the same, every search's plan re-made with phi measured at each target, as a user
+gives it (`noise_scale=`; `benchmarks.time_to_accuracy_at_target`).
 
 Resumable: the plan and every finished run are kept (time_to_accuracy.plan.json,
-time_to_accuracy.runs.jsonl, time_to_accuracy.train.jsonl). `--quick`: a 1024-image
+time_to_accuracy.runs.jsonl, time_to_accuracy.train.jsonl, time_to_accuracy.noise.jsonl). `--quick`: a 1024-image
 subset, B = 32 and 128, one seed, low targets, and a plan from synthetic profiles instead
 of a search (no Ray): `train` is not timed there, the loop's own steps stand in for it.
 """
@@ -54,6 +56,7 @@ from torch import nn
 
 from benchmarks.common import RESULTS_DIR, provenance, write_result
 from benchmarks.generalization_runs import recorded_runs
+from benchmarks.time_to_accuracy_at_target import at_target
 from benchmarks.time_to_accuracy_report import report
 
 NAME = "time_to_accuracy"
@@ -70,11 +73,6 @@ TEST_SIZE = 10_000  # Fashion-MNIST's test set: what the profile's evaluation pa
 # `tula_ray.train` per B for `train`'s clock: epochs per run (the first, with its warm-up,
 # left out) and runs per B, interleaved.
 TRAIN_TIMED = {"epochs": 3, "repeats": 2}
-# phi at a target: the trace's points within this many of the reference run's epochs of
-# the target's step, pooled (half an epoch: 4-5 points of 32 pairs); the report sets the
-# other widths it was chosen among beside it.
-WINDOW_EPOCHS = 0.5
-OTHER_WINDOWS = (0.25, 1.0)
 
 
 # --------------------------------------------------------------------------- ground truth
@@ -416,57 +414,11 @@ def run(quick: bool = False, seeds: int | None = None) -> dict:
               "loop_targets": {str(t): judge(plan, truth[t], train_size, held_out)
                                for t in settings["targets"]},
               "searches": [searched(p, j) for p, j in zip(plans, judged)],
-              "at_target": at_target(plans, truth, settings, quick),
-              # the window's width, chosen with this ground truth in view, beside others
-              "at_target_windows": [at_target(plans, truth, settings, quick, epochs)
-                                    for epochs in OTHER_WINDOWS]}
+              "at_target": at_target(plans, truth, settings, quick, judge, searched)}
     markdown = report(result)
     write_result(name, result, markdown)
     print(markdown)
     return result
-
-
-def at_target(plans: list, truth: dict, settings: dict, quick: bool,
-              window_epochs: float = WINDOW_EPOCHS) -> dict | None:
-    """Every search's plan re-made per target with phi at that target (`noise_scale=`):
-    the pooled phi of `noise-evolution`'s trace of the reference run within
-    `window_epochs` of the target's step; None without that trace (--quick, or
-    noise-evolution not run)."""
-    from benchmarks.noise_evolution import SUBSET_TRACE
-
-    path = RESULTS_DIR / "noise_evolution.json"
-    if quick or not path.exists():
-        return None
-    recorded = json.loads(path.read_text())
-    trace = recorded["traces"].get(SUBSET_TRACE)
-    if not trace:
-        return None
-    train_size = settings["train_subset"]
-    window = round(train_size // REFERENCE_BATCH * window_epochs)
-    phis = {str(t): phi_near(trace, truth[t][REFERENCE_BATCH]["epochs"] * train_size
-                             / REFERENCE_BATCH, window)
-            for t in settings["targets"] if math.isfinite(truth[t][REFERENCE_BATCH]["epochs"])}
-    judged = [{t: judge(p, truth[float(t)], train_size, settings["held_out"], "train_seconds",
-                        noise_scale=phis[t]["noise_scale"]) for t in phis} for p in plans]
-    return {"trace_commit": recorded["provenance"]["commit"], "window_steps": window,
-            "window_epochs": window_epochs,
-            "phi": phis, "searches": [searched(p, j) for p, j in zip(plans, judged)]}
-
-
-def phi_near(trace: list[dict], step: float, window: int) -> dict[str, float]:
-    """phi at `step` of a traced run: |G|^2 and tr(Sigma) of the points within `window`
-    steps of it, each weighted by its pairs, then their ratio (single points of 32 pairs
-    scatter by a factor of several; their pooled sums do not)."""
-    from tula_ray.models.noise_scale import noise_scale
-
-    near = [p for p in trace if abs(p["step"] - step) <= window]
-    pairs = sum(p["pairs"] for p in near)
-    if not pairs:
-        raise ValueError(f"the trace has no point within {window} steps of step {step:.0f}")
-    grad_sqr = sum(p["grad_sqr"] * p["pairs"] for p in near) / pairs
-    grad_var = sum(p["grad_var"] * p["pairs"] for p in near) / pairs
-    return {"step": step, "noise_scale": noise_scale(grad_sqr, grad_var),
-            "points": len(near), "pairs": pairs}
 
 
 def searched(plan, judged: dict[str, dict]) -> dict[str, Any]:

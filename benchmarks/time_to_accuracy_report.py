@@ -96,38 +96,27 @@ def report(result: dict) -> str:
 
 
 def _at_target_report(result: dict) -> list[str]:
-    """The same searches' plans re-made with phi at each target (`noise_scale=`)."""
-    at = result.get("at_target")
-    if not at:
-        return ["The plans with phi at the target: not made (no trace of the reference run "
-                "in noise_evolution.json).\n"]
+    """The same searches' plans re-made with phi measured at each target (`noise_scale=`)."""
+    at = result["at_target"]
     phis = ", ".join(f"{float(t):.0%}: phi = {_fmt(p['noise_scale'], '.4g')} at step "
-                     f"{p['step']:.0f} ({p['points']} points, {p['pairs']} pairs)"
+                     f"{p['step']:.0f} (seeds {', '.join(_fmt(x, '.4g') for x in p['seeds'])})"
                      for t, p in at["phi"].items())
-    intro = ("The same searches' plans re-made with phi at each target (`noise_scale=`, "
-             "`tula-ray replay plan.json --noise-scale`): the phi of the reference run where "
-             "it reaches the target, from `noise-evolution`'s trace of that run (the CNN on "
-             f"the same subset at B = 32, plain SGD, seed 0; at {at['trace_commit']}), its "
-             f"pairs pooled over the points within {at['window_steps']} steps "
-             f"({at['window_epochs']:g} epoch) of the target's step S0 = E0 x subset / 32. "
-             f"No constant is fitted: {phis}. Epochs, choices and regrets as above, on "
-             "`train`'s clock:\n")
+    pairs = "160 pairs, its default" if at["pairs"] == "default" else f"{at['pairs']} pairs"
+    intro = ("The same searches' plans re-made with phi at each target, as a user gives it "
+             "(`noise_scale=`; `tula-ray replay plan.json --noise-scale`): the reference "
+             "recipe (plain SGD at B = 32, which AGS-NS trains there; seed 0; one process) "
+             "trained to the target's step S0 = E0 x subset / 32, then "
+             f"`tula_ray.measure_noise_scale(workload, model)` ({pairs} of 256 samples) "
+             f"with 3 seeds of its pairs, their median. Nothing is fitted: {phis}. Epochs, "
+             "choices and regrets as above, on `train`'s clock:\n")
     lines = _searches_report(at["searches"], list(result["targets"]), intro, profiled=False)
-    others = [w for w in result.get("at_target_windows", []) if w]
-    if others:
-        lines.append("The window's width was chosen with this ground truth in view; the "
-                     "widths it was chosen among:\n")
-        for other in others:
-            per_target = "; ".join(
-                f"{float(t):.0%}: phi {_fmt(other['phi'][t]['noise_scale'], '.4g')}, B "
-                + ", ".join(str(s["targets"][t]["global_batch"]) for s in other["searches"])
-                + ", regret " + ", ".join(_regret(s["targets"][t]["regret"])
-                                          for s in other["searches"])
-                + f", log error {_fmt(other['searches'][0]['targets'][t]['median_log_error'])}"
-                for t in other["phi"])
-            lines.append(f"- within {other['window_steps']} steps "
-                         f"({other['window_epochs']:g} epoch): {per_target}")
-        lines.append("")
+    trace = at.get("trace")
+    if trace:
+        lines += ["Cross-check, not used above: `noise-evolution`'s trace of the same recipe "
+                  f"(at {trace['commit']}), its points within {trace['window_steps']} steps "
+                  "(half an epoch) of S0 pooled: " + ", ".join(
+                      f"{float(t):.0%}: phi = {_fmt(p['noise_scale'], '.4g')} ({p['points']} "
+                      f"points, {p['pairs']} pairs)" for t, p in trace["phi"].items()) + ".", ""]
     return lines
 
 

@@ -258,9 +258,18 @@ def test_time_to_accuracy_quick():
         assert set(result["loop_targets"][target]["choices"]) == set(judged["choices"])
         assert result["searches"][0]["targets"][target]["global_batch"] == \
             judged["choices"]["time_to_accuracy"]["global_batch"]
+    # phi measured at each target's step of the reference run re-makes the plan
+    at = result["at_target"]
+    assert set(at["phi"]) == set(result["targets"])
+    for target, phi in at["phi"].items():
+        assert len(phi["seeds"]) == 3 and phi["noise_scale"] > 0
+        assert phi["step"] == pytest.approx(result["targets"][target]["e0"] * 1024 / 32)
+    assert set(at["searches"][0]["targets"]) == set(result["targets"])
     markdown = (RESULTS_DIR / "time_to_accuracy_quick.md").read_text()
     assert len(_table_rows(markdown, "| B | predicted epochs |")) == 2  # the first target's
     assert len(_table_rows(markdown, "| search | phi |")) == 1  # one search in --quick
+    assert markdown.count("| search |") == 2  # and once more, re-made at the targets' phi
+    assert "tula_ray.measure_noise_scale(workload, model)" in markdown
 
 
 def test_time_to_accuracy_holds_out_images_it_never_trains_on():
@@ -295,7 +304,7 @@ def test_time_to_accuracy_on_trains_clock():
 def test_time_to_accuracy_pools_the_traced_phi_near_a_target():
     """phi at a target's step: the |G|^2 and tr(Sigma) of the trace's points within the
     window, weighted by their pairs, then their ratio (not a mean of the points' ratios)."""
-    from benchmarks.time_to_accuracy import phi_near
+    from benchmarks.time_to_accuracy_at_target import phi_near
 
     trace = [{"step": 100, "grad_sqr": 1.0, "grad_var": 100.0, "pairs": 32},
              {"step": 200, "grad_sqr": 3.0, "grad_var": 100.0, "pairs": 32},
