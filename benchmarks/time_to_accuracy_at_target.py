@@ -5,17 +5,20 @@ phi grows as a model trains, and the trade-off between steps and epochs to a tar
 the one at that target (McCandlish et al.), while a search's profiles measure a barely
 trained model. So, per target: the reference recipe (plain SGD at B = 32, which AGS-NS
 trains there; the workload's SGD; seed 0; one process, the same gradient as two workers'
-mean) is trained to the target's step S0 = E0 x subset / 32 (E0 the epochs the
-reference runs needed), and `tula_ray.measure_noise_scale(workload, model)` measures phi
-there, with `MEASURE_SEEDS` seeds of its pairs (their median). Nothing is fitted to the
-ground truth: E0 is the issue's, and the measurement has no free parameter.
+mean) is trained toward the target's step S0 = E0 x subset / 32 (E0 the epochs the
+reference runs needed), and `tula_ray.measure_noise_scale(workload, model, steps=W)`
+measures phi from W / 2 steps before S0, its pairs spread over W steps of a copy's
+continuation (W: one epoch of the subset; `MEASURE_SEEDS` seeds, their median): phi
+averaged over the iterates around S0. Beside it, phi of the single iterate at S0 (`steps`
+0), which moves a lot from iterate to iterate. E0 is the issue's; the window, one epoch,
+was chosen after the single iterate's phi missed (82, 86, 87 %: 90, 219, 161 at a26ac4d,
+where `noise-evolution`'s trace pooled within half an epoch gave 112, 120, 318).
 
-Beside it, a cross-check: `noise-evolution`'s trace of the same recipe, its points within
-half an epoch of S0 pooled (`phi_near`); not used for the choices.
+Beside them, a cross-check: `noise-evolution`'s trace of the same recipe, its points
+within half an epoch of S0 pooled (`phi_near`); not used for the choices.
 
-Resumable: each target's measurement is appended to time_to_accuracy.noise.jsonl; a run
-cut off before the last one trains the reference again from its start (its weights are
-not kept).
+Resumable: each measurement is appended to time_to_accuracy.noise.jsonl; a run cut off
+before the last one trains the reference again from its start (its weights are not kept).
 """
 
 from __future__ import annotations
@@ -32,16 +35,24 @@ MEASURE_SEEDS = (0, 1, 2)
 QUICK_PAIRS = 16  # --quick: a smoke test's pairs (the full run takes the default, 160)
 
 
-def measured_phis(settings: dict, steps: dict[str, float], quick: bool,
-                  log: Path) -> dict[str, dict[str, Any]]:
-    """{target: {"step", "noise_scale" (the median), "seeds"}}: phi measured at each
-    target's step of one reference run (trained once, in order of the steps), recorded
-    in `log`; a log holding every target is read back instead."""
-    records = {r["target"]: r for r in map(json.loads, log.read_text().splitlines())
-               if r} if log.exists() else {}
-    if set(steps) <= set(records):
-        return {t: records[t] for t in steps}
+def measured_phis(settings: dict, steps: dict[str, float], window: int, quick: bool,
+                  log: Path) -> dict[str, dict[str, dict[str, Any]]]:
+    """{"window" | "iterate": {target: {"step", "noise_scale" (the median), "seeds"}}}: phi
+    over `window` steps around each target's step and at that step alone, along one
+    reference run (trained once, in order of the steps), recorded in `log`; a log holding
+    every measurement is read back instead."""
+    events = sorted([(max(0.0, at - window / 2), "window", t) for t, at in steps.items()]
+                    + [(at, "iterate", t) for t, at in steps.items()])
+    records = [json.loads(line) for line in log.read_text().splitlines() if line.strip()] \
+        if log.exists() else []
+    found: dict[str, dict[str, dict[str, Any]]] = {"window": {}, "iterate": {}}
+    for record in records:
+        if "kind" in record:  # a record of the single iterate only (a26ac4d) is stale
+            found[record["kind"]][record["target"]] = record
+    if all(t in found[kind] for _, kind, t in events):
+        return found
     log.unlink(missing_ok=True)  # a part-way log: its weights are gone, start over
+    found = {"window": {}, "iterate": {}}
     import torch
 
     import tula_ray
@@ -55,22 +66,24 @@ def measured_phis(settings: dict, steps: dict[str, float], quick: bool,
     setup = StrategySetup("plain", workload.optimizer_fn(model.parameters()))
     loss_fn, dataset = workload.loss_fn(), workload.train_dataset_fn()
     options = {"pairs": QUICK_PAIRS} if quick else {}
-    found, step, epoch = {}, 0, 0
-    pending = sorted(steps.items(), key=lambda item: item[1])
-    while pending:
+    step, epoch = 0, 0
+    while events:
         batches = training_batches(dataset, REFERENCE_BATCH, "cpu", seed=0)
         batches.set_epoch(epoch)
         for inputs, targets in batches:
-            while pending and step >= pending[0][1]:
-                target, at = pending.pop(0)
-                phis = [tula_ray.measure_noise_scale(workload, model, seed=seed, **options)
+            while events and step >= events[0][0]:
+                _, kind, target = events.pop(0)
+                along = window if kind == "window" else 0
+                phis = [tula_ray.measure_noise_scale(workload, model, seed=seed, steps=along,
+                                                     train_batch=REFERENCE_BATCH, **options)
                         for seed in MEASURE_SEEDS]
-                found[target] = {"target": target, "step": at, "seeds": phis,
-                                 "noise_scale": statistics.median(phis),
-                                 "commit": provenance()["commit"]}
+                found[kind][target] = {"kind": kind, "target": target, "step": step,
+                                       "steps": along, "seeds": phis,
+                                       "noise_scale": statistics.median(phis),
+                                       "commit": provenance()["commit"]}
                 with log.open("a") as stream:
-                    stream.write(json.dumps(found[target]) + "\n")
-            if not pending:
+                    stream.write(json.dumps(found[kind][target]) + "\n")
+            if not events:
                 break
             setup.train_step(model, loss_fn, inputs, targets)
             step += 1
@@ -89,12 +102,21 @@ def at_target(plans: list, truth: dict, settings: dict, quick: bool, judge: Call
              for t in settings["targets"]
              if math.isfinite(truth[t][REFERENCE_BATCH]["epochs"])}
     log = RESULTS_DIR / f"{NAME}{'_quick' if quick else ''}.noise.jsonl"
-    phis = measured_phis(settings, steps, quick, log)
-    judged = [{t: judge(p, truth[float(t)], train_size, settings["held_out"], "train_seconds",
-                        noise_scale=phis[t]["noise_scale"]) for t in phis} for p in plans]
-    return {"phi": phis, "pairs": QUICK_PAIRS if quick else "default",
-            "searches": [searched(p, j) for p, j in zip(plans, judged)],
-            "trace": None if quick else traced(steps, train_size // REFERENCE_BATCH // 2)}
+    if quick:  # a smoke test starts afresh
+        log.unlink(missing_ok=True)
+    window = train_size // REFERENCE_BATCH  # one epoch of the reference run
+    phis = measured_phis(settings, steps, window, quick, log)
+
+    def with_phi(kind: str) -> list[dict[str, Any]]:
+        judged = [{t: judge(p, truth[float(t)], train_size, settings["held_out"],
+                            "train_seconds", noise_scale=phis[kind][t]["noise_scale"])
+                   for t in steps} for p in plans]
+        return [searched(p, j) for p, j in zip(plans, judged)]
+
+    return {"phi": phis["window"], "iterate_phi": phis["iterate"], "window_steps": window,
+            "pairs": QUICK_PAIRS if quick else "default",
+            "searches": with_phi("window"), "iterate_searches": with_phi("iterate"),
+            "trace": None if quick else traced(steps, window // 2)}
 
 
 def traced(steps: dict[str, float], window: int) -> dict[str, Any] | None:

@@ -95,26 +95,35 @@ def report(result: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _at_target_report(result: dict) -> list[str]:
-    """The same searches' plans re-made with phi measured at each target (`noise_scale=`)."""
-    at = result["at_target"]
-    phis = ", ".join(f"{float(t):.0%}: phi = {_fmt(p['noise_scale'], '.4g')} at step "
+def _phis(phis: dict[str, dict]) -> str:
+    return ", ".join(f"{float(t):.0%}: phi = {_fmt(p['noise_scale'], '.4g')} from step "
                      f"{p['step']:.0f} (seeds {', '.join(_fmt(x, '.4g') for x in p['seeds'])})"
-                     for t, p in at["phi"].items())
+                     for t, p in phis.items())
+
+
+def _at_target_report(result: dict) -> list[str]:
+    """The same searches' plans re-made with phi measured at each target (`noise_scale=`):
+    over a window of the reference run's iterates, then at its single iterate."""
+    at, targets = result["at_target"], list(result["targets"])
     pairs = "160 pairs, its default" if at["pairs"] == "default" else f"{at['pairs']} pairs"
     intro = ("The same searches' plans re-made with phi at each target, as a user gives it "
              "(`noise_scale=`; `tula-ray replay plan.json --noise-scale`): the reference "
              "recipe (plain SGD at B = 32, which AGS-NS trains there; seed 0; one process) "
-             "trained to the target's step S0 = E0 x subset / 32, then "
-             f"`tula_ray.measure_noise_scale(workload, model)` ({pairs} of 256 samples) "
-             f"with 3 seeds of its pairs, their median. Nothing is fitted: {phis}. Epochs, "
-             "choices and regrets as above, on `train`'s clock:\n")
-    lines = _searches_report(at["searches"], list(result["targets"]), intro, profiled=False)
+             f"trained to {at['window_steps'] // 2} steps before the target's step S0 = E0 x "
+             "subset / 32, then `tula_ray.measure_noise_scale(workload, model, steps="
+             f"{at['window_steps']})` ({pairs} of 256 samples, spread over {at['window_steps']} "
+             "steps of a copy's continuation: one epoch around S0), 3 seeds, their median: "
+             f"{_phis(at['phi'])}. Epochs, choices and regrets as above, on `train`'s "
+             "clock:\n")
+    lines = _searches_report(at["searches"], targets, intro, profiled=False)
+    lines += _searches_report(at["iterate_searches"], targets, (
+        "The same with phi of the single iterate at S0 (`steps=0`), which moves a lot from "
+        f"iterate to iterate: {_phis(at['iterate_phi'])}:\n"), profiled=False)
     trace = at.get("trace")
     if trace:
         lines += ["Cross-check, not used above: `noise-evolution`'s trace of the same recipe "
-                  f"(at {trace['commit']}), its points within {trace['window_steps']} steps "
-                  "(half an epoch) of S0 pooled: " + ", ".join(
+                  f"(at {trace['commit']}; 32 pairs every quarter epoch), its points within "
+                  f"{trace['window_steps']} steps of S0 pooled: " + ", ".join(
                       f"{float(t):.0%}: phi = {_fmt(p['noise_scale'], '.4g')} ({p['points']} "
                       f"points, {p['pairs']} pairs)" for t, p in trace["phi"].items()) + ".", ""]
     return lines

@@ -260,16 +260,19 @@ def test_time_to_accuracy_quick():
             judged["choices"]["time_to_accuracy"]["global_batch"]
     # phi measured at each target's step of the reference run re-makes the plan
     at = result["at_target"]
-    assert set(at["phi"]) == set(result["targets"])
-    for target, phi in at["phi"].items():
-        assert len(phi["seeds"]) == 3 and phi["noise_scale"] > 0
-        assert phi["step"] == pytest.approx(result["targets"][target]["e0"] * 1024 / 32)
+    assert set(at["phi"]) == set(at["iterate_phi"]) == set(result["targets"])
+    for target, phi in at["iterate_phi"].items():
+        assert len(phi["seeds"]) == 3 and phi["noise_scale"] > 0 and phi["steps"] == 0
+        assert phi["step"] == math.ceil(result["targets"][target]["e0"] * 1024 / 32)
+        window = at["phi"][target]  # over an epoch (32 steps) from half of it before S0
+        assert window["steps"] == 32 and window["step"] <= phi["step"] and window["seeds"]
     assert set(at["searches"][0]["targets"]) == set(result["targets"])
+    assert set(at["iterate_searches"][0]["targets"]) == set(result["targets"])
     markdown = (RESULTS_DIR / "time_to_accuracy_quick.md").read_text()
     assert len(_table_rows(markdown, "| B | predicted epochs |")) == 2  # the first target's
     assert len(_table_rows(markdown, "| search | phi |")) == 1  # one search in --quick
-    assert markdown.count("| search |") == 2  # and once more, re-made at the targets' phi
-    assert "tula_ray.measure_noise_scale(workload, model)" in markdown
+    assert markdown.count("| search |") == 3  # and re-made at the targets' phi, twice
+    assert "tula_ray.measure_noise_scale(workload, model, steps=32)" in markdown
 
 
 def test_time_to_accuracy_holds_out_images_it_never_trains_on():

@@ -139,7 +139,24 @@ def test_measure_noise_scale_finds_a_users_models_known_phi_at_its_weights():
     assert torch.equal(model.w.detach(), trained["w"]) and not model.training
 
 
+def test_measure_noise_scale_averages_over_a_continuation_and_leaves_the_model_alone():
+    """steps > 0: a copy trains on toward the mean (the signal |w - mu|^2 shrinks), the
+    pairs spread along it, so the pooled phi exceeds the start's; the model is untouched."""
+    import tula_ray
+
+    workload = _mean_workload()
+    model = Mean()
+    start = tula_ray.measure_noise_scale(workload, model, pairs=100, batch=64)
+    along = tula_ray.measure_noise_scale(workload, model, pairs=100, batch=64, steps=60,
+                                         train_batch=32)
+    assert along > 1.5 * start
+    assert torch.equal(model.w.detach(), torch.ones(DIM)) and model.training
+
+
 @pytest.mark.parametrize("kwargs, message", [({"pairs": 0}, "pairs=0"),
+                                             ({"steps": -1}, "steps=-1"),
+                                             ({"steps": 5, "train_batch": 8192},
+                                              "train_batch=8192 exceeds"),
                                              ({"batch": 1}, "batch=1"),
                                              ({"batch": 8192}, "batch=8192 exceeds")])
 def test_measure_noise_scale_refuses_bad_arguments_by_name(kwargs, message):

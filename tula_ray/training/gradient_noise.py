@@ -11,12 +11,14 @@ scalar) to `tula_ray.models.noise_scale.NoiseAverage`.
 The weights do not move (no optimizer step): every pair is taken at the profiled point.
 
 `measure_noise_scale` takes the N = 1 pairs at a model the user trained (to the target
-accuracy): the plan's `noise_scale` at that target. No Ray here (core module).
+accuracy), spread over a short continuation of its training: the plan's `noise_scale` at
+that target. No Ray here (core module).
 """
 
 from __future__ import annotations
 
 import contextlib
+import copy
 import logging
 from typing import Any, Callable, Iterator, Mapping
 
@@ -33,11 +35,9 @@ from tula_ray.workloads import Workload, resolve_workload
 
 logger = logging.getLogger(__name__)
 
-# Pairs of one measurement: single points of 32 pairs along a run scattered by a factor of
-# several, while pooled over ~5 of them (160 pairs) they matched the phi that fits the
-# measured epochs (BENCHMARKS.md, noise-evolution and time to accuracy).
-NOISE_PAIRS_DEFAULT = 160
+NOISE_PAIRS_DEFAULT = 160  # 3 measurements at one model agreed within 4 % (the CNN)
 NOISE_PAIR_BATCH_DEFAULT = 256  # each pair: two halves of 128 samples and their mean
+TRAIN_BATCH_DEFAULT = 32  # the continuation's batch: the plans' reference batch M0
 
 
 def flat_gradient(params: list[nn.Parameter], loss_scale: float = 1.0) -> torch.Tensor:
@@ -57,11 +57,12 @@ def _backward(model: nn.Module, setup: StrategySetup, loss_fn: Callable, inputs:
 def measure_gradient_noise(model: nn.Module, setup: StrategySetup, loss_fn: Callable,
                            batches: Iterator, steps: int, *, world_size: int = 1,
                            no_sync: Callable[[], contextlib.AbstractContextManager]
-                           = contextlib.nullcontext) -> NoiseAverage:
+                           = contextlib.nullcontext,
+                           average: NoiseAverage | None = None) -> NoiseAverage:
     """`steps` pairs on the next batches of this worker (`steps` the same on every worker:
-    each step all-reduces once when `world_size` > 1). Returns the running mean, the same
-    on every worker; the gradients are left cleared."""
-    average = NoiseAverage()
+    each step all-reduces once when `world_size` > 1), added to `average` (default a new
+    running mean). Returns it, the same on every worker; the gradients are left cleared."""
+    average = NoiseAverage() if average is None else average
     params = [p for p in model.parameters() if p.requires_grad]
     for _ in range(steps):
         inputs, targets = next(batches)
@@ -94,26 +95,39 @@ def measure_gradient_noise(model: nn.Module, setup: StrategySetup, loss_fn: Call
 def measure_noise_scale(workload: str | Workload, model: nn.Module | None = None, *,
                         state_dict: Mapping[str, Any] | None = None,
                         pairs: int = NOISE_PAIRS_DEFAULT,
-                        batch: int = NOISE_PAIR_BATCH_DEFAULT, seed: int = 0,
+                        batch: int = NOISE_PAIR_BATCH_DEFAULT, steps: int = 0,
+                        train_batch: int = TRAIN_BATCH_DEFAULT, seed: int = 0,
                         device: torch.device | str = "cpu",
                         workload_options: dict[str, Any] | None = None) -> float:
-    """The gradient noise scale phi = tr(Sigma) / |G|^2 of a model at its present weights,
-    on the workload's training data: `pairs` pairs, each the two halves of a fresh batch
-    of `batch` samples and their mean (the profile's estimator on one worker), pooled.
-    One process, no Ray; the weights do not move.
+    """The gradient noise scale phi = tr(Sigma) / |G|^2 of a model near its present
+    weights, on the workload's training data: `pairs` pairs, each the two halves of a
+    fresh batch of `batch` samples and their mean (the profile's estimator on one
+    worker), |G|^2 and tr(Sigma) pooled over them, then their ratio. One process, no Ray.
 
-    Measure it at the target accuracy (the model of a run that reached it, or its
-    checkpoint's `state_dict`) and give it to `tula_ray.search(noise_scale=...)`, or to
-    `tula-ray replay plan.json --noise-scale PHI`: phi grows as a model trains, and the
-    plan's own (its profiles', on a barely trained model) suits early targets only.
+    steps > 0: a copy of the model trains on for `steps` steps of `train_batch` samples
+    (the workload's optimizer, fresh; your reference batch), the pairs spread evenly over
+    them: phi averaged over the iterates near these weights, as McCandlish et al. and
+    AdaptDL average it over training steps. At one iterate phi is precise (3 measurements
+    of the CNN within 4 %) but moves a lot from iterate to iterate, as |G|^2 does while
+    SGD's iterate bounces across the valley (BENCHMARKS.md, time to accuracy: one
+    iterate's phi against the window's). The model itself never moves.
+
+    Measure it at the target accuracy (the model of a run at the reference batch that
+    reached it, or its checkpoint's `state_dict`, with `steps` about an epoch's) and give
+    it to `tula_ray.search(noise_scale=...)` or `tula-ray replay plan.json --noise-scale
+    PHI`: phi grows as a model trains, and the plan's own (its profiles', on a barely
+    trained model) suits early targets only.
 
     model: default the workload's fresh `model_fn()`; state_dict: weights loaded into it
-    (e.g. `checkpoint["model"]`). Cost: about 2 x `pairs` backward passes of `batch` / 2.
+    (e.g. `checkpoint["model"]`). Cost: 2 x `pairs` backward passes of `batch` / 2, plus
+    `steps` training steps.
     Raises ValueError when the pairs measured no signal (|G|^2 <= 0: the gradient is
     still within its noise at `batch`): more pairs, or a larger batch, resolve it.
     """
     check_int("pairs", pairs, minimum=1)
     check_int("batch", batch, minimum=2, hint="each pair splits it in two halves")
+    check_int("steps", steps, minimum=0)
+    check_int("train_batch", train_batch, minimum=1)
     workload = resolve_workload(workload, workload_options)
     device = torch.device(device)
     if model is None:
@@ -121,18 +135,17 @@ def measure_noise_scale(workload: str | Workload, model: nn.Module | None = None
         model = workload.model_fn()
     if state_dict is not None:
         model.load_state_dict(state_dict)
-    model = model.to(device)
-    was_training = model.training
-    model.train()  # as the training steps see it (BatchNorm's batch statistics)
-    setup = StrategySetup("plain", workload.optimizer_fn(model.parameters()))
-    setup.set_precision(workload.precision, device)
     dataset = workload.train_dataset_fn()
-    if len(dataset) < batch:  # type: ignore[arg-type]
-        raise ValueError(f"batch={batch} exceeds the training set of {workload.name} "
-                         f"({len(dataset)} samples); give a smaller batch")  # type: ignore[arg-type]
-    batches = cycle(training_batches(dataset, batch, device, seed=seed))
+    for name, size in (("batch", batch), ("train_batch", train_batch if steps else 1)):
+        if len(dataset) < size:  # type: ignore[arg-type]
+            raise ValueError(f"{name}={size} exceeds the training set of {workload.name} "
+                             f"({len(dataset)} samples); give a smaller {name}")  # type: ignore[arg-type]
+    was_training = model.training
+    measured = (copy.deepcopy(model) if steps else model).to(device)
+    measured.train()  # as the training steps see it (BatchNorm's batch statistics)
     try:
-        average = measure_gradient_noise(model, setup, workload.loss_fn(), batches, pairs)
+        average = _pairs_along(workload, measured, dataset, pairs, batch, steps, train_batch,
+                               seed, device)
     finally:
         model.train(was_training)
     grad_sqr, grad_var = average.estimate()
@@ -140,6 +153,25 @@ def measure_noise_scale(workload: str | Workload, model: nn.Module | None = None
         raise ValueError(f"{workload.name}: {average.steps} pairs of batch={batch} measured "
                          f"no gradient signal (|G|^2 = {grad_sqr:.3g}, tr(Sigma) = "
                          f"{grad_var:.3g}): measure with more pairs or a larger batch")
-    logger.info("%s: |G|^2 = %.4g, tr(Sigma) = %.4g over %d pairs of %d samples: phi = %.4g",
-                workload.name, grad_sqr, grad_var, average.steps, batch, average.noise_scale)
+    logger.info("%s: |G|^2 = %.4g, tr(Sigma) = %.4g over %d pairs of %d samples (%d steps): "
+                "phi = %.4g", workload.name, grad_sqr, grad_var, average.steps, batch, steps,
+                average.noise_scale)
     return average.noise_scale
+
+
+def _pairs_along(workload: Workload, model: nn.Module, dataset, pairs: int, batch: int,
+                 steps: int, train_batch: int, seed: int, device: torch.device) -> NoiseAverage:
+    """`pairs` pairs at `model`, spread evenly over `steps` training steps of it."""
+    setup = StrategySetup("plain", workload.optimizer_fn(model.parameters()))
+    setup.set_precision(workload.precision, device)
+    loss_fn = workload.loss_fn()
+    probes = cycle(training_batches(dataset, batch, device, seed=seed))
+    training = cycle(training_batches(dataset, train_batch, device, seed=seed + 1)) \
+        if steps else iter(())
+    average, done = NoiseAverage(), 0
+    for index in range(pairs):
+        for _ in range(index * steps // pairs - done):  # to this pair's iterate
+            setup.train_step(model, loss_fn, *next(training))
+            done += 1
+        measure_gradient_noise(model, setup, loss_fn, probes, 1, average=average)
+    return average
