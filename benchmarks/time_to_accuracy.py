@@ -38,9 +38,9 @@ Then the same, every search's plan re-made with phi measured at each target, as 
 gives it (`noise_scale=`; `benchmarks.time_to_accuracy_at_target`).
 
 Resumable: the plan and every finished run are kept (time_to_accuracy.plan.json,
-time_to_accuracy.runs.jsonl, time_to_accuracy.train.jsonl, time_to_accuracy.noise.jsonl). `--quick`: a 1024-image
-subset, B = 32 and 128, one seed, low targets, and a plan from synthetic profiles instead
-of a search (no Ray): `train` is not timed there, the loop's own steps stand in for it.
+time_to_accuracy.runs.jsonl, time_to_accuracy.train.jsonl, time_to_accuracy.noise.jsonl).
+`--quick`: a 1024-image subset, B = 32 and 128, one seed, low targets, and a plan from
+synthetic profiles instead of a search (no Ray): `train` is not timed there, the loop's own steps stand in for it.
 """
 
 from __future__ import annotations

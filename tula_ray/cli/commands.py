@@ -138,8 +138,9 @@ def run_replay(args: argparse.Namespace) -> None:
     plan = build_plan(space, profiles, epochs=epochs, dataset_size=dataset_size,
                       strategy=args.search_strategy, objective=args.objective,
                       pricing=args.pricing, reference_batch=args.reference_batch,
-                      noise_scale=args.noise_scale, workload=workload, meta=meta, untrainable=untrainable,
-                      plain_steps=plain, workers_per_node=workers_per_node)
+                      noise_scale=args.noise_scale, workload=workload, meta=meta,
+                      untrainable=untrainable, plain_steps=plain,
+                      workers_per_node=workers_per_node)
     write_plan(plan, args.out)
 
 

@@ -11,9 +11,9 @@ toward the phi that governs a run. phi grows as a model trains, and the trade-of
 target is the one at that target (McCandlish et al.: the critical batch at a loss is the
 noise scale measured there): a user who measured phi at the target (on a model trained
 to it: `tula_ray.measure_noise_scale`) gives it as `noise_scale`, which the plan then
-uses instead of the profiles' (BENCHMARKS.md, time to accuracy: with the phi of the
-reference run where it reaches each target, the epochs to every target were within
-|log| 0.05-0.14 of the measured).
+uses instead of the profiles' (BENCHMARKS.md, time to accuracy: with phi measured over
+an epoch of the reference run's iterates where it reaches each target, the epochs to
+every target were within |log| 0.06-0.20 of the measured; with the profiles', 0.05-0.43).
 
 Core: no Ray.
 """

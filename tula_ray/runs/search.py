@@ -285,7 +285,8 @@ def _strategy_options(request: SearchRequest, space: SearchSpace, probe: MemoryP
         pricing=pricing_to_dict(request.pricing), weight_time=request.weight_time,
         collective=request.collective, memory=probe.params.to_dict(),
         max_local_batch=probe.max_local_batch, reference_batch=request.reference_batch,
-        noise_scale=request.noise_scale, untrainable=[[n, b, why] for (n, b), why in sorted(untrainable.items())],
+        noise_scale=request.noise_scale,
+        untrainable=[[n, b, why] for (n, b), why in sorted(untrainable.items())],
         plain_steps=[[n, b] for n, b in sorted(plain)])
 
 

@@ -136,10 +136,11 @@ def measure_noise_scale(workload: str | Workload, model: nn.Module | None = None
     if state_dict is not None:
         model.load_state_dict(state_dict)
     dataset = workload.train_dataset_fn()
+    samples = len(dataset)  # type: ignore[arg-type]
     for name, size in (("batch", batch), ("train_batch", train_batch if steps else 1)):
-        if len(dataset) < size:  # type: ignore[arg-type]
+        if samples < size:
             raise ValueError(f"{name}={size} exceeds the training set of {workload.name} "
-                             f"({len(dataset)} samples); give a smaller {name}")  # type: ignore[arg-type]
+                             f"({samples} samples); give a smaller {name}")
     was_training = model.training
     measured = (copy.deepcopy(model) if steps else model).to(device)
     measured.train()  # as the training steps see it (BatchNorm's batch statistics)
