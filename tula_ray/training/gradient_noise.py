@@ -110,7 +110,8 @@ def measure_noise_scale(workload: str | Workload, model: nn.Module | None = None
     AdaptDL average it over training steps. At one iterate phi is precise (3 measurements
     of the CNN within 4 %) but moves a lot from iterate to iterate, as |G|^2 does while
     SGD's iterate bounces across the valley (BENCHMARKS.md, time to accuracy: one
-    iterate's phi against the window's). The model itself never moves.
+    iterate's phi against the window's). The model's weights never change (with
+    `steps` 0 it is measured in place, so `device` moves it there, as `.to` does).
 
     Measure it at the target accuracy (the model of a run at the reference batch that
     reached it, or its checkpoint's `state_dict`, with `steps` about an epoch's) and give
