@@ -1,3 +1,4 @@
+import json
 import math
 
 import numpy as np
@@ -6,6 +7,7 @@ import pytest
 from paper_profiles import paper_profiles as synthetic_profiles
 
 from tula_ray.planning.plan import Plan, build_plan
+from tula_ray.planning.policy import TIE_BREAK_RULE
 from tula_ray.planning.synthetic import example_params
 from tula_ray.space import SearchSpace, corners
 
@@ -65,6 +67,33 @@ def test_json_round_trip_loses_nothing(tmp_path):
     assert again.choice == plan.choice
     assert again.pricing == plan.pricing and again.meta == plan.meta
     assert Plan.from_json(plan.to_json()).to_dict() == plan.to_dict()
+
+
+def test_a_tie_is_one_summary_line_naming_the_rule_and_survives_json():
+    """Partial search's four corners leave a wide uncertainty: the fastest ties with others,
+    and the summary names them and the rule in one line."""
+    plan = make_plan(objective="time")
+    choice = plan.choice
+    assert choice.ties and choice.tie_break.startswith(TIE_BREAK_RULE)
+    tied = {(choice.num_workers, choice.global_batch), *choice.ties}
+    assert (choice.num_workers, choice.global_batch) == min(tied)
+    lines = [line for line in plan.summary().splitlines() if line.startswith("tied within")]
+    assert lines == [choice.describe_ties()]
+    assert Plan.from_json(plan.to_json()).choice == choice
+
+
+@pytest.mark.parametrize("saved", [
+    {"ties": [[2, 64]], "tie_break": "the lowest central estimate of the time score"},
+    {},  # before ties were named at all
+])
+def test_a_plan_saved_before_the_tie_rule_still_loads(saved):
+    data = make_plan(objective="time").to_dict()
+    data["choice"] = {key: value for key, value in data["choice"].items()
+                      if key not in ("ties", "tie_break")} | saved
+    plan = Plan.from_json(json.dumps(data))
+    assert plan.choice.ties == tuple(tuple(pair) for pair in saved.get("ties", ()))
+    assert plan.choice.tie_break == saved.get("tie_break", "")
+    assert ("broken by the lowest central estimate" in plan.summary()) == bool(saved)
 
 
 def test_plot_writes_non_empty_pngs(tmp_path):
@@ -154,6 +183,25 @@ def test_the_choice_is_the_hand_computed_best(objective, by_hand):
     choice = exact_plan(objective).choice
     best = min(SPACE.candidates(), key=lambda c: by_hand(c.num_workers, c.global_batch))
     assert (choice.num_workers, choice.global_batch) == (best.num_workers, best.global_batch)
+
+
+def test_the_plans_knee_is_kneedles_on_log2_b_of_the_predicted_time():
+    """The knee objective end to end (dense curve, bent through the measurements, Kneedle,
+    snap). On one worker the exact profiles' dense curve (unrounded D / B) is
+    T(B) = E D (t0 / B + c), t0 the fixed cost per step and c the cost per sample. By
+    hand, Kneedle (x and y normalised to [0, 1], the point farthest below the chord: the
+    minimum of x_n + y_n) over x = log2 B finds 2^-x = (2^-x0 - 2^-x1) / ((x1 - x0) ln 2),
+    whatever t0 and c: B ~ 114.5 on [32, 1024]. Over B itself it would be
+    sqrt(992 / (1/32 - 1/1024)) ~ 181."""
+    from tula_ray.planning.estimates import DENSE_POINTS
+
+    plan = exact_plan("knee", max_workers=1)
+    low, high = SPACE.batch_sizes[0], SPACE.batch_sizes[-1]
+    x0, x1 = math.log2(low), math.log2(high)
+    expected = ((2.0**-x0 - 2.0**-x1) / ((x1 - x0) * math.log(2))) ** -1
+    grid_step = (high / low) ** (1 / (DENSE_POINTS - 1))  # ratio between dense points
+    assert expected / grid_step <= plan.choice.knee_global_batch <= expected * grid_step
+    assert (plan.choice.num_workers, plan.choice.global_batch) == (1, 128)  # nearest in log2
 
 
 def test_the_memory_bound_makes_larger_local_batches_infeasible():

@@ -1,8 +1,10 @@
 import numpy as np
 import pandas as pd
 import pytest
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
 
-from tula_ray.planning.policy import choose, envelope, find_knee
+from tula_ray.planning.policy import TIE_BREAK_RULE, choose, envelope, find_knee
 
 
 def table(rows):
@@ -112,8 +114,10 @@ def test_ties_within_the_uncertainty_are_named_and_how_they_were_broken():
     rows["rel_uncertainty"] = 0.10
     choice = choose(rows, "time", uncertainty="rel_uncertainty")
     assert (choice.num_workers, choice.global_batch) == (1, 32)
-    assert choice.ties == ((2, 64),) and "central estimate" in choice.tie_break
-    assert "N=2, B=64" in choice.describe_ties()
+    # The rule breaks the tie; here it agrees with the central estimate.
+    assert choice.ties == ((2, 64),) and TIE_BREAK_RULE in choice.tie_break
+    assert "central estimate agrees" in choice.tie_break
+    assert "N=2 B=64" in choice.describe_ties()
     rows["rel_uncertainty"] = 0.01  # 99..101 and 103.95..106.05 no longer overlap
     assert choose(rows, "time", uncertainty="rel_uncertainty").ties == ()
 
@@ -141,3 +145,113 @@ def test_the_knee_is_the_most_pronounced_of_kneedles_knees():
     dense_b = np.geomspace(32, 1024, 256)
     dense_t = np.interp(np.log2(dense_b), np.log2(points_b), points_t)
     assert find_knee(dense_b, dense_t) == pytest.approx(512, rel=0.02)
+
+
+def tied_table(rows, uncertainty):
+    """`table` with the to-accuracy columns too, equal to the fixed-epoch ones (so every
+    objective ranks the rows alike), and one relative uncertainty for every row."""
+    frame = table(rows)
+    frame["time_to_accuracy_s"] = frame["total_time_s"]
+    frame["cost_to_accuracy_usd"] = frame["cost_usd"]
+    frame["rel_uncertainty"] = uncertainty
+    return frame
+
+
+@pytest.mark.parametrize("objective", ["time", "cost", "weighted", "time_to_accuracy",
+                                       "cost_to_accuracy"])
+def test_a_tie_goes_to_the_fewest_workers_not_to_the_central_estimate(objective):
+    """By hand, at +-10 %: (2, 64) scores 100 (90..110), (1, 128) 105 (94.5..115.5): they
+    tie; (4, 256) scores 200 (180..220): no tie. The central estimate favours N=2; the
+    rule takes N=1 (weighted: 0.5 T/100 + 0.5 C/100 gives 1.0, 1.05, 2.0, the same tie)."""
+    rows = tied_table([(2, 64, 100.0, 100.0), (1, 128, 105.0, 105.0),
+                       (4, 256, 200.0, 200.0)], 0.10)
+    choice = choose(rows, objective, uncertainty="rel_uncertainty")
+    assert (choice.num_workers, choice.global_batch) == (1, 128)
+    assert choice.ties == ((2, 64),)  # the central estimate's pick, now a tie
+    assert choice.tie_break.startswith(TIE_BREAK_RULE)
+    assert "among the 2 tied candidates" in choice.tie_break
+    assert "central estimate alone would choose N=2, B=64" in choice.tie_break
+    assert choice.reason.endswith("within the uncertainty")
+    line = choice.describe_ties()
+    assert line.startswith("tied within the uncertainty with N=2 B=64; broken by fewest")
+    assert "\n" not in line
+
+
+def test_among_equal_cluster_sizes_a_tie_goes_to_the_smallest_batch():
+    rows = tied_table([(1, 128, 100.0, 1.0), (1, 64, 104.0, 1.0), (1, 32, 300.0, 1.0)], 0.05)
+    choice = choose(rows, "time", uncertainty="rel_uncertainty")
+    assert (choice.num_workers, choice.global_batch) == (1, 64)
+    assert choice.ties == ((1, 128),)
+
+
+def test_without_a_tie_the_central_estimate_chooses_as_before():
+    """At +-1 % (99..101 against 103.95..106.05) nothing ties: the lowest time, N=2."""
+    rows = tied_table([(2, 64, 100.0, 100.0), (1, 128, 105.0, 105.0),
+                       (4, 256, 200.0, 200.0)], 0.01)
+    choice = choose(rows, "time", uncertainty="rel_uncertainty")
+    assert (choice.num_workers, choice.global_batch) == (2, 64)
+    assert choice.ties == () and choice.tie_break == "" and choice.describe_ties() == ""
+    assert choice.reason == "lowest training time"
+    assert choice == choose(rows, "time")  # as without any uncertainty at all
+
+
+PAIRS = st.tuples(st.sampled_from([1, 2, 4, 8]), st.sampled_from([32, 64, 128, 256, 512]))
+
+
+@settings(max_examples=200, deadline=None)
+@given(data=st.data(), objective=st.sampled_from(["time", "cost", "weighted",
+                                                  "time_to_accuracy", "cost_to_accuracy"]))
+def test_the_choice_depends_only_on_the_tied_set(data, objective):
+    """Perturb each row's time (and with it its cost) anywhere within its stated
+    uncertainty: wherever the choice and its ties are the same set as before, the choice
+    is the same candidate, the set's fewest workers then smallest batch, whichever of
+    them the perturbed central estimate favours."""
+    pairs = data.draw(st.lists(PAIRS, min_size=2, max_size=8, unique=True), label="pairs")
+    count = len(pairs)
+    times = data.draw(st.lists(st.floats(50.0, 200.0), min_size=count, max_size=count))
+    spread = data.draw(st.lists(st.floats(0.0, 0.3), min_size=count, max_size=count))
+    shift = data.draw(st.lists(st.floats(-1.0, 1.0), min_size=count, max_size=count))
+    rows = tied_table([(n, b, t, t * n) for (n, b), t in zip(pairs, times)], spread)
+    moved = rows.copy()
+    factor = 1.0 + np.asarray(shift) * np.asarray(spread)
+    for column in ("total_time_s", "cost_usd", "time_to_accuracy_s", "cost_to_accuracy_usd"):
+        moved[column] = rows[column] * factor
+    before = choose(rows, objective, uncertainty="rel_uncertainty")
+    after = choose(moved, objective, uncertainty="rel_uncertainty")
+    tied_before = {(before.num_workers, before.global_batch), *before.ties}
+    tied_after = {(after.num_workers, after.global_batch), *after.ties}
+    for choice, tied in ((before, tied_before), (after, tied_after)):
+        assert (choice.num_workers, choice.global_batch) == min(tied)
+    assume(tied_before == tied_after)
+    assert (after.num_workers, after.global_batch) == (before.num_workers, before.global_batch)
+
+
+def test_a_knee_tie_goes_to_the_smallest_batch_the_knee_lands_on():
+    """The knee of 1000 / B + 2 is at B ~ 180, just past the midpoint of 128 and 250 in
+    log2 (B ~ 179): the central knee snaps to 250; tilting the curve by +-5 % moves the
+    knee below 179, onto 128. Both tie; the rule takes the smaller batch."""
+    rows = tied_table([(1, b, 1000.0 / b + 2.0, 1.0) for b in (32, 64, 128, 250, 512, 1024)],
+                      0.0)
+    central = choose(rows, "knee", dense=dense_curve())
+    choice = choose(rows, "knee", dense=dense_curve(), uncertainty="rel_uncertainty",
+                    dense_uncertainty=0.05)
+    assert central.global_batch == 250
+    assert (choice.num_workers, choice.global_batch) == (1, 128)
+    assert choice.ties == ((1, 250),)
+    assert choice.knee_global_batch == central.knee_global_batch  # the central knee
+    assert "Kneedle" in choice.reason and choice.reason.endswith("within the uncertainty")
+    assert "central estimate alone would choose N=1, B=250" in choice.tie_break
+
+
+@pytest.mark.parametrize("objective", ["knee", "knee_to_accuracy"])
+def test_at_the_knees_batch_a_tie_goes_to_the_fewest_workers(objective):
+    """The knee is at B ~ 180, nearest 128, where N=2 (9.6 s) is faster than N=1 (9.8 s)
+    but ties it at +-5 % (9.12..10.08 and 9.31..10.29): the knee fixes B, the rule N."""
+    rows = tied_table([(1, b, 1000.0 / b + 2.0, 1.0) for b in (32, 64, 128, 256, 512, 1024)]
+                      + [(2, 128, 9.6, 2.0)], 0.05)
+    dense = dense_curve().assign(time_to_accuracy_s=lambda d: d["total_time_s"])
+    assert choose(rows, objective, dense=dense).num_workers == 2  # the central estimate
+    choice = choose(rows, objective, dense=dense, uncertainty="rel_uncertainty")
+    assert (choice.num_workers, choice.global_batch) == (1, 128)
+    assert choice.ties == ((2, 128),)
+    assert TIE_BREAK_RULE in choice.tie_break

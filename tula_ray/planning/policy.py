@@ -6,6 +6,11 @@ weighted balance of time and cost, among the feasible candidates only. The same
 for a target accuracy (issue 25): the fastest or cheapest to it, or the knee of the
 time-to-accuracy curve, which falls and then rises again past the batch where more
 epochs outweigh faster ones: its knee is found on the falling part.
+
+Where candidates tie within the uncertainty of the estimates, the tie is broken by
+`TIE_BREAK_RULE` (fewest workers, then smallest global batch), not by the central
+estimate: the same tied set gives the same choice, whatever the timing noise (issue:
+`tula-ray demo` chose differently run to run).
 """
 
 from __future__ import annotations
@@ -29,6 +34,12 @@ WEIGHT_TIME_DEFAULT = 0.5  # "weighted": equal say to time and cost
 # the same "diminishing returns" idea, stated as a tolerance.
 KNEE_FALLBACK_TOLERANCE = 0.05
 MAX_KNEE_TILT = 0.9  # the largest relative tilt of a curve when looking for knee ties
+# How a tie within the uncertainty is broken. Both keys are fixed properties of a
+# candidate, so the choice depends on the tied set alone, never on timing noise (breaking
+# it by time or cost, i.e. by the central estimate, brings the noise back). Fewer workers
+# is the cheaper cluster for the same predicted result; a smaller global batch generalises
+# better (the generalization gap, paper §II-B and Fig. 2).
+TIE_BREAK_RULE = "fewest workers, then smallest global batch"
 
 
 @dataclass(frozen=True)
@@ -40,8 +51,9 @@ class Choice:
     objective: str
     reason: str
     knee_global_batch: float | None = None  # the knee on the dense curve, before snapping
-    # Candidates that tie with the choice within the uncertainty of the estimates
-    # ((N, B) pairs, the choice excluded), and how the tie was broken.
+    # The other candidates of the set that ties within the uncertainty of the estimates
+    # ((N, B) pairs, the choice excluded; the central estimate's own pick among them when
+    # the tie-break chose another), and how the tie was broken ("" where none tied).
     ties: tuple[tuple[int, int], ...] = ()
     tie_break: str = ""
 
@@ -64,8 +76,8 @@ class Choice:
         """One line for the plan's summary: the tie and how it was broken, or '' if none."""
         if not self.ties:
             return ""
-        named = ", ".join(f"N={n}, B={b}" for n, b in self.ties)
-        return f"ties within the uncertainty: {named}; broken by {self.tie_break}"
+        named = ", ".join(f"N={n} B={b}" for n, b in self.ties)
+        return f"tied within the uncertainty with {named}; broken by {self.tie_break}"
 
 
 def find_knee(global_batch: np.ndarray, metric: np.ndarray) -> float | None:
@@ -156,23 +168,48 @@ def _minimum_ties(feasible: pd.DataFrame, score: pd.Series, chosen: int,
 
 
 def _knee_ties(feasible: pd.DataFrame, dense: pd.DataFrame | None, metric: str, chosen: Choice,
-               dense_uncertainty: float | None) -> tuple[tuple[int, int], ...]:
+               dense_uncertainty: float | None,
+               uncertainty: pd.Series | None = None) -> tuple[tuple[int, int], ...]:
     """The candidates the knee snaps to when the curve is tilted within its uncertainty:
     metric * (1 + u t) and metric * (1 - u t), t from -1 at the smallest B to +1 at the
-    largest (linear in log2 B), the two shapes that move a knee the most."""
-    if dense is None or not dense_uncertainty or not np.isfinite(dense_uncertainty):
-        return ()
-    # Beyond +-100 % the tilted curve would cross zero: cap the tilt below it.
-    u = min(float(dense_uncertainty), MAX_KNEE_TILT)
-    x = np.log2(dense["global_batch"].to_numpy(float))
-    t = (2 * (x - x.min()) / max(x.max() - x.min(), 1e-12)) - 1.0
-    picks = set()
-    for sign in (1.0, -1.0):
-        tilted = dense.assign(**{metric: dense[metric] * (1.0 + sign * u * t)})
-        other = _knee(feasible, tilted, metric, chosen.objective)
-        picks.add((other.num_workers, other.global_batch))
+    largest (linear in log2 B), the two shapes that move a knee the most. With the rows'
+    own `uncertainty`, also the cluster sizes that tie (`_minimum_ties` on `metric`) at
+    each batch the knee lands on: the knee fixes B, the lowest `metric` picks N there."""
+    landings = {(chosen.num_workers, chosen.global_batch)}
+    if dense is not None and dense_uncertainty and np.isfinite(dense_uncertainty):
+        # Beyond +-100 % the tilted curve would cross zero: cap the tilt below it.
+        u = min(float(dense_uncertainty), MAX_KNEE_TILT)
+        x = np.log2(dense["global_batch"].to_numpy(float))
+        t = (2 * (x - x.min()) / max(x.max() - x.min(), 1e-12)) - 1.0
+        for sign in (1.0, -1.0):
+            tilted = dense.assign(**{metric: dense[metric] * (1.0 + sign * u * t)})
+            other = _knee(feasible, tilted, metric, chosen.objective)
+            landings.add((other.num_workers, other.global_batch))
+    picks = set(landings)
+    for n, b in landings:
+        same_batch = feasible[feasible["global_batch"] == b]
+        landed = same_batch.index[same_batch["num_workers"] == n][0]
+        picks.update(_minimum_ties(same_batch, same_batch[metric], landed, uncertainty))
     picks.discard((chosen.num_workers, chosen.global_batch))
     return tuple(sorted(picks))
+
+
+def _break_tie(central: Choice, ties: tuple[tuple[int, int], ...]) -> Choice:
+    """The choice among the tied set (the central estimate's pick and its `ties`) by
+    `TIE_BREAK_RULE`: (N, B) pairs sort by fewest workers, then smallest global batch."""
+    central_pair = (central.num_workers, central.global_batch)
+    tied = sorted({central_pair, *ties})
+    if len(tied) == 1:
+        return replace(central, ties=(), tie_break="")
+    final = tied[0]
+    agrees = ("the central estimate agrees" if final == central_pair else
+              f"the central estimate alone would choose N={central_pair[0]}, "
+              f"B={central_pair[1]}")
+    how = f"{TIE_BREAK_RULE}, among the {len(tied)} tied candidates ({agrees})"
+    reason = central.reason if final == central_pair else \
+        f"{central.reason}, within the uncertainty"
+    return replace(central, num_workers=final[0], global_batch=final[1], reason=reason,
+                   ties=tuple(pair for pair in tied if pair != final), tie_break=how)
 
 
 def choose(
@@ -188,8 +225,11 @@ def choose(
     """The choice (see `_choose`), with the candidates that tie with it within the
     uncertainty: `table[uncertainty]` is each row's relative uncertainty (a measured
     row's spread, a predicted row's interval); `dense_uncertainty` that of the dense
-    curve the knee is found on. Ties are broken by the central estimate (the choice
-    itself), and the Choice names them."""
+    curve the knee is found on. The tied set is the central estimate's choice plus the
+    candidates that tie with it (for a knee objective: where the knee lands on the curve
+    tilted within its uncertainty, and the cluster sizes tied at those batches); the
+    choice is its member by `TIE_BREAK_RULE`, and the Choice names the others and the
+    rule. Without `uncertainty`, the central estimate's choice."""
     choice = _choose(table, objective, dense=dense, weight_time=weight_time,
                      knee_metric=knee_metric)
     if uncertainty is None:
@@ -198,16 +238,13 @@ def choose(
     u = feasible[uncertainty] if uncertainty in feasible else None
     if objective in KNEE_OBJECTIVES:
         ties = _knee_ties(feasible, dense, _knee_metric(objective, knee_metric), choice,
-                          dense_uncertainty)
-        how = ("the knee of the central predicted curve (the tied candidates are where the "
-               "knee lands when the curve is tilted within its uncertainty)")
+                          dense_uncertainty, u)
     else:
         score = _score(feasible, objective, weight_time)
         chosen = feasible[(feasible["num_workers"] == choice.num_workers)
                           & (feasible["global_batch"] == choice.global_batch)].index[0]
         ties = _minimum_ties(feasible, score, chosen, u)
-        how = f"the lowest central estimate of the {objective} score"
-    return replace(choice, ties=ties, tie_break=how if ties else "")
+    return _break_tie(choice, ties)
 
 
 def _knee_metric(objective: str, knee_metric: str) -> str:
