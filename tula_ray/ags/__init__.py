@@ -6,7 +6,7 @@
   sources    where the small-batch gradient comes from: a sub-batch (`backward_with_refresh`)
              or each DDP worker's own gradient (`register_local_gradient_hook`).
 
-Core: no Ray. The names users import (README) are re-exported here.
+Core: no Ray. The names users import (docs/guide/training.md) are re-exported here.
 """
 
 from tula_ray.ags.equations import (DELTA_DEFAULT, EMA_DECAY_DEFAULT, EPS_DEFAULT, ESTIMATORS,

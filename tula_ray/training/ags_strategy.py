@@ -3,7 +3,7 @@ its N/B rules and its step hooks (the refresh's extra backward, the DDP comm hoo
 
   "ags"     the paper's Algorithm 1, literally (per-tensor scales from a 32-sample
             sub-batch, refreshed once per epoch, gated by delta = 0.5);
-  "ags-ns"  noise-scale AGS, the variant beyond the paper (README "AGS-NS"): the same
+  "ags-ns"  noise-scale AGS, the variant beyond the paper (user guide "AGS-NS"): the same
             optimizer with other options: per-step moving averages of the squared
             gradient norms, from each DDP worker's local gradient (the "local" source,
             no extra backward; a 32-sample sub-batch on one worker), carried to the

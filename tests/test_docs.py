@@ -1,0 +1,271 @@
+"""The documentation: README as a front page, the MkDocs site built with --strict, a
+reference entry for every public name and every `tula-ray` subcommand, and every Python
+block of README.md and docs/ run as printed.
+
+A Python block's marker is an HTML comment on the line right before its opening fence
+(docs/index.md, "Code blocks in these pages"):
+  <!-- fragment -->  not run: a piece of a larger program, or one that needs a cluster;
+  <!-- ray -->       run in a local Ray session (Ray-marked): README's driver;
+  none              run here, fast, offline and without Ray.
+Each block runs alone, in a fresh module and an empty working directory.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import importlib
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+import types
+from pathlib import Path
+
+import pytest
+
+import tula_ray
+from tula_ray.cli.command import build_parser
+
+ROOT = Path(__file__).resolve().parents[1]
+README = ROOT / "README.md"
+DOCS = ROOT / "docs"
+README_MAX_LINES, README_MAX_LINE_CHARS = 200, 100  # the issue's front page
+COMMAND_MARKERS = ("main-command", "test-command")  # .ci/run reads the test command
+FRAGMENT, RAY = "fragment", "ray"
+OPENING = re.compile(r"^(\s*)```python\s*$")
+COMMENT = re.compile(r"^\s*<!--\s*(.*?)\s*-->\s*$")
+ENTRY = re.compile(r"^:::\s+(\S+)", re.MULTILINE)  # a mkdocstrings entry
+BUILD_TIMEOUT_S = 300
+
+
+@dataclasses.dataclass(frozen=True)
+class Block:
+    """One ```python block of a Markdown file."""
+
+    path: Path
+    line: int  # of its first line of code, 1-based
+    marker: str | None  # the comment on the line before its fence, if any
+    code: str
+
+    @property
+    def id(self) -> str:
+        return f"{self.path.relative_to(ROOT)}:{self.line}"
+
+
+def python_blocks(path: Path) -> list[Block]:
+    lines = path.read_text().splitlines()
+    blocks, index = [], 0
+    while index < len(lines):
+        opening = OPENING.match(lines[index])
+        if not opening:
+            index += 1
+            continue
+        comment = COMMENT.match(lines[index - 1]) if index > 0 else None
+        end = index + 1
+        while end < len(lines) and lines[end].strip() != "```":
+            end += 1
+        if end == len(lines):
+            raise ValueError(f"{path}:{index + 1}: a ```python block is never closed")
+        indent = len(opening.group(1))
+        code = "\n".join(line[indent:] for line in lines[index + 1:end])
+        blocks.append(Block(path, index + 2, comment.group(1) if comment else None, code))
+        index = end + 1
+    return blocks
+
+
+def markdown_files() -> list[Path]:
+    return [README, *sorted(DOCS.rglob("*.md"))]
+
+
+BLOCKS = [block for path in markdown_files() for block in python_blocks(path)]
+RUNNABLE = [block for block in BLOCKS if block.marker is None]
+RAY_BLOCKS = [block for block in BLOCKS if block.marker == RAY]
+
+
+def run_block(block: Block, *, by_value: bool = False) -> None:
+    """Execute the block as a script of its own: a fresh module, line numbers as in the
+    Markdown file. by_value: its functions travel to Ray workers by value, as a driver
+    script's do (Ray workers cannot import the module)."""
+    name = "docs_block_" + re.sub(r"\W", "_", block.id)
+    module = types.ModuleType(name)
+    sys.modules[name] = module
+    cloudpickle = None
+    if by_value:
+        from ray import cloudpickle  # Ray serialises functions with its own copy
+
+        cloudpickle.register_pickle_by_value(module)
+    try:
+        code = compile("\n" * (block.line - 1) + block.code, str(block.path), "exec")
+        exec(code, module.__dict__)
+    finally:
+        if cloudpickle is not None:
+            cloudpickle.unregister_pickle_by_value(module)
+        sys.modules.pop(name, None)
+
+
+# --- README as a front page ---------------------------------------------------------
+
+def test_readme_is_a_short_front_page():
+    lines = README.read_text().splitlines()
+    assert len(lines) <= README_MAX_LINES, f"README.md has {len(lines)} lines"
+    long = [(number, len(line)) for number, line in enumerate(lines, 1)
+            if len(line) > README_MAX_LINE_CHARS]
+    assert not long, f"README.md lines over {README_MAX_LINE_CHARS} characters: {long}"
+
+
+@pytest.mark.parametrize("marker", COMMAND_MARKERS)
+def test_readme_keeps_its_command_between_markers(marker):
+    """Each command is one bash line in a fence between its markers, as .ci/run reads it."""
+    lines = README.read_text().splitlines()
+    assert lines.count(f"<!-- {marker} -->") == 1 and lines.count(f"<!-- /{marker} -->") == 1
+    start, end = lines.index(f"<!-- {marker} -->"), lines.index(f"<!-- /{marker} -->")
+    fenced = lines[start + 1:end]
+    assert len(fenced) == 3 and fenced[0] == "```bash" and fenced[2] == "```", fenced
+    assert fenced[1].startswith("python3 -m venv .venv && .venv/bin/pip install -e ")
+
+
+def test_only_readmes_driver_needs_ray():
+    assert [block.path for block in RAY_BLOCKS] == [README]
+
+
+def test_every_marker_is_known():
+    unknown = [(block.id, block.marker) for block in BLOCKS
+               if block.marker not in (None, FRAGMENT, RAY)]
+    assert not unknown, f"unknown markers before ```python blocks: {unknown}"
+
+
+# --- the site ----------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory) -> Path:
+    """`mkdocs build --strict` of the repository's mkdocs.yml, into a temporary folder."""
+    out = tmp_path_factory.mktemp("site")
+    env = {**os.environ, "NO_MKDOCS_2_WARNING": "1"}
+    done = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict",
+                           "--config-file", str(ROOT / "mkdocs.yml"), "--site-dir", str(out)],
+                          cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=BUILD_TIMEOUT_S)
+    assert done.returncode == 0, f"mkdocs build --strict failed:\n{done.stdout}\n{done.stderr}"
+    return out
+
+
+def test_mkdocs_build_is_strict(site):
+    # mkdocs.yml has MkDocs' own YAML tags (!relative): read the one line.
+    assert re.search(r"^strict: true$", (ROOT / "mkdocs.yml").read_text(), re.MULTILINE)
+    assert (site / "index.html").is_file() and (site / "benchmarks" / "index.html").is_file()
+
+
+def test_benchmarks_page_is_benchmarks_md_with_its_figures(site):
+    """docs/benchmarks.md includes BENCHMARKS.md (not a copy); its images are served."""
+    assert '--8<-- "BENCHMARKS.md"' in (DOCS / "benchmarks.md").read_text()
+    page = (site / "benchmarks" / "index.html").read_text()
+    titles = re.findall(r"^#+ (.+)$", (ROOT / "BENCHMARKS.md").read_text(), re.MULTILINE)
+    assert titles and all(_text(title) in _text(page) for title in titles[:5])
+    for image in re.findall(r"!\[[^\]]*\]\(([^)\s]+)\)", (ROOT / "BENCHMARKS.md").read_text()):
+        assert (site / image).is_file(), f"{image} (linked from BENCHMARKS.md) is not served"
+
+
+def _text(html: str) -> str:
+    """Words only: no tags, entities, code marks or spacing."""
+    plain = re.sub(r"<[^>]+>|&\w+;|&#\d+;|[`*]", " ", html)
+    return " ".join(re.sub(r"[^\w%.,:=()-]+", " ", plain).split())
+
+
+# --- the reference -----------------------------------------------------------------
+
+def reference_entries() -> list[str]:
+    return [entry for path in sorted((DOCS / "reference").glob("*.md"))
+            for entry in ENTRY.findall(path.read_text())]
+
+
+def resolve(identifier: str) -> object:
+    """The object a dotted identifier names at import time: a module's attribute, or a
+    module."""
+    parts = identifier.split(".")
+    for split in range(len(parts), 0, -1):
+        try:
+            obj: object = importlib.import_module(".".join(parts[:split]))
+        except ModuleNotFoundError:
+            continue
+        for attribute in parts[split:]:
+            obj = getattr(obj, attribute)
+        return obj
+    raise ImportError(identifier)
+
+
+@pytest.mark.parametrize("name", tula_ray.__all__)
+def test_every_public_name_has_a_reference_entry(name, site):
+    """Found by its public name (`::: tula_ray.NAME`), so that moving its module changes
+    nothing in the docs; and rendered under that name in the built site."""
+    assert f"tula_ray.{name}" in reference_entries()
+    obj = getattr(tula_ray, name)
+    # The griffe extension (docs/hooks/public_names.py) documents the name from where the
+    # object is defined: that place must hold this very object.
+    assert resolve(f"{obj.__module__}.{obj.__qualname__}") is obj
+    rendered = "".join(path.read_text() for path in (site / "reference").rglob("*.html"))
+    assert f'id="tula_ray.{name}"' in rendered
+
+
+def test_every_reference_entry_resolves():
+    for entry in reference_entries():
+        resolve(entry)  # raises if the name is gone
+
+
+def subcommands() -> dict[str, argparse.ArgumentParser]:
+    """The parser's subcommands, read from the parser itself (no list kept here)."""
+    return next(action for action in build_parser()._actions
+                if isinstance(action, argparse._SubParsersAction)).choices
+
+
+SUBCOMMANDS = sorted(subcommands())
+
+
+@pytest.mark.parametrize("command", SUBCOMMANDS)
+def test_every_subcommand_has_a_reference_entry(command, site):
+    """docs/reference/cli.md, generated from the parser at build time: a section per
+    subcommand with every option of its --help."""
+    page = (site / "reference" / "cli" / "index.html").read_text()
+    assert f'id="tula-ray-{command}"' in page
+    section = page[page.index(f'id="tula-ray-{command}"'):]
+    section = section[:section.find("<h2", 1)] if "<h2" in section[1:] else section
+    for action in subcommands()[command]._actions:
+        for option in action.option_strings:
+            assert option in section, f"tula-ray {command}: {option} is not in its section"
+
+
+# --- the code blocks ---------------------------------------------------------------
+
+@pytest.mark.parametrize("block", RUNNABLE, ids=lambda block: block.id)
+def test_python_block_runs(block, tmp_path, monkeypatch, registries):
+    """Fast, offline, no Ray; registrations it makes are undone after it."""
+    monkeypatch.chdir(tmp_path)
+    run_block(block)
+
+
+@pytest.fixture
+def own_ray_results():
+    """What README's driver leaves in Ray's default storage (~/ray_results) is removed:
+    its search's experiment and its training run, by their names' prefixes."""
+    started = time.time()
+    yield
+    results = Path("~/ray_results").expanduser()
+    for path in results.glob("tula-*my-cnn-*") if results.is_dir() else []:
+        if path.stat().st_mtime >= started - 1:
+            shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.mark.ray
+@pytest.mark.parametrize("block", RAY_BLOCKS, ids=lambda block: block.id)
+def test_ray_block_runs_as_printed(block, ray_session, tmp_path, monkeypatch, capsys,
+                                   own_ray_results):
+    """README's driver: its own Workload searched, the plan read, the choice trained for an
+    epoch, on the local Ray of `ray_session` (which `ray_session()` in the block joins)."""
+    monkeypatch.chdir(tmp_path)
+    run_block(block, by_value=True)
+    printed = capsys.readouterr().out
+    assert "choice (time): N=" in printed and "chose N=" in printed
+    assert "test_accuracy" in printed
+    assert (tmp_path / "plan" / "plan.json").is_file()
