@@ -1,7 +1,21 @@
-"""Shared fixtures. Ray-marked tests start their own session per module (`ray_session`)."""
+"""Shared fixtures, the order of the run, and the budget of Ray starts and worker groups.
+
+One local Ray serves every Ray test that does not need its own (`ray_session`, started on
+first use, shut down at the end of the run). The run is ordered: the fast tests first,
+then the tests on the shared Ray, then those that need a Ray of their own (marked
+`own_ray`: multi-node clusters, a `ray start` head, `ray up`), which shut the shared one
+down before they start theirs.
+
+Every Ray this run starts (its own, a subprocess's, a cluster's) keeps its session under
+one directory ($RAY_TMPDIR, made here when unset), so the end of the run can count the
+Ray starts and Ray Train's worker-group launches from their logs, print both, and fail
+the run when a whole run exceeds its budget (DEVELOPERS.md: every CI run pays for them).
+"""
 
 import os
 import sys
+import tempfile
+from pathlib import Path
 
 # Ray's token auth makes the dashboard API answer 401 to our test clients; the
 # product never changes this for its users, only the test process does.
@@ -10,21 +24,134 @@ os.environ.setdefault("RAY_TRAIN_ENABLE_PREEMPTION_WATCHER", "0")
 
 import pytest
 
+from ray_budget import RayBudget
 
-@pytest.fixture(scope="module")
+RAY_STARTS_BUDGET = 6
+LAUNCHES_BUDGET = 35
+# Only a run that includes (almost) every Ray test is held to the budget: a selection
+# (`-k`, one file) is not, and neither is `-m "not ray"`.
+BUDGET_APPLIES_FROM_RAY_TESTS = 60
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", "own_ray: needs a Ray of its own (a cluster, a `ray start` head): runs "
+        "after every test on the shared Ray, which it shuts down first")
+    if "RAY_TMPDIR" not in os.environ:
+        # Short: Ray's Unix sockets live under it (at most 107 bytes a path).
+        os.environ["RAY_TMPDIR"] = tempfile.mkdtemp(prefix="tula-tests-", dir="/tmp")
+    config.stash[_BUDGET] = RayBudget(Path(os.environ["RAY_TMPDIR"]) / "ray")
+
+
+_BUDGET = pytest.StashKey[RayBudget]()
+
+
+def _phase(item: pytest.Item) -> int:
+    """0: no Ray; 1: the shared Ray; 2: a Ray of its own."""
+    if item.get_closest_marker("own_ray"):
+        return 2
+    return 1 if item.get_closest_marker("ray") else 0
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    # A stable sort: each phase keeps the files' and the tests' own order.
+    items.sort(key=_phase)
+    config.stash[_RAY_TESTS] = sum(1 for item in items if _phase(item))
+
+
+_RAY_TESTS = pytest.StashKey[int]()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):
+    """Each Ray test's launches (its fixtures' included: they count where first set up)."""
+    budget = item.config.stash[_BUDGET]
+    if _phase(item):
+        budget.count()
+        before = budget.launches
+        yield
+        budget.count()
+        if budget.launches > before:
+            budget.by_test[item.nodeid] = budget.launches - before
+    else:
+        yield
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    config = session.config
+    budget = config.stash[_BUDGET]
+    budget.count()
+    if (config.stash.get(_RAY_TESTS, 0) >= BUDGET_APPLIES_FROM_RAY_TESTS
+            and budget.exceeded(RAY_STARTS_BUDGET, LAUNCHES_BUDGET)
+            and session.exitstatus == 0):
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:
+    budget = config.stash[_BUDGET]
+    applies = config.stash.get(_RAY_TESTS, 0) >= BUDGET_APPLIES_FROM_RAY_TESTS
+    terminalreporter.section("Ray starts and worker-group launches")
+    for line in budget.report(RAY_STARTS_BUDGET, LAUNCHES_BUDGET, applies):
+        terminalreporter.write_line(line)
+
+
+@pytest.fixture(scope="session")
 def ray_session():
-    """One local Ray session per test module that asks for it, on loopback only: the
-    product's own local start (tula_ray.cluster.start_local_ray) with 2 CPUs, so no test
-    depends on the machine's core count."""
+    """The run's one local Ray (the product's own local start, on loopback) with 2 CPUs, so
+    that no test depends on the machine's core count; yields its GCS address, for a
+    subprocess that should join it (RAY_ADDRESS) rather than start its own. Shut down at
+    the end of the run, or by the first `own_ray` module (they run last)."""
     import ray
 
     from tula_ray.cluster import start_local_ray
 
     start_local_ray(num_cpus=2)
     try:
-        yield
+        yield ray.get_runtime_context().gcs_address
     finally:
         ray.shutdown()
+
+
+@pytest.fixture(scope="session")
+def readme_driver(ray_session, tmp_path_factory):
+    """README's driver (its one `<!-- ray -->` block), run once as printed, on the shared
+    Ray, in an empty working directory: its namespace (plan, result, workload), what it
+    printed, and that directory. Ray's default storage (~/ray_results) it wrote to is
+    removed afterwards (its runs' names start with the workload's)."""
+    import contextlib
+    import io
+    import shutil
+    import time
+
+    from docs_blocks import RAY_BLOCKS, run_block
+
+    (block,) = RAY_BLOCKS
+    cwd = tmp_path_factory.mktemp("readme-driver")
+    started, printed = time.time(), io.StringIO()
+    here = os.getcwd()
+    try:
+        os.chdir(cwd)
+        with contextlib.redirect_stdout(printed):
+            namespace = run_block(block, by_value=True)
+        os.chdir(here)
+        yield {"namespace": namespace, "printed": printed.getvalue(), "cwd": cwd}
+    finally:
+        os.chdir(here)
+        results = Path("~/ray_results").expanduser()
+        for path in results.glob("tula-*my-cnn-*") if results.is_dir() else []:
+            if path.stat().st_mtime >= started - 1:
+                shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def no_shared_ray():
+    """For a module with a Ray of its own: the shared Ray is shut down first (its tests
+    have all run: `own_ray` tests run last)."""
+    import ray
+
+    if ray.is_initialized():
+        ray.shutdown()
+    yield
 
 
 @pytest.fixture

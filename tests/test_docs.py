@@ -13,15 +13,11 @@ Each block runs alone, in a fresh module and an empty working directory.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import importlib
 import os
 import re
-import shutil
 import subprocess
 import sys
-import time
-import types
 from pathlib import Path
 
 import pytest
@@ -29,81 +25,12 @@ import pytest
 import tula_ray
 from tula_ray.cli.command import build_parser
 
-ROOT = Path(__file__).resolve().parents[1]
-README = ROOT / "README.md"
-DOCS = ROOT / "docs"
+from docs_blocks import BLOCKS, DOCS, FRAGMENT, RAY, RAY_BLOCKS, README, ROOT, RUNNABLE, run_block
+
 README_MAX_LINES, README_MAX_LINE_CHARS = 200, 100  # the issue's front page
 COMMAND_MARKERS = ("main-command", "test-command")  # .ci/run reads the test command
-FRAGMENT, RAY = "fragment", "ray"
-OPENING = re.compile(r"^(\s*)```python\s*$")
-COMMENT = re.compile(r"^\s*<!--\s*(.*?)\s*-->\s*$")
 ENTRY = re.compile(r"^:::\s+(\S+)", re.MULTILINE)  # a mkdocstrings entry
 BUILD_TIMEOUT_S = 300
-
-
-@dataclasses.dataclass(frozen=True)
-class Block:
-    """One ```python block of a Markdown file."""
-
-    path: Path
-    line: int  # of its first line of code, 1-based
-    marker: str | None  # the comment on the line before its fence, if any
-    code: str
-
-    @property
-    def id(self) -> str:
-        return f"{self.path.relative_to(ROOT)}:{self.line}"
-
-
-def python_blocks(path: Path) -> list[Block]:
-    lines = path.read_text().splitlines()
-    blocks, index = [], 0
-    while index < len(lines):
-        opening = OPENING.match(lines[index])
-        if not opening:
-            index += 1
-            continue
-        comment = COMMENT.match(lines[index - 1]) if index > 0 else None
-        end = index + 1
-        while end < len(lines) and lines[end].strip() != "```":
-            end += 1
-        if end == len(lines):
-            raise ValueError(f"{path}:{index + 1}: a ```python block is never closed")
-        indent = len(opening.group(1))
-        code = "\n".join(line[indent:] for line in lines[index + 1:end])
-        blocks.append(Block(path, index + 2, comment.group(1) if comment else None, code))
-        index = end + 1
-    return blocks
-
-
-def markdown_files() -> list[Path]:
-    return [README, *sorted(DOCS.rglob("*.md"))]
-
-
-BLOCKS = [block for path in markdown_files() for block in python_blocks(path)]
-RUNNABLE = [block for block in BLOCKS if block.marker is None]
-RAY_BLOCKS = [block for block in BLOCKS if block.marker == RAY]
-
-
-def run_block(block: Block, *, by_value: bool = False) -> None:
-    """Execute the block as a script of its own: a fresh module, line numbers as in the
-    Markdown file. by_value: its functions travel to Ray workers by value, as a driver
-    script's do (Ray workers cannot import the module)."""
-    name = "docs_block_" + re.sub(r"\W", "_", block.id)
-    module = types.ModuleType(name)
-    sys.modules[name] = module
-    cloudpickle = None
-    if by_value:
-        from ray import cloudpickle  # Ray serialises functions with its own copy
-
-        cloudpickle.register_pickle_by_value(module)
-    try:
-        code = compile("\n" * (block.line - 1) + block.code, str(block.path), "exec")
-        exec(code, module.__dict__)
-    finally:
-        if cloudpickle is not None:
-            cloudpickle.unregister_pickle_by_value(module)
-        sys.modules.pop(name, None)
 
 
 # --- README as a front page ---------------------------------------------------------
@@ -245,27 +172,32 @@ def test_python_block_runs(block, tmp_path, monkeypatch, registries):
     run_block(block)
 
 
-@pytest.fixture
-def own_ray_results():
-    """What README's driver leaves in Ray's default storage (~/ray_results) is removed:
-    its search's experiment and its training run, by their names' prefixes."""
-    started = time.time()
-    yield
-    results = Path("~/ray_results").expanduser()
-    for path in results.glob("tula-*my-cnn-*") if results.is_dir() else []:
-        if path.stat().st_mtime >= started - 1:
-            shutil.rmtree(path, ignore_errors=True)
-
-
 @pytest.mark.ray
-@pytest.mark.parametrize("block", RAY_BLOCKS, ids=lambda block: block.id)
-def test_ray_block_runs_as_printed(block, ray_session, tmp_path, monkeypatch, capsys,
-                                   own_ray_results):
+def test_readmes_driver_runs_as_printed(readme_driver):
     """README's driver: its own Workload searched, the plan read, the choice trained for an
-    epoch, on the local Ray of `ray_session` (which `ray_session()` in the block joins)."""
-    monkeypatch.chdir(tmp_path)
-    run_block(block, by_value=True)
-    printed = capsys.readouterr().out
+    epoch, on the run's shared Ray (which `ray_session()` in the block joins); run once
+    for the whole run (conftest.py's `readme_driver`: tests/test_search_ray.py examines its
+    plan). Each block is a test of its own in the fast part."""
+    printed, cwd = readme_driver["printed"], readme_driver["cwd"]
     assert "choice (time): N=" in printed and "chose N=" in printed
     assert "test_accuracy" in printed
-    assert (tmp_path / "plan" / "plan.json").is_file()
+    assert (cwd / "plan" / "plan.json").is_file()
+    plan, result = readme_driver["namespace"]["plan"], readme_driver["namespace"]["result"]
+    assert (result.num_workers, result.global_batch) == (plan.choice.num_workers,
+                                                         plan.choice.global_batch)
+
+
+def test_the_custom_workload_example_is_a_workload_that_trains():
+    """examples/custom_workload.py, README's driver with a command line: its model and data
+    pass the check `search` runs on a worker first (a step trained on its first samples),
+    here in this process; its run on Ray is README's driver's (above)."""
+    import runpy
+
+    from tula_ray.workloads import Workload
+    from tula_ray.workloads.check import checked
+
+    example = runpy.run_path(str(ROOT / "examples" / "custom_workload.py"))
+    workload = checked(Workload("rgb-cnn", model_fn=example["model"],
+                                train_dataset_fn=example["train_data"],
+                                test_dataset_fn=example["test_data"]))
+    assert workload.sample_shape == (3, 16, 16) and workload.num_classes == 3
