@@ -67,7 +67,11 @@ def checkout(commit: str) -> Iterator[Path]:
 
 def demo(tree: Path, out: Path, max_batch: int, extra: tuple[str, ...]) -> dict[str, Any]:
     """One default `tula-ray demo` (partial search) from `tree`: the plan's walls."""
-    wall = time_demo("partial", out, out / "ray", max_batch, extra=extra, tree=tree)
+    return walls(out, time_demo("partial", out, out / "ray", max_batch, extra=extra, tree=tree))
+
+
+def walls(out: Path, wall: float) -> dict[str, Any]:
+    """A demo's walls: the whole command's, and its plan's (in `out`)."""
     meta = json.loads((out / "plan.json").read_text())["meta"]
     return {"wall_s": wall, "profiling_wall_s": meta["profiling_wall_s"],
             "probe_wall_s": meta["probe_wall_s"], "launches": meta["launches"],
@@ -82,7 +86,10 @@ def _recorded(path: Path, commits: dict[str, str]) -> list[dict[str, Any]]:
     return [r for r in runs if r["commits"] == commits]
 
 
-def run(quick: bool = False, baselines: tuple[str, ...] = BASELINES, runs: int = RUNS) -> dict:
+def run(quick: bool = False, baselines: tuple[str, ...] = BASELINES, runs: int = RUNS,
+        ran: dict[str, Any] | None = None) -> dict:
+    """ran: with quick, the walls (`walls`) of a demo of this tree already run, reported
+    instead of running one (the CLI's test runs the demo, as a user types it)."""
     commits = {"this": commit_of(REPO)}
     if not quick:
         commits.update({commit_of(REPO, ref): commit_of(REPO, ref) for ref in baselines})
@@ -90,6 +97,8 @@ def run(quick: bool = False, baselines: tuple[str, ...] = BASELINES, runs: int =
     if quick:
         log.unlink(missing_ok=True)
     recorded = _recorded(log, commits)
+    if quick and ran is not None:
+        recorded = [{"commits": commits, "index": 0, "tree": "this", **ran}]
     max_batch, extra = (32, ("--cluster-sizes", "1")) if quick else (DEMO_MAX_BATCH, ())
     names = list(commits)
     runs = 1 if quick else runs

@@ -27,22 +27,31 @@ RUNS = 3
 GOAL_PROFILING_S = 60.0  # issue 11: demo profiling wall time on this machine
 
 
+DEMO_LOG = "demo.log"  # a demo's output, beside its plan.json
+
+
 def time_demo(strategy: str, out: Path, storage: Path, max_batch: int = DEMO_MAX_BATCH, *,
               extra: tuple[str, ...] = (), tree: Path | None = None) -> float:
-    """Wall time of one `tula-ray demo` (Ray start and probe included), as a user runs it.
+    """Wall time of one `tula-ray demo` (Ray start and probe included), as a user runs it;
+    what it printed is kept in out/DEMO_LOG (stdout, then stderr).
     tree: run the code of this source tree instead (its packages first on the path of the
     driver and, through the environment Ray's workers inherit, of every worker)."""
     environment = None
     if tree is not None:
         environment = {**{k: v for k, v in os.environ.items() if k != "PYTHONPATH"},
                        "PYTHONPATH": str(tree)}
+    out.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
-    subprocess.run([sys.executable, "-m", "tula_ray.cli", "demo", "--max-batch", str(max_batch),
-                    "--search-strategy", strategy, "--out", str(out),
-                    "--storage-path", str(storage), *extra],
-                   cwd=tree, env=environment, check=True, stdout=subprocess.DEVNULL,
-                   stderr=subprocess.DEVNULL)
-    return time.perf_counter() - started
+    done = subprocess.run(
+        [sys.executable, "-m", "tula_ray.cli", "demo", "--max-batch", str(max_batch),
+         "--search-strategy", strategy, "--out", str(out), "--storage-path", str(storage),
+         *extra], cwd=tree, env=environment, capture_output=True, text=True)
+    wall_s = time.perf_counter() - started
+    (out / DEMO_LOG).write_text(done.stdout + done.stderr)
+    if done.returncode:
+        raise RuntimeError(f"tula-ray demo exited with {done.returncode}:\n"
+                           f"{done.stderr[-4000:]}")
+    return wall_s
 
 
 def summarise(plan, wall_s: float | None) -> dict:

@@ -127,7 +127,9 @@ def _plan_path(name: str, label: str, repeat: int) -> Path:
     return RESULTS_DIR / f"{name}_{label}{suffix}.plan.json"
 
 
-def run(quick: bool = False) -> dict:
+def run(quick: bool = False, plans: dict[str, Any] | None = None) -> dict:
+    """plans: with quick, the plan of each quick workload's label, given instead of
+    searched (a smoke test of what follows the search: the runs and the report)."""
     import tempfile
 
     from tula_ray.cluster import ray_session
@@ -149,14 +151,14 @@ def run(quick: bool = False) -> dict:
         for repeat in range(repeats):
             # A new search per repeat, just before the runs it is set beside: the plan's
             # own spread shows, and a slow drift of the machine falls on plan and runs alike.
-            plans = {label: _plan(
+            searched = plans if quick and plans is not None else {label: _plan(
                 _plan_path(name, label, repeat), workload=workload,
                 workload_options=options or None, cluster_sizes=sizes, min_batch=low,
                 max_batch=high, strategy="full", training_strategy="lbt", epochs=epochs)
                 for label, workload, options, (low, high), _ in workloads}
-            searches.append(plans)
+            searches.append(searched)
             for label, _, options, _, trained in workloads:
-                plan = plans[label]
+                plan = searched[label]
                 for n, b in [(n, b) for n, b in profiled(plan) if b in trained]:
                     _measure({"workload": label, "num_workers": n, "global_batch": b,
                               "strategy": "lbt", "repeat": repeat}, runs, runs_path, plan,

@@ -29,12 +29,13 @@ import yaml
 from ray.util.state import list_actors
 
 from process_tree import kill_tree
+from ray_budget import record_elsewhere
 
 import tula_ray
 from tula_ray.cluster import (AUTOSCALING_CONFIG_ENV, DRIVER_RESOURCE, LOCAL_NODE_IP,
                               ensure_ray, provision_workers)
 
-pytestmark = pytest.mark.ray
+pytestmark = [pytest.mark.ray, pytest.mark.own_ray]
 
 
 def _gcs() -> str:
@@ -86,7 +87,7 @@ def _join(address: str, head: subprocess.Popen) -> None:
 
 
 @pytest.fixture(scope="module")
-def fake_cluster():
+def fake_cluster(no_shared_ray):
     scratch = Path(tempfile.mkdtemp(prefix="tula-fake-"))
     port = _free_port()
     config = scratch / "autoscaling.yaml"
@@ -113,6 +114,7 @@ def fake_cluster():
         else:
             os.environ[AUTOSCALING_CONFIG_ENV] = saved
         kill_tree(head.pid)
+        record_elsewhere(scratch / "ray", "the fake autoscaling cluster")
         shutil.rmtree(scratch, ignore_errors=True)
 
 

@@ -1,9 +1,11 @@
 """Every `tula-ray` verb that starts Ray, run to success as a user types it (a subprocess of
-the installed command), and checked by what it wrote: plan rows, the choice, figures and
-the training metrics. Tiny grids and data keep each run to a minute or so."""
+the installed command, one per verb), and checked by what it wrote: plan rows, the choice,
+figures and the training metrics. Each joins the run's shared Ray through RAY_ADDRESS, as
+a driver `ray job submit` starts does: the verb is what is tested, not Ray's start (the
+local start is tests/test_local_ray.py's). Tiny grids and data keep each run short."""
 
 import json
-import shutil
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -11,6 +13,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from tula_ray.cluster import ADDRESS_ENV
 from tula_ray.planning.plan import Plan
 
 pytestmark = pytest.mark.ray
@@ -18,12 +21,19 @@ pytestmark = pytest.mark.ray
 TIMEOUT_S = 900  # a hang fails the test instead of the whole CI run
 
 
+@pytest.fixture
+def joined(ray_session, monkeypatch) -> str:
+    """Subprocesses started by this test join the run's shared Ray."""
+    monkeypatch.setenv(ADDRESS_ENV, ray_session)
+    return ray_session
+
+
 def tula_ray_command(*args: str, cwd: Path) -> subprocess.CompletedProcess:
     """`tula-ray ARGS` from the environment pytest runs in (the installed console script)."""
     script = Path(sys.executable).with_name("tula-ray")
     command = [str(script)] if script.exists() else [sys.executable, "-m", "tula_ray.cli"]
     done = subprocess.run([*command, *args], cwd=cwd, capture_output=True, text=True,
-                          timeout=TIMEOUT_S)
+                          timeout=TIMEOUT_S, env=os.environ.copy())
     assert done.returncode == 0, f"tula-ray {' '.join(args)} failed:\n{done.stderr[-4000:]}"
     return done
 
@@ -50,12 +60,12 @@ def check_metrics(path: Path, epochs: int) -> pd.DataFrame:
     return metrics
 
 
-def test_search_from_a_config_file_then_tune_and_train_its_plan(tmp_path):
+def test_search_from_a_config_file_then_tune_and_train_its_plan(joined, tmp_path):
     config = tmp_path / "search.yaml"
     config.write_text(f"""\
 workload: fashion-mnist-cnn
 workload_options: {{train_subset: 512}}
-cluster_sizes: [1, 2]
+cluster_sizes: [1]
 min_batch: 32
 max_batch: 64
 objective: time
@@ -68,18 +78,19 @@ runtime_env: {{env_vars: {{TULA_CLI_MARK: "1"}}}}
     searched = tula_ray_command("search", str(config), "--out", str(tmp_path / "plan"),
                                 cwd=tmp_path)
     plan = check_plan(tmp_path / "plan", searched.stdout, measured={
-        (n, b) for n in (1, 2) for b in (32, 64)})  # a 2 x 2 grid: every strategy runs it all
+        (1, 32), (1, 64)})  # two candidates: every strategy runs them both
     assert plan.meta["workload_options"] == {"train_subset": 512}
     assert plan.meta["reference_batch"] == 64  # the config's key reaches the plan
 
+    # A driver joining a cluster brings its own job's runtime environment.
     tuned = tula_ray_command(
-        "tune", str(tmp_path / "plan" / "plan.json"), "--strategy", "lrs", "--trials", "2",
+        "tune", str(tmp_path / "plan" / "plan.json"), "--strategy", "lrs", "--trials", "1",
         "--epochs", "1", "--storage-path", str(tmp_path / "ray_results"),
         "--runtime-env-json", '{"env_vars": {"TULA_CLI_MARK": "1"}}',
         "--out", str(tmp_path / "tune"), cwd=tmp_path)
     config = json.loads((tmp_path / "tune" / "tuned.json").read_text())
     assert config["strategy"] == "lrs" and 1e-3 <= config["lr"] <= 0.2  # LRS's tuned space
-    assert "best of 2 trials" in tuned.stdout
+    assert "best of 1 trials" in tuned.stdout
 
     trained = tula_ray_command(
         "train", str(tmp_path / "plan" / "plan.json"), "--config", str(tmp_path / "tune" /
@@ -91,37 +102,41 @@ runtime_env: {{env_vars: {{TULA_CLI_MARK: "1"}}}}
             in trained.stdout)
 
 
-def test_demo_searches_and_trains_with_one_ray(tmp_path):
-    demo = tula_ray_command(
-        "demo", "--cluster-sizes", "1", "--min-batch", "64", "--max-batch", "64",
-        "--objective", "time_to_accuracy", "--reference-batch", "32",
-        "--train", "--strategy", "lbt", "--epochs", "1",
-        "--storage-path", str(tmp_path / "ray_results"), "--out", str(tmp_path / "demo"),
-        cwd=tmp_path)
-    plan = check_plan(tmp_path / "demo", demo.stdout, measured={(1, 64)})
+def test_demo_searches_to_a_time_to_accuracy(joined, tmp_path):
+    """`tula-ray demo` as the start-up benchmark runs it (`tula_ray.cli.main` in a process of
+    its own, timed from the inside), which then reports it, and so does the profiling-wall
+    benchmark: both benchmarks' smoke tests. (The console script itself runs in
+    tests/test_benchmarks_first_contact.py: `python -m tula_ray.cli demo` with no data.)"""
+    from benchmarks import demo_startup, profiling_wall
+    from benchmarks.common import RESULTS_DIR
+
+    out = tmp_path / "demo"
+    ran = demo_startup.demo(demo_startup.REPO, out, (
+        "--cluster-sizes", "1", "--min-batch", "64", "--max-batch", "64",
+        "--objective", "time_to_accuracy", "--reference-batch", "32"), join=joined)
+    printed = (out / "demo.log").read_text()
+    plan = check_plan(out, printed, measured={(1, 64)})
     # the time to accuracy, from the gradient noise the one profile row measured
     assert plan.choice.objective == "time_to_accuracy" and plan.meta["reference_batch"] == 32
     assert plan.meta["noise"]["steps"] >= 3 and plan.meta["launches"] == 1
     row = plan.chosen
     assert row["efficiency"] <= 1.0 and row["epochs_to_target"] >= plan.epochs
     assert row["time_to_accuracy_s"] >= row["estimated_total_time_s"] > 0
-    assert "gradient noise" in demo.stdout
-    check_metrics(tmp_path / "demo" / "train_metrics.csv", epochs=1)
-    assert "memory probe" in demo.stdout and "trained N=1, B=64 with lbt" in demo.stdout
-    assert demo.stdout.startswith("Fashion-MNIST: ")  # where the data came from, first
+    assert "gradient noise" in printed and "memory probe" in printed
+    assert printed.startswith("Fashion-MNIST: ")  # where the data came from, first
     # The workers' output reaches the driver's terminal (Ray's log_to_driver).
-    assert "(RayTrainWorker pid=" in demo.stdout + demo.stderr
-    shutil.rmtree(tmp_path / "ray_results", ignore_errors=True)
+    assert "(RayTrainWorker pid=" in printed
 
+    # The split adds up to the wall, and each part is a time.
+    assert sum(ran[part] for part in demo_startup.PARTS if part != "timed_s") == \
+        pytest.approx(ran["wall_s"])
+    assert 0 < ran["timed_s"] < ran["candidates_s"] and ran["check_s"] > 0
+    startup = demo_startup.run(quick=True, ran=ran)
+    assert startup["choices"] == [[1, 64]] and startup["outside_ratio"] is None
+    assert "| part (median s) |" in (RESULTS_DIR / "demo_startup_quick.md").read_text()
 
-def test_profiling_wall_benchmark_quick():
-    """Issue 24's side-by-side wall benchmark, smoke test: one tiny demo of this tree, its
-    plan's walls read back and reported."""
-    from benchmarks import profiling_wall
-    from benchmarks.common import RESULTS_DIR
-
-    result = profiling_wall.run(quick=True)
-    (run,) = result["runs"]
+    walls = profiling_wall.run(quick=True, ran=profiling_wall.walls(out, ran["wall_s"]))
+    (run,) = walls["runs"]
     assert run["tree"] == "this" and run["launches"] == 1
     assert 0 < run["profiling_wall_s"] < run["wall_s"]
     assert "this (" in (RESULTS_DIR / "profiling_wall_quick.md").read_text()

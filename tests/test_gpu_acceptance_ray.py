@@ -1,6 +1,7 @@
 """`python -m benchmarks gpu-acceptance --quick --allow-cpu` where Ray is importable: both
 halves run, the Ray half on a tiny synthetic workload (issue 26, item 7)."""
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -9,17 +10,19 @@ import pytest
 from result_checks import table_rows
 
 from benchmarks.common import RESULTS_DIR
+from tula_ray.cluster import ADDRESS_ENV
 
 pytestmark = pytest.mark.ray
 
 
-def test_gpu_acceptance_runs_its_ray_half_where_ray_is_importable():
+def test_gpu_acceptance_runs_its_ray_half_where_ray_is_importable(ray_session):
     """The search run twice (per B: both runs' times, agreement within the spread, the
     clock flag), `train` against the plan's epoch time, NCCL's check skipped on the CPU.
-    Its own local Ray, in a child process, as the command runs."""
+    In a child process, as the command runs, joining the run's shared Ray (RAY_ADDRESS)."""
     done = subprocess.run([sys.executable, "-m", "benchmarks", "gpu-acceptance", "--quick",
                            "--allow-cpu"], capture_output=True, text=True,
-                          cwd=Path(__file__).parents[1], timeout=600)
+                          cwd=Path(__file__).parents[1], timeout=600,
+                          env={**os.environ, ADDRESS_ENV: ray_session})
     assert done.returncode == 0, done.stderr[-3000:]
     markdown = (RESULTS_DIR / "gpu_acceptance_quick.md").read_text()
     assert "the Ray-free and Ray halves ran" in markdown and "Ray importable: True" in markdown

@@ -1,6 +1,6 @@
 """The local default exposes nothing (issue 13, item 6): every TCP socket that the Ray
-started by `tula_ray.cluster.ensure_ray()` listens on (GCS, raylet, dashboard, agents,
-workers) is bound to a loopback address.
+started by `tula_ray.cluster.start_local_ray()` (what `ensure_ray()` starts) listens on
+(GCS, raylet, dashboard, agents, workers) is bound to a loopback address.
 
 The sockets are found from /proc: the listening sockets of /proc/net/tcp{,6} whose
 inodes belong to this test process's descendants (every Ray process a local
@@ -16,7 +16,6 @@ from ray import cloudpickle
 
 from process_tree import command, descendants, is_loopback, listening_sockets, socket_inodes
 
-from tula_ray.cluster import ADDRESS_ENV, ensure_ray
 
 pytestmark = pytest.mark.ray
 # Ray workers cannot import this test module: ship its functions and classes by value.
@@ -24,21 +23,16 @@ cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 
 @pytest.fixture(scope="module")
-def local_ray():
-    saved_address = os.environ.pop(ADDRESS_ENV, None)  # nothing names a cluster
-    saved_auth = os.environ.get("RAY_AUTH_MODE")
-    try:
-        assert ensure_ray() is True  # it started Ray (so the caller shuts it down)
-        # A task and an actor, so worker processes listen too.
-        ray.get(ray.remote(lambda: 1).remote())
-        actor = ray.remote(_Echo).remote()
-        ray.get(actor.echo.remote(1))
-        yield actor
-    finally:
-        ray.shutdown()
-        if saved_address is not None:
-            os.environ[ADDRESS_ENV] = saved_address
-    assert os.environ.get("RAY_AUTH_MODE") == saved_auth  # authentication left as it was
+def local_ray(ray_session):
+    """The run's shared Ray: the product's local start (`start_local_ray`, which
+    `ensure_ray()` calls when nothing names a cluster: tests/test_cluster_session.py),
+    with a task and an actor, so that worker processes listen too."""
+    ray.get(ray.remote(lambda: 1).remote())
+    actor = ray.remote(_Echo).remote()
+    ray.get(actor.echo.remote(1))
+    yield actor
+    ray.kill(actor)
+    assert os.environ.get("RAY_AUTH_MODE") == "disabled"  # the tests' own, left as it was
 
 
 class _Echo:

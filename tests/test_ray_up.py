@@ -28,8 +28,9 @@ import pytest
 import yaml
 
 from process_tree import kill_tree
+from ray_budget import record_elsewhere
 
-pytestmark = [pytest.mark.ray, pytest.mark.ray_up]
+pytestmark = [pytest.mark.ray, pytest.mark.ray_up, pytest.mark.own_ray]
 
 ROOT = Path(__file__).parents[1]
 CONFIG = yaml.safe_load((ROOT / "cluster-local.yaml").read_text())
@@ -106,7 +107,7 @@ def _user_environment(venv: Path) -> Path:
 
 
 @pytest.fixture(scope="module")
-def sandbox():
+def sandbox(no_shared_ray):
     """SSH server, key, and a user of its own; everything removed afterwards."""
     scratch = Path(tempfile.mkdtemp(prefix="tula-up-"))
     scratch.chmod(0o755)
@@ -145,6 +146,7 @@ def sandbox():
         if sshd is not None:
             sshd.send_signal(signal.SIGTERM)
             sshd.wait()
+        record_elsewhere(scratch / "ray-tmp" / "ray", "the `ray up` cluster")
         if uid is not None:  # whatever the cluster's user still runs: this test's processes
             for pid in _user_processes(uid):
                 kill_tree(pid, grace_s=5)

@@ -2,8 +2,9 @@
 killed with SIGKILL in the middle of a search; the same script, run again with
 resume=True, continues the same experiment through `Tuner.restore`.
 
-Both drivers are subprocesses that start their own local Ray (as a user's would); the
-first is killed with SIGKILL, and so is every process it started (Ray's)."""
+Both drivers are subprocesses that join the run's shared Ray (RAY_ADDRESS), as drivers
+on a cluster do; the first is killed with SIGKILL, and so is every process it started.
+Ray ends a dead driver's job: its trials and worker groups go with it."""
 
 import json
 import os
@@ -15,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from process_tree import kill_tree
+from tula_ray.cluster import ADDRESS_ENV
 from tula_ray.planning.plan import Plan, build_plan
 
 pytestmark = pytest.mark.ray
@@ -42,12 +44,13 @@ def model():
 
 if __name__ == "__main__":
     workload = Workload("resume-mlp", model_fn=model, train_dataset_fn=data, epochs=2)
-    plan = tula_ray.search(workload, strategy="full", cluster_sizes=(1, 2), min_batch=32,
+    plan = tula_ray.search(workload, strategy="full", cluster_sizes=(1,), min_batch=32,
                            max_batch=512, measure_steps=4, measure_seconds=0.5,
                            storage_path=sys.argv[1], name="resumable", resume=True)
     plan.to_json(sys.argv[2])
 '''
 TIMEOUT_S = 600
+BATCHES = (32, 64, 128, 256, 512)  # one worker group profiles them, smallest first
 
 
 def saved_state(experiment: Path) -> dict | None:
@@ -61,38 +64,39 @@ def saved_state(experiment: Path) -> dict | None:
         return None
 
 
-def run_driver(script: Path, storage: Path, out: Path) -> subprocess.Popen:
+def run_driver(script: Path, storage: Path, out: Path, address: str) -> subprocess.Popen:
     # Tune saves the experiment (and the searcher) every second instead of every >= 10 s,
     # so that the kill below lands between two saves with rows in the first.
-    env = {**os.environ, "TUNE_GLOBAL_CHECKPOINT_S": "1"}
+    env = {**os.environ, "TUNE_GLOBAL_CHECKPOINT_S": "1", ADDRESS_ENV: address}
     return subprocess.Popen([sys.executable, str(script), str(storage), str(out)],
                             cwd=script.parent, env=env, start_new_session=True,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
 
 
 @pytest.fixture(scope="module")
-def killed_then_resumed(tmp_path_factory):
+def killed_then_resumed(ray_session, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("resume")
     script, storage = tmp / "driver.py", tmp / "ray_results"
     script.write_text(DRIVER)
     experiment = storage / "resumable"
-    first = run_driver(script, storage, tmp / "never.json")
+    first = run_driver(script, storage, tmp / "never.json", ray_session)
     deadline, before = time.monotonic() + TIMEOUT_S, None
     try:
         while time.monotonic() < deadline and first.poll() is None:
             state = saved_state(experiment)
-            if state and len(state["rows"]) >= 2:  # a few candidates measured, not all
+            # A few candidates measured, not all: the resumed search has some left.
+            if state and 2 <= len(state["rows"]) < len(BATCHES):
                 before = state
                 break
             time.sleep(0.2)
     finally:
-        kill_tree(first.pid, term_first=False)  # the driver and its Ray
+        kill_tree(first.pid, term_first=False)  # the driver and what it started
         first.wait(timeout=60)
     assert before is not None, f"no rows saved before the kill:\n{first.stderr.read()[-3000:]}"
     assert not (tmp / "never.json").exists()
     time.sleep(1)  # the killed group's files are closed
     killed = saved_state(experiment)  # what the resumed search starts from
-    second = run_driver(script, storage, tmp / "plan.json")
+    second = run_driver(script, storage, tmp / "plan.json", ray_session)
     try:
         _, err = second.communicate(timeout=TIMEOUT_S)
     finally:
@@ -107,7 +111,7 @@ def test_resumed_search_profiles_no_finished_candidate_again(killed_then_resumed
     assert plan.meta["resumed"] is True
     rows = plan.profiles.set_index(["num_workers", "global_batch"])
     assert rows.index.is_unique  # every candidate profiled once
-    expected = {(n, b) for n in (1, 2) for b in (32, 64, 128, 256, 512)}
+    expected = {(1, b) for b in BATCHES}
     assert set(rows.index) == expected and (rows["status"] == "ok").all()
     for row in killed["rows"].values():  # rows saved before the kill are kept as they were
         kept = rows.loc[(row["num_workers"], row["global_batch"])]

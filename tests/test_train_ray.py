@@ -45,12 +45,10 @@ def plan():
 
 @pytest.fixture(scope="module")
 def trained(ray_session, plan, tmp_path_factory):
-    return tula_ray.train(plan, "ags", storage_path=str(tmp_path_factory.mktemp("train")),
-                          name="ags")
-
-
-@pytest.fixture(scope="module")
-def recovered(ray_session, plan, tmp_path_factory):
+    """The plan's choice trained with AGS, a worker failing at epoch 1 (a restart from the
+    last checkpoint). That the interrupted run is the uninterrupted one, step for step, is
+    the training loop's own test without Ray (tests/test_training.py,
+    test_a_resumed_run_continues_identically): here, Ray Train's restart."""
     return tula_ray.train(plan, "ags", storage_path=str(tmp_path_factory.mktemp("recover")),
                           name="ags-fail", fail_at_epoch=1)
 
@@ -60,7 +58,6 @@ def test_train_runs_the_plans_choice_for_its_epochs(trained):
     assert list(metrics["epoch"]) == [0, 1]
     assert (trained.num_workers, trained.global_batch, trained.strategy) == (2, 64, "ags")
     assert metrics["num_workers"].eq(2).all() and metrics["global_batch"].eq(64).all()
-    assert metrics["resumed_from"].eq(-1).all()  # never restarted
     # b = 32 leaves no room for AGS's default 32-sample sub-batch: the local gradients serve.
     assert any("source='local'" in note for note in trained.notes)
     # The plan's workload options reached the workers: 1024 images, not 60000.
@@ -87,17 +84,12 @@ def test_the_last_checkpoint_loads_into_a_fresh_model_and_optimizer(trained):
     assert restored["ags"]["counters"]["steps"] == EPOCHS * STEPS_PER_EPOCH
 
 
-def test_a_worker_failure_resumes_from_the_last_checkpoint(recovered, trained):
-    metrics = recovered.metrics
+def test_a_worker_failure_resumes_from_the_last_checkpoint(trained):
+    metrics = trained.metrics
     assert list(metrics["epoch"]) == [0, 1]
     # Epoch 0 ran once, in the first attempt; epoch 1 ran after the restart, from its checkpoint.
     assert list(metrics["resumed_from"]) == [-1, 0]
-    assert recovered.load_checkpoint()["epoch"] == 1
-    # Same seed, same (seed, epoch) data order: the interrupted run is the uninterrupted one.
-    assert metrics["test_accuracy"].iloc[0] == pytest.approx(
-        trained.metrics["test_accuracy"].iloc[0])
-    assert metrics["train_loss"].iloc[1] == pytest.approx(
-        trained.metrics["train_loss"].iloc[1], rel=1e-3)
+    assert trained.load_checkpoint()["epoch"] == 1
 
 
 @pytest.mark.parametrize("plan_kwargs, train_kwargs, message", [
@@ -121,17 +113,21 @@ def test_bad_input_fails_before_any_worker(ray_session, tmp_path, plan_kwargs, t
     assert not list(tmp_path.iterdir())  # no Train run was started
 
 
-def test_train_takes_a_plans_choice_at_agss_reference_batch(ray_session, tmp_path):
+def test_train_takes_a_plans_choice_at_agss_reference_batch():
     """Issue 22, item 6: a plan that chose B = 32 on N = 2 (the demo's smallest candidate),
     trained with the default strategy, AGS-NS, whose reference batch is 32: it used to be
     refused ("ags-ns's reference small batch 32 needs a larger global batch"); the gain is
-    1 there, and it trains with plain SGD steps, saying so."""
+    1 there, and the job trains plain SGD steps, saying so (decided in the driver, before
+    Ray: `resolve_job`; the workers build the plain SGD: tests/test_ags_variant.py)."""
+    from tula_ray.runs.training_job import resolve_job
+    from tula_ray.training.strategies import TRAINING_STRATEGY_DEFAULT
+
     plan = _plan(batch_sizes=(16, 32))
     assert (plan.choice.num_workers, plan.choice.global_batch) == (2, 32)
-    result = tula_ray.train(plan, epochs=1, storage_path=str(tmp_path))
-    assert result.strategy == "ags-ns" and list(result.metrics["epoch"]) == [0]
-    assert any("plain SGD steps" in note for note in result.notes)
-    assert math.isfinite(float(result.metrics["test_accuracy"].iloc[0]))
+    job = resolve_job(plan, TRAINING_STRATEGY_DEFAULT, None, None, 1, None)
+    assert job.strategy_name == "ags-ns" == TRAINING_STRATEGY_DEFAULT
+    assert (job.num_workers, job.global_batch) == (2, 32)
+    assert any("plain SGD steps" in note for note in job.notes)
 
 
 def test_train_in_fp16_to_a_scale_invariant_budget(ray_session, tmp_path):
@@ -140,7 +136,10 @@ def test_train_in_fp16_to_a_scale_invariant_budget(ray_session, tmp_path):
     Issue 25, item 3 in the same run (one Ray Train job, not two): the scale-invariant
     budget of 1 epoch at AGS-NS's reference batch 32 trains B = 64 until its progress
     reaches 1024 / 32 reference steps: 1 or 2 epochs."""
-    result = tula_ray.train(_plan(), "ags-ns", epochs=1, precision="fp16",
+    # Made-up images (with a test set of 256): fp16 is emulated on the CPU, slow, and what
+    # is checked here is its path through Ray Train, not what it learns.
+    fake = {"workload_options": {"data": "fake", "fake_size": TRAIN_SUBSET}}
+    result = tula_ray.train(_plan(meta=fake), "ags-ns", epochs=1, precision="fp16",
                             budget="scale-invariant", storage_path=str(tmp_path))
     metrics = result.metrics
     assert metrics["loss_scale"].gt(0).all() and metrics["loss_scale"].map(math.isfinite).all()
@@ -155,13 +154,24 @@ def test_train_in_fp16_to_a_scale_invariant_budget(ray_session, tmp_path):
 
 
 def test_train_time_benchmark_quick(ray_session):
-    """Issue 24's benchmark, smoke test: a search's plan against `train`'s epochs."""
+    """Issue 24's benchmark, smoke test: a plan against `train`'s epochs, and the report.
+    The plan is given (profiles made from a known model, with an evaluation and a
+    checkpoint measured): what follows a search is what is smoke-tested; searches are
+    tests/test_search_ray.py's."""
     from result_checks import table_rows
 
     from benchmarks import train_time
     from benchmarks.common import RESULTS_DIR
 
-    result = train_time.run(quick=True)
+    label, workload, options, _, (batch,) = train_time.QUICK_WORKLOADS[0]
+    space = SearchSpace((1,), (batch,))
+    profiles = synthetic_profiles(space.candidates(), example_params()).assign(
+        eval_time_s=0.05, checkpoint_time_s=0.01, data_load_s=0.1)
+    plan = build_plan(space, profiles, epochs=train_time.QUICK_EPOCHS,
+                      dataset_size=options["train_subset"], strategy="full", objective="time",
+                      workload=workload, meta={"workload_options": options,
+                                               "training_strategy": "lbt"})
+    result = train_time.run(quick=True, plans={label: plan})
     (row,) = result["rows"]
     assert row["measured_s"] > 0 and row["predicted_s"] > 0 and row["eval_predicted_s"] > 0
     markdown = (RESULTS_DIR / "train_time_quick.md").read_text()
