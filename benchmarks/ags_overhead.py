@@ -43,19 +43,23 @@ SMALL_BATCH = 32
 # 9 rounds (three runs gave medians of -0.7, 11.2 and 6.6 % for ags-ns/local); 25 rounds
 # narrow the median by about 5/3.
 ROUNDS, QUICK_ROUNDS = 25, 2
+# --quick, a smoke test of the same variants and code: B = 128 (b = 64 on N=2, still above
+# the sub-batch of 32) and 2 steps an "epoch" (the full run's B x 9 steps take minutes here).
+QUICK_GLOBAL_BATCH, QUICK_TRAIN_SUBSET = 128, 256
 
 
-def _variant(kind: str, model: nn.Module, local_batch: int) -> torch.optim.Optimizer:
+def _variant(kind: str, model: nn.Module, local_batch: int,
+             global_batch: int) -> torch.optim.Optimizer:
     base = sgd(model.parameters())
     if kind == "base":
         return base
     if kind == "ags-ns/local":  # the options of the "ags-ns" strategy, local source
-        optimizer = TulaOptimizer(base, large_batch=GLOBAL_BATCH, small_batch=SMALL_BATCH,
+        optimizer = TulaOptimizer(base, large_batch=global_batch, small_batch=SMALL_BATCH,
                                   source="local", **NOISE_SCALE_DEFAULTS)
     else:
         source, granularity = kind.split("/")
         small = SMALL_BATCH if source == "sub-batch" else local_batch
-        optimizer = TulaOptimizer(base, large_batch=GLOBAL_BATCH, small_batch=small,
+        optimizer = TulaOptimizer(base, large_batch=global_batch, small_batch=small,
                                   granularity=granularity, source=source)
     if optimizer.source == "local":
         register_local_gradient_hook(model, optimizer)
@@ -77,14 +81,17 @@ def _epoch_seconds(model: nn.Module, optimizer: torch.optim.Optimizer, batches) 
     return time.perf_counter() - started
 
 
-def _measure(kinds: list[str], local_batch: int, rounds: int, wrap=lambda m: m) -> dict:
-    steps = TRAIN_SUBSET // GLOBAL_BATCH
+def _measure(kinds: list[str], settings: dict, world_size: int, rounds: int,
+             wrap=lambda m: m) -> dict:
+    """settings: the global batch and the subset whose steps make an epoch."""
+    steps = settings["train_subset"] // settings["global_batch"]
+    local_batch = settings["global_batch"] // world_size
     batches = [synthetic_batch((1, 28, 28), 10, local_batch, seed=s) for s in range(steps)]
     runs = {}
     for kind in kinds:  # one model and optimizer per variant, kept across rounds (warm state)
         torch.manual_seed(0)
         model = wrap(FashionCNN())
-        runs[kind] = (model, _variant(kind, model, local_batch))
+        runs[kind] = (model, _variant(kind, model, local_batch, settings["global_batch"]))
         _epoch_seconds(*runs[kind], batches[:2])  # warm-up: allocator, thread pool
     seconds: dict[str, list[float]] = {kind: [] for kind in kinds}
     for round_index in range(rounds):
@@ -94,10 +101,10 @@ def _measure(kinds: list[str], local_batch: int, rounds: int, wrap=lambda m: m) 
     return {"steps_per_epoch": steps, "local_batch": local_batch, "epoch_seconds": seconds}
 
 
-def _ddp_worker(rank: int, rounds: int, out: str) -> None:
+def _ddp_worker(rank: int, settings: dict, rounds: int, out: str) -> None:
     result = _measure(["base", "local/tensor", "local/element", "sub-batch/tensor",
                        "ags-ns/local"],
-                      GLOBAL_BATCH // 2, rounds, wrap=nn.parallel.DistributedDataParallel)
+                      settings, 2, rounds, wrap=nn.parallel.DistributedDataParallel)
     if rank == 0:
         torch.save(result, out)
 
@@ -110,13 +117,16 @@ def _overheads(result: dict) -> dict[str, list[float]]:
 
 def run(quick: bool = False) -> dict:
     rounds = QUICK_ROUNDS if quick else ROUNDS
-    single = _measure(["base", "sub-batch/tensor", "sub-batch/element"], GLOBAL_BATCH, rounds)
+    settings = ({"global_batch": QUICK_GLOBAL_BATCH, "train_subset": QUICK_TRAIN_SUBSET}
+                if quick else {"global_batch": GLOBAL_BATCH, "train_subset": TRAIN_SUBSET})
+    single = _measure(["base", "sub-batch/tensor", "sub-batch/element"], settings, 1, rounds)
     with tempfile.TemporaryDirectory() as scratch:
         out = str(Path(scratch, "ddp.pt"))
-        spawn_gloo(_ddp_worker, 2, rounds, out)
+        spawn_gloo(_ddp_worker, 2, settings, rounds, out)
         ddp = torch.load(out)
-    result = {**provenance(), "rounds": rounds, "global_batch": GLOBAL_BATCH,
-              "small_batch": SMALL_BATCH, "n1": single, "n2": ddp,
+    result = {**provenance(), "rounds": rounds, "global_batch": settings["global_batch"],
+              "train_subset": settings["train_subset"], "small_batch": SMALL_BATCH,
+              "n1": single, "n2": ddp,
               "overhead": {"N=1": _overheads(single), "N=2": _overheads(ddp)}}
     markdown = _markdown(result)
     write_result("ags_overhead" + ("_quick" if quick else ""), result, markdown)
@@ -138,9 +148,9 @@ def _markdown(r: dict) -> str:
 `{r['command']}` — commit {r['commit']}, {r['date']}, {r['machine']}
 
 Small CNN, B={r['global_batch']}, SGD momentum 0.9, refresh once per epoch of
-{r['n1']['steps_per_epoch']} steps (10k-image subset), sub-batch {r['small_batch']};
-{r['rounds']} rounds, each timing one epoch of every variant back to back in the same
-process(es). Overhead = AGS epoch / base epoch - 1, median [min, max] over rounds.
+{r['n1']['steps_per_epoch']} steps (the {r['train_subset']}-image subset's), sub-batch
+{r['small_batch']}; {r['rounds']} rounds, each timing one epoch of every variant back to back
+in the same process(es). Overhead = AGS epoch / base epoch - 1, median [min, max] over rounds.
 Goal: <= 3 % (issue 12: for AGS-NS, "ags-ns/local", refreshed every step).
 
 {table}

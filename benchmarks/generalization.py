@@ -26,6 +26,8 @@ summary, goals, figure and markdown are `benchmarks.generalization_report`'s.
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import json
 import time
 from typing import Any
@@ -43,11 +45,14 @@ def _run_one(run: dict[str, Any], rank: int) -> dict[str, Any]:
     from tula_ray.training.run import prepare_run
     from tula_ray.workloads import get_workload
 
+    workload = get_workload("fashion-mnist-cnn", train_subset=run["train_subset"], subset_seed=0)
+    if run.get("test_subset") is not None:  # --quick: the test set's first images only
+        workload = dataclasses.replace(workload, test_dataset_fn=functools.partial(
+            _test_images, run["test_subset"]))
     # The per-process setup `tula_ray.train()`'s workers and `fit` share.
     prepared = prepare_run(
-        get_workload("fashion-mnist-cnn", train_subset=run["train_subset"], subset_seed=0),
-        global_batch=run["global_batch"], strategy=run["strategy"], epochs=run["epochs"],
-        seed=run["seed"], options=run["options"], lr=run.get("lr"),
+        workload, global_batch=run["global_batch"], strategy=run["strategy"],
+        epochs=run["epochs"], seed=run["seed"], options=run["options"], lr=run.get("lr"),
         num_replicas=WORLD_SIZE, rank=rank, budget=run.get("budget", "epochs"),
         wrap_model=nn.parallel.DistributedDataParallel)
     setup = prepared.setup
@@ -60,6 +65,16 @@ def _run_one(run: dict[str, Any], rank: int) -> dict[str, Any]:
                   f"test {metrics['test_accuracy']:.4f}", flush=True)
     return {**run, "notes": list(setup.notes), "history": history,
             "test_accuracy": history[-1]["test_accuracy"]}
+
+
+def _test_images(count: int):
+    """Fashion-MNIST's first `count` test images as a TensorDataset."""
+    from torch.utils.data import TensorDataset
+
+    from tula_ray.workloads.datasets import fashion_mnist
+
+    images, labels = fashion_mnist(train=False).tensors
+    return TensorDataset(images[:count], labels[:count])
 
 
 def _worker(rank: int, runs: list[dict], out: str) -> None:

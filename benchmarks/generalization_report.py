@@ -222,6 +222,12 @@ def _goals_markdown(goals: list[dict]) -> str:
             "the goal names):\n\n" + markdown_table(["goal", "B", "AGS", "rival", "met"], rows))
 
 
+def _test_set(r: dict) -> str:
+    """What the runs were scored on: the full test set, or (--quick) its first images."""
+    count = r.get("test_subset")
+    return "full test set" if count is None else f"the test set's first {count} images"
+
+
 def _markdown(r: dict) -> str:
     rows = []
     for row in r["summary"]:
@@ -238,7 +244,7 @@ def _markdown(r: dict) -> str:
 {len(r['runs'])} of {r['planned_runs']} planned runs finished (the runs' log,
 `{r['name']}.runs.jsonl`, resumes across sessions: a row with fewer seeds than planned is not finished)
 
-Fashion-MNIST, {r['train_subset']}-image train subset, full test set, small CNN,
+Fashion-MNIST, {r['train_subset']}-image train subset, {_test_set(r)}, small CNN,
 {r['epochs']} epochs, N={r['world_size']} gloo workers; accuracy after the last
 epoch, mean ± std over seeds (diverged seeds included); "diverged": seeds that ended at
 chance accuracy or with a non-finite loss. "scaled" is AGS's fraction of scaled steps.

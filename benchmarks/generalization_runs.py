@@ -16,7 +16,10 @@ WORLD_SIZE = 2
 REFERENCE_BATCH = 32  # NOTES-ENV: the best-generalising batch here
 TRAIN_SUBSET, EPOCHS, SEEDS = 10_000, 20, (0, 1, 2)  # issue 4's setup
 LARGE_BATCHES = (512, 1024, 2048)  # issue 5: Table I's three large batches per model
-QUICK = {"train_subset": 2048, "epochs": 1, "seeds": (0,), "batches": (1024,)}
+# --quick, a smoke test: one epoch of 2 steps at its large B and 32 at the reference's, scored
+# on the test set's first 1000 images (scoring all 10k took most of its time).
+QUICK = {"train_subset": 1024, "epochs": 1, "seeds": (0,), "batches": (512,),
+         "test_subset": 1000}
 STRATEGY_RUNS = {  # label -> (strategy, options): each strategy's paper recipe (its defaults)
     "lbt": ("lbt", {}),
     "lrs": ("lrs", {}),
@@ -35,12 +38,14 @@ RECIPE_VERSIONS = {"ags": 2, "ags-ns": 2}
 
 
 def plan_runs(train_subset: int, epochs: int, seeds, batches,
-              tuned: dict[str, dict] | None = None, quick: bool = False) -> list[dict[str, Any]]:
+              tuned: dict[str, dict] | None = None, quick: bool = False,
+              test_subset: int | None = None) -> list[dict[str, Any]]:
     """The recipe runs (and, unless `quick`, the ablations'), then the tuned configurations'
-    (`tuned`: recorded tunings)."""
+    (`tuned`: recorded tunings); test_subset: score on the test set's first images only."""
     runs, recipes = [], STRATEGY_RUNS | ({} if quick else ABLATION_RUNS)
+    scored = {} if test_subset is None else {"test_subset": test_subset}
     for seed in seeds:
-        common = {"train_subset": train_subset, "epochs": epochs, "seed": seed}
+        common = {"train_subset": train_subset, "epochs": epochs, "seed": seed, **scored}
         runs.append({**common, "label": "reference", "strategy": "lbt", "options": {},
                      "global_batch": REFERENCE_BATCH})
         for batch in batches:

@@ -40,12 +40,17 @@ from benchmarks.common import provenance, write_result
 from benchmarks.markdown import markdown_table
 
 EPOCHS = 3
+TEST_SAMPLES = 2000  # the synthetic test set each `fit` epoch is scored on
 WARMUP_SECONDS = 0.5
 MEASURE_SECONDS = 1.0
 # (name, samples, global batches, precisions); the quick variant is a smoke test.
 GRID = (("cnn", 60_000, (32, 128, 512, 2048), ("fp32", "bf16", "fp16")),
         ("resnet18", 20_000, (32, 128, 512), ("fp32", "bf16", "fp16")))
-QUICK_GRID = (("cnn", 512, (128,), ("fp32", "fp16")),)
+# --quick: fp16 on a CPU (its smoke test's device) takes ~1 s a step at B = 128, so its
+# rows are 4 steps of B = 16 an epoch, 2 epochs (one left after the first's warm-up),
+# scored on 64 images.
+QUICK_GRID = (("cnn", 64, (16,), ("fp32", "fp16")),)
+QUICK_EPOCHS, QUICK_TEST_SAMPLES = 2, 64
 # (name, samples, local batches the memory model predicts, above the probe's 16, 32, 64)
 MEMORY_GRID = (("cnn", 60_000, (256, 1024, 4096)), ("resnet18", 20_000, (128, 256, 512)))
 QUICK_MEMORY_GRID = (("cnn", 512, (128, 256)),)
@@ -58,14 +63,16 @@ def synthetic_data(samples: int, seed: int = 0) -> TensorDataset:
                          torch.randint(0, 10, (samples,), generator=generator))
 
 
-def synthetic_workload(name: str, samples: int, precision: str = "fp32"):
+def synthetic_workload(name: str, samples: int, precision: str = "fp32",
+                       test_samples: int = TEST_SAMPLES):
     from tula_ray.workloads import FashionCNN, Workload
     from tula_ray.workloads.workload import torchvision_model
 
     model_fn = FashionCNN if name == "cnn" else functools.partial(torchvision_model, name)
     return Workload(f"{name}-synthetic", model_fn=model_fn,
                     train_dataset_fn=functools.partial(synthetic_data, samples),
-                    test_dataset_fn=functools.partial(synthetic_data, 2000, 1), epochs=EPOCHS,
+                    test_dataset_fn=functools.partial(synthetic_data, test_samples, 1),
+                    epochs=EPOCHS,
                     train_size=samples, sample_shape=(1, 28, 28), num_classes=10,
                     precision=precision)
 
@@ -236,10 +243,10 @@ def memory_against_allocator(name: str, samples: int, local_batches: tuple[int, 
             "probe_peaks_bytes": measured["peaks"], "params": params.to_dict(), "rows": rows}
 
 
-def fitted_epochs(workload, batch: int, device: torch.device) -> list[float]:
+def fitted_epochs(workload, batch: int, device: torch.device, epochs: int) -> list[float]:
     from tula_ray.training.run import fit
 
-    frame = fit(workload, global_batch=batch, strategy="lbt", epochs=EPOCHS, device=device)
+    frame = fit(workload, global_batch=batch, strategy="lbt", epochs=epochs, device=device)
     return [float(s) for s in frame["seconds"]]
 
 
@@ -248,8 +255,11 @@ def run(quick: bool = False, allow_cpu: bool = False) -> dict:
         sys.exit("gpu-acceptance needs a CUDA GPU and none is visible (torch.cuda."
                  "is_available() is False); --allow-cpu runs it on the CPU as a smoke test")
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    fit_epochs, test_samples = ((QUICK_EPOCHS, QUICK_TEST_SAMPLES) if quick
+                                else (EPOCHS, TEST_SAMPLES))
     result: dict[str, Any] = {"provenance": provenance(), "environment": environment(device),
-                              "halves": ["Ray-free"], "out_of_memory": out_of_memory(device)}
+                              "halves": ["Ray-free"], "out_of_memory": out_of_memory(device),
+                              "epochs": fit_epochs}
     rows, paths = [], []
     for name, samples, batches, precisions in QUICK_GRID if quick else GRID:
         if name != "cnn" and importlib.util.find_spec("torchvision") is None:
@@ -259,9 +269,9 @@ def run(quick: bool = False, allow_cpu: bool = False) -> dict:
                                                      batches[0], device)})
         for batch in batches:
             for precision in precisions:  # side by side: the ratio is measured in one run
-                workload = synthetic_workload(name, samples, precision)
+                workload = synthetic_workload(name, samples, precision, test_samples)
                 profile = profiled_step_s(workload, batch, device)
-                epochs = fitted_epochs(workload, batch, device)
+                epochs = fitted_epochs(workload, batch, device, fit_epochs)
                 measured = statistics.median(epochs[1:])
                 predicted = (samples // batch) * profile["step_s"]
                 rows.append({"workload": name, "global_batch": batch, "precision": precision,
@@ -306,9 +316,11 @@ def report(result: dict) -> str:
              f"{r['predicted_epoch_s']:.2f}" if "step_s" in r else "",
              f"{r['fit_epoch_s']:.2f}" if "step_s" in r else "",
              f"{r['ratio']:.3f}" if "step_s" in r else ""] for r in result["rows"]]
+    epochs = result.get("epochs", EPOCHS)
+    after_first = f"median of epochs 2-{epochs}" if epochs > 2 else "epoch 2"
     lines += ["", "One process: the profiled mean step (the profiling loop's timing code, in "
-              "the row's precision) x whole steps, against `fit`'s epoch `seconds` (median "
-              "of epochs 2-3).\n",
+              "the row's precision) x whole steps, against `fit`'s epoch `seconds` "
+              f"({after_first}).\n",
               markdown_table(["workload", "B", "precision", "profiled step ms", "step spread",
                               "predicted epoch s", "fit epoch s", "predicted / fit"], body)]
     lines += memory_report(result.get("memory", []))

@@ -31,16 +31,18 @@ STRATEGY = "ags-ns"
 GLOBAL_BATCH = 64
 WORLD_SIZE = 2
 REPEATS = 20
-QUICK_REPEATS = 3
 BLOCKS = 3  # the loop's ALTERNATING_BLOCKS (checked at run time)
 STEPS = 33  # per kind: ~0.5 s of 15 ms steps, the loop's budget at this B
 # Alternating blocks per kind, the same steps in all: the loop's 3, finer, one step each.
 LAYOUTS = (BLOCKS, 11, 33)
+# --quick, a smoke test: 3 repeats of the loop's 3 blocks and of single steps, over 6 steps
+# per kind instead of 33 (a step here takes 15 to 50 ms, with the machine's load).
+QUICK = {"repeats": 3, "steps": 6, "layouts": (BLOCKS, 6)}
 DATASET_SIZE = 4096
 ESTIMATORS = ("mean", "median")
 
 
-def _rank(rank: int, repeats: int, out: Any) -> None:
+def _rank(rank: int, settings: dict[str, Any], out: Any) -> None:
     import torch
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
@@ -79,17 +81,18 @@ def _rank(rank: int, repeats: int, out: Any) -> None:
     for _ in range(10):  # warm both, untimed (the loop warms the plain model; the first
         plain_tally.step(*next(batches))  # strategy step builds its state)
         tally.step(*next(batches))
+    layouts, steps = settings["layouts"], settings["steps"]
     records = []  # [repeat][layout] -> {"plain": [...], "strategy": [...]}
-    for repeat in range(repeats):
+    for repeat in range(settings["repeats"]):
         by_layout = {}
         # The layouts' order rotates from repeat to repeat: drift falls on each alike.
-        for blocks in LAYOUTS[repeat % len(LAYOUTS):] + LAYOUTS[:repeat % len(LAYOUTS)]:
+        for blocks in layouts[repeat % len(layouts):] + layouts[:repeat % len(layouts)]:
             plain_s: list[float] = []
             strategy_s: list[float] = []
             for _ in range(blocks):
-                plain_s += time_block(STEPS // blocks,
+                plain_s += time_block(steps // blocks,
                                       lambda: plain_tally.step(*next(batches)), device)
-                strategy_s += time_block(STEPS // blocks,
+                strategy_s += time_block(steps // blocks,
                                          lambda: tally.step(*next(batches)), device)
             by_layout[blocks] = {"plain": plain_s, "strategy": strategy_s}
         records.append(by_layout)
@@ -110,16 +113,17 @@ def _estimate(per_rank: list[dict[str, list[float]]], estimator: str) -> float:
 def run(quick: bool = False) -> dict[str, Any]:
     import torch.multiprocessing as mp
 
-    repeats = QUICK_REPEATS if quick else REPEATS
+    settings = QUICK if quick else {"repeats": REPEATS, "steps": STEPS, "layouts": LAYOUTS}
+    repeats = settings["repeats"]
     queue = mp.get_context("spawn").Manager().Queue()
-    spawn_gloo(_rank, WORLD_SIZE, repeats, queue)
+    spawn_gloo(_rank, WORLD_SIZE, settings, queue)
     gathered = queue.get()  # [rank][repeat][layout] -> {"plain": [...], "strategy": [...]}
     kinds = ("plain", "strategy")
     pooled = [{kind: [s for rec in gathered[rank] for layout in rec.values()
                       for s in layout[kind]] for kind in kinds} for rank in range(WORLD_SIZE)]
     reference = _estimate(pooled, "mean")
     variants = []
-    for blocks in LAYOUTS:
+    for blocks in settings["layouts"]:
         for estimator in ESTIMATORS:
             values = np.array([_estimate([gathered[rank][i][blocks]
                                           for rank in range(WORLD_SIZE)], estimator)
@@ -133,7 +137,7 @@ def run(quick: bool = False) -> dict[str, Any]:
     plain_step = statistics.median(s for rank in pooled for s in rank["plain"])
     result = {"provenance": provenance(), "quick": quick, "repeats": repeats,
               "strategy": STRATEGY, "global_batch": GLOBAL_BATCH, "world_size": WORLD_SIZE,
-              "steps_per_kind": STEPS, "reference_s": reference,
+              "steps_per_kind": settings["steps"], "reference_s": reference,
               "reference_median_s": _estimate(pooled, "median"),
               "plain_step_s": plain_step, "variants": variants}
     markdown = report(result)
@@ -145,9 +149,10 @@ def run(quick: bool = False) -> dict[str, Any]:
 def report(result: dict[str, Any]) -> str:
     p = result["provenance"]
     ms = lambda s: f"{s * 1e3:.2f}"  # noqa: E731
-    rows = [[v["blocks"], STEPS // v["blocks"], v["estimator"], ms(v["median_s"]),
-             f"{ms(v['min_s'])} - {ms(v['max_s'])}", ms(v["median_abs_error_s"]),
-             ms(v["worst_abs_error_s"])] for v in result["variants"]]
+    rows = [[v["blocks"], result["steps_per_kind"] // v["blocks"], v["estimator"],
+             ms(v["median_s"]), f"{ms(v['min_s'])} - {ms(v['max_s'])}",
+             ms(v["median_abs_error_s"]), ms(v["worst_abs_error_s"])]
+            for v in result["variants"]]
     return "\n".join([
         "### What the training strategy adds to a step: the profile's estimator (issue 24)\n",
         f"`{p['command']}` at {p['commit']}, {p['date']}, {p['machine']}.\n",

@@ -44,6 +44,9 @@ EPOCHS, DATASET = 100, 50_000  # CIFAR-10-sized training (eq. 4a)
 NOISES = (0.02, 0.05)
 SEEDS = 20
 QUICK_SEEDS = 1
+# --quick, a smoke test: the paper's N up to 8 (a plan's fit, with its leave-one-out refits,
+# grows with the square of the rows profiled: most of the run's time), one seed, one noise.
+QUICK_CLUSTER_SIZES = (2, 4, 8)
 
 
 def true_step_s(n, b):
@@ -120,7 +123,8 @@ def run(quick: bool = False) -> dict:
     from tula_ray.space import geometric
 
     seeds = QUICK_SEEDS if quick else SEEDS
-    batches = geometric(MIN_BATCH, MAX_LOCAL_BATCH * CLUSTER_SIZES[-1])
+    cluster_sizes = QUICK_CLUSTER_SIZES if quick else CLUSTER_SIZES
+    batches = geometric(MIN_BATCH, MAX_LOCAL_BATCH * cluster_sizes[-1])
     pricings = {"fixed": FixedRate(), "memory": MemoryRate()}
     table = []
     for noise in NOISES[-1:] if quick else NOISES:
@@ -129,8 +133,8 @@ def run(quick: bool = False) -> dict:
                 for label, pricing in pricings.items():
                     if objective != "cost" and label == "memory":
                         continue  # time and knee do not depend on the pricing
-                    truth = _truth_table(_context(CLUSTER_SIZES, batches).space, pricing)
-                    runs = [simulate(strategy, CLUSTER_SIZES, batches, noise, seed, objective,
+                    truth = _truth_table(_context(cluster_sizes, batches).space, pricing)
+                    runs = [simulate(strategy, cluster_sizes, batches, noise, seed, objective,
                                      pricing) for seed in range(seeds)]
                     regrets = [regret_on(truth, r["plan"].choice, objective) for r in runs]
                     table.append({
@@ -141,8 +145,8 @@ def run(quick: bool = False) -> dict:
                         "regret_median": float(np.median(regrets)),
                         "regret_max_abs": float(np.max(np.abs(regrets)))})
     growth = []
-    grids = ((2, 4), (2, 4, 8, 16)) if quick else ((2, 4), (2, 4, 8), (2, 4, 8, 16),
-                                                   (2, 4, 8, 16, 32))
+    grids = ((2, 4), QUICK_CLUSTER_SIZES) if quick else ((2, 4), (2, 4, 8), (2, 4, 8, 16),
+                                                         (2, 4, 8, 16, 32))
     for sizes in grids:
         for max_local in (64,) if quick else (64, 256):
             b = geometric(MIN_BATCH, max_local * sizes[-1])
@@ -153,7 +157,7 @@ def run(quick: bool = False) -> dict:
                                "launches": r["launches"], "candidates": r["candidates"],
                                "profiling_s": r["profiling_s"]})
     result = {**provenance(), "quick": quick, "seeds": seeds, "grid": {
-        "cluster_sizes": list(CLUSTER_SIZES), "batch_sizes": list(batches),
+        "cluster_sizes": list(cluster_sizes), "batch_sizes": list(batches),
         "max_local_batch": MAX_LOCAL_BATCH}, "model": {
         "intercept_s": INTERCEPT_S, "per_sample_s": PER_SAMPLE_S, "sync_s": SYNC_S,
         "launch_s": LAUNCH_S, "batch_overhead_s": BATCH_OVERHEAD_S},

@@ -39,7 +39,7 @@ gives it (`noise_scale=`; `benchmarks.time_to_accuracy_at_target`).
 
 Resumable: the plan and every finished run are kept (time_to_accuracy.plan.json,
 time_to_accuracy.runs.jsonl, time_to_accuracy.train.jsonl, time_to_accuracy.noise.jsonl).
-`--quick`: a 1024-image subset, B = 32 and 128, one seed, low targets, and a plan from
+`--quick`: a 512-image subset, B = 32 and 128, one seed, low targets, and a plan from
 synthetic profiles instead of a search (no Ray): `train` is not timed there, the loop's own steps stand in for it.
 """
 
@@ -67,8 +67,11 @@ REFERENCE_BATCH = 32
 FULL = {"train_subset": 10_000, "held_out": 10_000,
         "batches": (32, 64, 128, 256, 512, 1024, 2048), "seeds": (0, 1, 2, 3, 4),
         "targets": (0.82, 0.86, 0.87), "max_epochs": 100, "searches": 3}
-QUICK = {"train_subset": 1024, "held_out": 512, "batches": (32, 128), "seeds": (0,),
-         "targets": (0.30, 0.45), "max_epochs": 3, "searches": 1}
+# --quick: its phi measurements train on for an epoch of the subset, so a small one. On 2
+# CPUs (2026-11-28) B = 128 scored 30 and 50 % after its 2nd and 3rd epochs of 4 steps, the
+# last target 45 %: 5 epochs leave room.
+QUICK = {"train_subset": 512, "held_out": 512, "batches": (32, 128), "seeds": (0,),
+         "targets": (0.30, 0.45), "max_epochs": 5, "searches": 1}
 TEST_SIZE = 10_000  # Fashion-MNIST's test set: what the profile's evaluation pass scored
 # `tula_ray.train` per B for `train`'s clock: epochs per run (the first, with its warm-up,
 # left out) and runs per B, interleaved.
@@ -320,13 +323,14 @@ def judge(plan, truth: dict[int, dict[str, float]], train_size: int, held_out: i
     rows, choices = [], {}
     if not math.isfinite(e0):
         return {"e0": e0, "rows": rows, "choices": choices, "best_batch": best_batch}
-    for objective in ("time_to_accuracy", "time", "knee"):
-        chosen = replanned(plan, round(e0), train_size, objective,
-                           noise_scale).choice.global_batch
+    plans = {objective: replanned(plan, round(e0), train_size, objective, noise_scale)
+             for objective in ("time_to_accuracy", "time", "knee")}
+    for objective, made in plans.items():
+        chosen = made.choice.global_batch
         seconds = truth.get(chosen, {}).get(clock, math.nan)
         choices[objective] = {"global_batch": chosen, "seconds": seconds,
                               "regret": seconds / best - 1}
-    table = replanned(plan, round(e0), train_size, "time_to_accuracy", noise_scale).table
+    table = plans["time_to_accuracy"].table
     for _, row in table[table["num_workers"] == WORLD_SIZE].iterrows():
         batch = int(row["global_batch"])
         if batch not in truth:

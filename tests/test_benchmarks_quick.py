@@ -162,23 +162,36 @@ def test_memory_benchmarks_record_an_out_of_memory_as_does_not_fit(monkeypatch):
          "device": "cpu", "goal_median_rel_error": 0.05, "plot": "-"})
 
 
-def _benchmark_without_ray(*arguments: str) -> subprocess.CompletedProcess:
-    """`python -m benchmarks ARGUMENTS` where Ray (and kneed) cannot be imported, as on a
-    plain PyTorch image: None in sys.modules makes their import fail."""
-    code = ("import sys\nfor name in ('ray', 'kneed'):\n    sys.modules[name] = None\n"
-            f"sys.argv = ['benchmarks', *{list(arguments)!r}]\n"
-            "from benchmarks.__main__ import main\nmain()\n")
-    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          cwd=Path(__file__).parents[1], timeout=600)
+def _benchmarks_without_ray(*runs: tuple[str, ...]) -> list[subprocess.CompletedProcess]:
+    """`python -m benchmarks ARGUMENTS` for each ARGUMENTS of `runs`, all at once, where Ray
+    (and kneed) cannot be imported, as on a plain PyTorch image: None in sys.modules makes
+    their import fail."""
+    processes = []
+    try:
+        for arguments in runs:
+            code = ("import sys\nfor name in ('ray', 'kneed'):\n    sys.modules[name] = None\n"
+                    f"sys.argv = ['benchmarks', *{list(arguments)!r}]\n"
+                    "from benchmarks.__main__ import main\nmain()\n")
+            processes.append(subprocess.Popen(
+                [sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                text=True, cwd=Path(__file__).parents[1]))
+        outputs = [process.communicate(timeout=600) for process in processes]
+        return [subprocess.CompletedProcess(process.args, process.returncode, *output)
+                for process, output in zip(processes, outputs)]
+    finally:
+        for process in processes:
+            if process.poll() is None:  # timed out, or the test failed starting another
+                process.kill()
+                process.wait()
 
 
 def test_gpu_acceptance_refuses_without_a_gpu_and_its_ray_free_half_runs_on_cpu():
     """Issue 26, item 7 (its Ray-free half): no GPU, no run, unless asked to use the CPU;
     then the environment, the data path and one process's epochs against the profiled
-    step, with no Ray to import."""
-    refused = _benchmark_without_ray("gpu-acceptance", "--quick")
+    step, with no Ray to import. Both at once: the refusal is over within its imports."""
+    refused, done = _benchmarks_without_ray(("gpu-acceptance", "--quick"),
+                                            ("gpu-acceptance", "--quick", "--allow-cpu"))
     assert refused.returncode != 0 and "needs a CUDA GPU" in refused.stderr
-    done = _benchmark_without_ray("gpu-acceptance", "--quick", "--allow-cpu")
     assert done.returncode == 0, done.stderr[-3000:]
     markdown = (RESULTS_DIR / "gpu_acceptance_quick.md").read_text()
     assert "Ray importable: False" in markdown and "`gather-host`" in markdown
@@ -230,9 +243,11 @@ def test_strategy_extra_quick():
 
     result = strategy_extra.run(quick=True)
     variants = result["variants"]
+    layouts = strategy_extra.QUICK["layouts"]
+    # The full run's first and last kinds of layout: the loop's blocks, and single steps.
+    assert (layouts[0], layouts[-1]) == (strategy_extra.BLOCKS, strategy_extra.QUICK["steps"])
     assert {(v["blocks"], v["estimator"]) for v in variants} == {
-        (blocks, estimator) for blocks in strategy_extra.LAYOUTS
-        for estimator in strategy_extra.ESTIMATORS}
+        (blocks, estimator) for blocks in layouts for estimator in strategy_extra.ESTIMATORS}
     assert all(len(v["values_s"]) == 3 and all(map(math.isfinite, v["values_s"]))
                for v in variants)
     assert result["plain_step_s"] > 0 and math.isfinite(result["reference_s"])
@@ -241,13 +256,16 @@ def test_strategy_extra_quick():
 
 
 def test_time_to_accuracy_quick():
-    """Issue 25's time-to-accuracy benchmark, smoke test: B = 32 and 128 on 1024 images to
+    """Issue 25's time-to-accuracy benchmark, smoke test: B = 32 and 128 on 512 images to
     two low targets, judged against a plan from synthetic profiles (no Ray)."""
     from benchmarks import time_to_accuracy
 
     result = time_to_accuracy.run(quick=True)
+    settings = time_to_accuracy.QUICK
+    epoch_steps = settings["train_subset"] // 32  # of the reference run, at B = 32
     for target, judged in result["targets"].items():
-        assert 0 < judged["e0"] <= 3, target  # the B = 32 runs reached it within the cap
+        # the B = 32 runs reached it within the cap
+        assert 0 < judged["e0"] <= settings["max_epochs"], target
         assert {r["global_batch"] for r in judged["rows"]} == {32, 128}
         assert set(judged["choices"]) == {"time_to_accuracy", "time", "knee"}
         assert all(c["regret"] >= 0 for c in judged["choices"].values())
@@ -263,16 +281,17 @@ def test_time_to_accuracy_quick():
     assert set(at["phi"]) == set(at["iterate_phi"]) == set(result["targets"])
     for target, phi in at["iterate_phi"].items():
         assert len(phi["seeds"]) == 3 and phi["noise_scale"] > 0 and phi["steps"] == 0
-        assert phi["step"] == math.ceil(result["targets"][target]["e0"] * 1024 / 32)
-        window = at["phi"][target]  # over an epoch (32 steps) from half of it before S0
-        assert window["steps"] == 32 and window["step"] <= phi["step"] and window["seeds"]
+        assert phi["step"] == math.ceil(result["targets"][target]["e0"] * epoch_steps)
+        window = at["phi"][target]  # over an epoch (its steps) from half of it before S0
+        assert window["steps"] == epoch_steps and window["step"] <= phi["step"]
+        assert window["seeds"]
     assert set(at["searches"][0]["targets"]) == set(result["targets"])
     assert set(at["iterate_searches"][0]["targets"]) == set(result["targets"])
     markdown = (RESULTS_DIR / "time_to_accuracy_quick.md").read_text()
     assert len(_table_rows(markdown, "| B | predicted epochs |")) == 2  # the first target's
     assert len(_table_rows(markdown, "| search | phi |")) == 1  # one search in --quick
     assert markdown.count("| search |") == 3  # and re-made at the targets' phi, twice
-    assert "tula_ray.measure_noise_scale(workload, model, steps=32)" in markdown
+    assert f"tula_ray.measure_noise_scale(workload, model, steps={epoch_steps})" in markdown
 
 
 def test_time_to_accuracy_holds_out_images_it_never_trains_on():

@@ -3,6 +3,8 @@ with injected exceptions: every worker labels the batch "oom" together, within s
 instead of some waiting in a collective until the process-group timeout; a profiling
 trial's process group gives up after minutes, not torch's default half hour."""
 
+from pathlib import Path
+
 import pytest
 import torch
 import torch.distributed as dist
@@ -47,23 +49,50 @@ def _rank(rank: int, directory: str, failing_rank: int, error_text: str) -> None
         handle.write(outcome)
 
 
-@pytest.mark.parametrize("failing_rank, error_text", [
+ONE_RANK_FAILS = [
     (1, "CUDA out of memory. Tried to allocate 1.00 GiB"),
     (0, NCCL_OOM),
-])
-def test_an_oom_on_one_rank_is_an_oom_on_every_rank_at_once(tmp_path, failing_rank, error_text):
+]
+# (failing rank, its error) of every test below, -1: none fails. All run on one pair of
+# gloo ranks, which import torch and this module (Ray's among its imports) once, not once
+# per test.
+SCENARIOS = [(-1, ""), *ONE_RANK_FAILS]
+
+
+def _every_scenario_rank(rank: int, directory: str) -> None:
+    """SCENARIOS in turn, each from a barrier (both ranks start it together, none still in
+    the previous one's collective), its files in a directory of its own."""
+    for index, scenario in enumerate(SCENARIOS):
+        dist.barrier()
+        try:
+            _rank(rank, str(Path(directory, str(index))), *scenario)
+        except Exception as error:  # which test's scenario broke the run (they all error)
+            raise RuntimeError(f"rank {rank}: scenario {scenario!r}") from error
+
+
+@pytest.fixture(scope="module")
+def outcomes(tmp_path_factory) -> dict[tuple[int, str], dict[int, str]]:
+    """Per scenario, what each rank concluded."""
+    directory = tmp_path_factory.mktemp("out-of-memory")
+    for index in range(len(SCENARIOS)):
+        (directory / str(index)).mkdir()
     # A short process-group timeout: a rank left waiting in a collective fails fast with a
     # timeout error ("other" below) instead of hanging the test for torch's 30 minutes.
-    spawn_gloo(_rank, 2, str(tmp_path), failing_rank, error_text, timeout_s=30)
-    outcomes = {rank: (tmp_path / f"{rank}.txt").read_text() for rank in (0, 1)}
+    spawn_gloo(_every_scenario_rank, 2, str(directory), timeout_s=30)
+    return {scenario: {rank: (directory / str(index) / f"{rank}.txt").read_text()
+                       for rank in (0, 1)} for index, scenario in enumerate(SCENARIOS)}
+
+
+@pytest.mark.parametrize("failing_rank, error_text", ONE_RANK_FAILS)
+def test_an_oom_on_one_rank_is_an_oom_on_every_rank_at_once(outcomes, failing_rank, error_text):
+    outcome = outcomes[(failing_rank, error_text)]
     expected_failing = "DistBackendError" if "NCCL" in error_text else "OutOfMemoryError"
-    assert outcomes[failing_rank] == expected_failing
-    assert outcomes[1 - failing_rank] == PeerOutOfMemoryError.__name__
+    assert outcome[failing_rank] == expected_failing
+    assert outcome[1 - failing_rank] == PeerOutOfMemoryError.__name__
 
 
-def test_every_rank_fitting_returns_the_step_timing(tmp_path):
-    spawn_gloo(_rank, 2, str(tmp_path), -1, "", timeout_s=30)
-    assert [(tmp_path / f"{rank}.txt").read_text() for rank in (0, 1)] == ["fitted", "fitted"]
+def test_every_rank_fitting_returns_the_step_timing(outcomes):
+    assert [outcomes[(-1, "")][rank] for rank in (0, 1)] == ["fitted", "fitted"]
 
 
 def test_a_profiling_trial_gives_up_on_a_lost_peer_or_a_group_that_cannot_start(monkeypatch):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import time
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -111,39 +112,6 @@ def _profile_rank(rank: int, directory: str, phase: str, when: str) -> None:
                    "phases": sweep.agreement.phases}, handle)
 
 
-def _rows(tmp_path, phase: str, when: str) -> dict[int, dict]:
-    spawn_gloo(_profile_rank, 2, str(tmp_path), phase, when, timeout_s=GROUP_TIMEOUT_S)
-    return {rank: json.loads((tmp_path / f"{rank}.json").read_text()) for rank in (0, 1)}
-
-
-@pytest.mark.parametrize("phase, when", [
-    ("compute steps", "forward"),
-    ("synced steps", "after"),
-    ("strategy: second model", "model_fn"),  # the workload's model_fn itself runs out
-])
-def test_out_of_memory_on_one_rank_in_a_later_phase_is_oom_on_every_rank_at_once(
-        tmp_path, phase, when):
-    rows = _rows(tmp_path, phase, when)
-    for rank, row in rows.items():
-        assert (row["status"], row["failure"]) == ("oom", "oom"), (rank, row)
-        assert row["seconds"] < PROMPT_S, (rank, row)
-        assert row["phases"][-1] == phase  # both stopped at the same point
-    assert rows[FAILING_RANK]["error"].startswith("OutOfMemoryError")
-    assert rows[1 - FAILING_RANK]["error"].startswith(PeerOutOfMemoryError.__name__)
-    assert f"worker {FAILING_RANK} failed in the {phase} phase" in rows[1 - FAILING_RANK]["error"]
-
-
-def test_every_phase_of_a_batch_ends_with_the_agreement(tmp_path):
-    rows = _rows(tmp_path, "", "")
-    assert rows[0]["status"] == rows[1]["status"] == "ok"
-    assert rows[0]["phases"] == rows[1]["phases"]
-    assert set(rows[0]["phases"]) == {
-        "first step", "memory step", "warm-up", "first synced steps", "compute steps",
-        "synced steps", "gradient noise", "checkpoint", "evaluation",
-        "strategy: first plain step", "strategy: plain steps", "strategy: second model",
-        "strategy: setup", "strategy: first step", "strategy: steps"}
-
-
 def _agreement_rank(rank: int, directory: str, error_kind: str) -> None:
     errors = {"user": ValueError("mat1 and mat2 shapes cannot be multiplied"),
               "infrastructure": ConnectionError("node lost")}
@@ -162,10 +130,76 @@ def _agreement_rank(rank: int, directory: str, error_kind: str) -> None:
         handle.write(outcome)
 
 
-@pytest.mark.parametrize("error_kind, peer_raises", [
-    ("user", UserCodeError.__name__), ("infrastructure", PeerFailureError.__name__)])
-def test_any_failure_reaches_every_rank_with_its_class(tmp_path, error_kind, peer_raises):
-    spawn_gloo(_agreement_rank, 2, str(tmp_path), error_kind, timeout_s=GROUP_TIMEOUT_S)
-    outcomes = {rank: (tmp_path / f"{rank}.txt").read_text() for rank in (0, 1)}
+OUT_OF_MEMORY_PHASES = [
+    ("compute steps", "forward"),
+    ("synced steps", "after"),
+    ("strategy: second model", "model_fn"),  # the workload's model_fn itself runs out
+]
+ERROR_KINDS = [("user", UserCodeError.__name__), ("infrastructure", PeerFailureError.__name__)]
+# Every test's scenario, (rank function, its arguments after the directory), the batch that
+# profiles cleanly first: all run on one pair of gloo ranks, which import torch and Ray (the
+# stand-ins' modules) once, not once per test.
+SCENARIOS = [(_profile_rank, "", ""), *((_profile_rank, *case) for case in OUT_OF_MEMORY_PHASES),
+             *((_agreement_rank, kind) for kind, _ in ERROR_KINDS)]
+
+
+def _every_scenario_rank(rank: int, directory: str) -> None:
+    """SCENARIOS in turn, each from a barrier (both ranks start it together, none still in
+    the previous one's collectives), its files in a directory of its own."""
+    for index, (scenario, *args) in enumerate(SCENARIOS):
+        dist.barrier()
+        try:
+            scenario(rank, str(Path(directory, str(index))), *args)
+        except Exception as error:  # which test's scenario broke the run (they all error)
+            raise RuntimeError(f"rank {rank}: {scenario.__name__}{tuple(args)!r}") from error
+
+
+@pytest.fixture(scope="module")
+def scenarios(tmp_path_factory) -> Path:
+    directory = tmp_path_factory.mktemp("phase-agreement")
+    for index in range(len(SCENARIOS)):
+        (directory / str(index)).mkdir()
+    spawn_gloo(_every_scenario_rank, 2, str(directory), timeout_s=GROUP_TIMEOUT_S)
+    return directory
+
+
+def _outcome(scenarios: Path, scenario: tuple, suffix: str) -> dict[int, str]:
+    """What each rank wrote in `scenario`."""
+    directory = scenarios / str(SCENARIOS.index(scenario))
+    return {rank: (directory / f"{rank}.{suffix}").read_text() for rank in (0, 1)}
+
+
+def _rows(scenarios: Path, phase: str, when: str) -> dict[int, dict]:
+    return {rank: json.loads(text) for rank, text in
+            _outcome(scenarios, (_profile_rank, phase, when), "json").items()}
+
+
+@pytest.mark.parametrize("phase, when", OUT_OF_MEMORY_PHASES)
+def test_out_of_memory_on_one_rank_in_a_later_phase_is_oom_on_every_rank_at_once(
+        scenarios, phase, when):
+    rows = _rows(scenarios, phase, when)
+    for rank, row in rows.items():
+        assert (row["status"], row["failure"]) == ("oom", "oom"), (rank, row)
+        assert row["seconds"] < PROMPT_S, (rank, row)
+        assert row["phases"][-1] == phase  # both stopped at the same point
+    assert rows[FAILING_RANK]["error"].startswith("OutOfMemoryError")
+    assert rows[1 - FAILING_RANK]["error"].startswith(PeerOutOfMemoryError.__name__)
+    assert f"worker {FAILING_RANK} failed in the {phase} phase" in rows[1 - FAILING_RANK]["error"]
+
+
+def test_every_phase_of_a_batch_ends_with_the_agreement(scenarios):
+    rows = _rows(scenarios, "", "")
+    assert rows[0]["status"] == rows[1]["status"] == "ok"
+    assert rows[0]["phases"] == rows[1]["phases"]
+    assert set(rows[0]["phases"]) == {
+        "first step", "memory step", "warm-up", "first synced steps", "compute steps",
+        "synced steps", "gradient noise", "checkpoint", "evaluation",
+        "strategy: first plain step", "strategy: plain steps", "strategy: second model",
+        "strategy: setup", "strategy: first step", "strategy: steps"}
+
+
+@pytest.mark.parametrize("error_kind, peer_raises", ERROR_KINDS)
+def test_any_failure_reaches_every_rank_with_its_class(scenarios, error_kind, peer_raises):
+    outcomes = _outcome(scenarios, (_agreement_rank, error_kind), "txt")
     assert outcomes[FAILING_RANK] in ("ValueError", "ConnectionError")  # its own error
     assert outcomes[1 - FAILING_RANK] == peer_raises
