@@ -19,6 +19,7 @@ BENCHMARKS = {"search": "benchmarks.search_cost", "ags-overhead": "benchmarks.ag
               "first-contact": "benchmarks.first_contact",
               "train-time": "benchmarks.train_time",
               "profiling-wall": "benchmarks.profiling_wall",
+              "demo-startup": "benchmarks.demo_startup",
               "noise-evolution": "benchmarks.noise_evolution",
               "equal-progress": "benchmarks.equal_progress",
               "time-to-accuracy": "benchmarks.time_to_accuracy",
