@@ -50,7 +50,6 @@ def _rank(rank: int, settings: dict[str, Any], out: Any) -> None:
 
     from tula_ray.training.batches import training_batches
     from tula_ray.training.epochs import EpochTally
-    from tula_ray.training.run import optimizer_hyperparameters
     from tula_ray.training.step_timing import ALTERNATING_BLOCKS, cycle, time_block
     from tula_ray.training.strategies import build_strategy, get_training_strategy
     from tula_ray.training.strategy_base import StrategySetup
@@ -74,7 +73,7 @@ def _rank(rank: int, settings: dict[str, Any], out: Any) -> None:
     options, _ = strategy.check(WORLD_SIZE, GLOBAL_BATCH, {})
     setup = build_strategy(strategy, model, global_batch=GLOBAL_BATCH,
                            steps_per_epoch=DATASET_SIZE // GLOBAL_BATCH, epochs=1,
-                           options=options, **optimizer_hyperparameters(workload))
+                           options=options, optimizer_fn=workload.optimizer_fn)
     setup.set_precision(workload.precision, device)
     setup.start_epoch(0)
     tally = EpochTally(model, setup, loss_fn, device)

@@ -78,8 +78,8 @@ def test_ags_ns_builds_adascale_s_equal_r_capped_at_b_over_32_every_step_without
     """What a user of strategy="ags-ns" gets with no options: AdaScale's exponent 1 and
     cap B / 32, the per-step moving average, no gate (one worker: the sub-batch source)."""
     model = nn.Linear(4, 3)
-    setup = TRAINING_STRATEGIES["ags-ns"].build(model, global_batch=1024, steps_per_epoch=10, epochs=2,
-                                       lr=0.01, momentum=0.9, weight_decay=0.0, options={})
+    setup = build_strategy("ags-ns", model, global_batch=1024, steps_per_epoch=10, epochs=2,
+                           lr=0.01, momentum=0.9, weight_decay=0.0)
     optimizer = setup.optimizer
     group = optimizer.param_groups[0]
     assert (group["gain_exponent"], group["s_max"], group["delta"]) == (1.0, 32.0, None)

@@ -256,3 +256,23 @@ def test_train_refuses_a_workload_without_test_data(plan):
     no_test = dataclasses.replace(get_workload("fashion-mnist-cnn", data="fake", fake_size=1000),
                                   test_dataset_fn=None)
     assert_refused(lambda: tula_ray.train(plan, workload=no_test), "test_dataset_fn")
+
+
+def test_lars_with_a_workload_that_is_not_sgd_is_refused_before_ray_starts(plan):
+    """Issue 41, item 1: LARS builds its own optimizer from an SGD's hyper-parameters; a
+    workload with Adam is refused by search, train and tune_training, naming both."""
+    import dataclasses
+
+    import torch
+
+    from tula_ray.workloads import get_workload
+
+    adam = dataclasses.replace(get_workload("fashion-mnist-cnn", data="fake", fake_size=1000),
+                               optimizer_fn=lambda params: torch.optim.Adam(params, lr=1e-3))
+    calls = [lambda: tula_ray.search(**{**GOOD_SEARCH, "workload": adam, "workload_options": None,
+                                        "training_strategy": "lars"}),
+             lambda: tula_ray.train(plan, "lars", workload=adam),
+             lambda: tula_ray.tune_training(plan, "lars", workload=adam)]
+    for call in calls:
+        assert_refused(call, "Adam")
+        assert_refused(call, "lars")

@@ -294,7 +294,7 @@ def test_training_times_include_the_strategys_measured_cost_per_step():
         (plan.table.loc[measured, "measured_step_time_s"] + 0.004).to_numpy()
         * steps[measured].to_numpy())
     assert "include ags's measured cost per step (N=1: +4 ms, N=2: +4 ms)" in plan.summary()
-    assert "plain SGD steps" in plain.summary()
+    assert "plain optimizer steps" in plain.summary()
 
     profiles.loc[first, "strategy_extra_s"] = -0.004
     noisy = build_plan(SPACE, profiles, epochs=5, dataset_size=10000, strategy="partial",
@@ -329,7 +329,7 @@ def test_no_strategy_cost_where_the_strategy_trains_plain_steps():
     steps = 5 * np.floor(10000 / 32)
     assert table.loc[small, "total_time_s"].to_numpy() == pytest.approx(
         everywhere.table.loc[small, "total_time_s"].to_numpy() - steps * 0.004)
-    assert "except where it trains plain SGD steps (B <= 32)" in plan.summary()
+    assert "except where it trains plain optimizer steps (B <= 32)" in plan.summary()
     # Between candidates (the dense curve): plain up to the largest plain B of that N.
     dense = pd.DataFrame({"num_workers": [2, 2, 2, 4], "global_batch": [20.0, 32.0, 45.0, 20.0]})
     assert step_extras(dense, lambda n: np.full(len(n), 0.004), plain_pairs) == \

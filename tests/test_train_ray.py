@@ -6,17 +6,26 @@ Fashion-MNIST for 2 epochs, which the plan's meta records as workload options.
 """
 
 import math
+import sys
 
 import pytest
+import ray.cloudpickle as cloudpickle
+import torch
+from torch import nn
+from torch.utils.data import TensorDataset
 
 import tula_ray
 from tula_ray import SearchSpace, build_plan
 from tula_ray.planning.synthetic import example_params, synthetic_profiles
 from tula_ray.training.checkpoints import restore_state
 from tula_ray.training.strategies import build_strategy
-from tula_ray.workloads import get_workload
+from tula_ray.workloads import Workload, get_workload
 
 pytestmark = pytest.mark.ray
+
+# Ray workers cannot import this test module: its functions travel by value, as a
+# driver script's do.
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 TRAIN_SUBSET = 1024
 EPOCHS = 2
@@ -127,7 +136,28 @@ def test_train_takes_a_plans_choice_at_agss_reference_batch():
     job = resolve_job(plan, TRAINING_STRATEGY_DEFAULT, None, None, 1, None)
     assert job.strategy_name == "ags-ns" == TRAINING_STRATEGY_DEFAULT
     assert (job.num_workers, job.global_batch) == (2, 32)
-    assert any("plain SGD steps" in note for note in job.notes)
+    assert any("plain steps of the workload's optimizer" in note for note in job.notes)
+
+
+def user_model() -> nn.Module:
+    return nn.Sequential(nn.Conv2d(1, 8, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(4),
+                         nn.Flatten(), nn.Linear(8 * 4 * 4, 4))
+
+
+def user_images(count: int, seed: int) -> TensorDataset:
+    generator = torch.Generator().manual_seed(seed)
+    return TensorDataset(torch.randn((count, 1, 12, 12), generator=generator),
+                         torch.randint(0, 4, (count,), generator=generator))
+
+
+def user_adam(params) -> torch.optim.Optimizer:
+    return torch.optim.Adam(params, lr=1e-3)
+
+
+# A user's own model and data (made-up: fp16 is emulated on the CPU, slow, and what is
+# checked is the path through Ray Train, not what it learns), trained with their Adam.
+USER_ADAM = Workload("user-adam", user_model, lambda: user_images(TRAIN_SUBSET, 0),
+                     lambda: user_images(256, 1), optimizer_fn=user_adam)
 
 
 def test_train_in_fp16_to_a_scale_invariant_budget(ray_session, tmp_path):
@@ -135,13 +165,16 @@ def test_train_in_fp16_to_a_scale_invariant_budget(ray_session, tmp_path):
     gradients of two workers; every epoch reports the loss scale it ended with.
     Issue 25, item 3 in the same run (one Ray Train job, not two): the scale-invariant
     budget of 1 epoch at AGS-NS's reference batch 32 trains B = 64 until its progress
-    reaches 1024 / 32 reference steps: 1 or 2 epochs."""
-    # Made-up images (with a test set of 256): fp16 is emulated on the CPU, slow, and what
-    # is checked here is its path through Ray Train, not what it learns.
-    fake = {"workload_options": {"data": "fake", "fake_size": TRAIN_SUBSET}}
-    result = tula_ray.train(_plan(meta=fake), "ags-ns", epochs=1, precision="fp16",
-                            budget="scale-invariant", storage_path=str(tmp_path))
+    reaches 1024 / 32 reference steps: 1 or 2 epochs.
+    Issue 41, item 1 in the same run: the user's Workload trains its own Adam, inside
+    AGS-NS's TulaOptimizer on every worker, and Adam's state is in the checkpoint."""
+    result = tula_ray.train(_plan(workload="user-adam", meta={}), "ags-ns", epochs=1,
+                            workload=USER_ADAM, precision="fp16", budget="scale-invariant",
+                            storage_path=str(tmp_path))
     metrics = result.metrics
+    assert metrics["optimizer"].eq("TulaOptimizer(Adam)").all()
+    adam_state = result.load_checkpoint()["optimizer"]["base_state"]
+    assert adam_state and all({"exp_avg", "exp_avg_sq"} <= set(s) for s in adam_state.values())
     assert metrics["loss_scale"].gt(0).all() and metrics["loss_scale"].map(math.isfinite).all()
     assert metrics["test_accuracy"].between(0, 1).all()
     assert result.load_checkpoint()["loss_scaler"]["scale"] == metrics["loss_scale"].iloc[-1]

@@ -163,9 +163,10 @@ def test_fit_returns_one_row_per_epoch(workload):
     assert isinstance(frame, pd.DataFrame) and list(frame.columns) == list(COLUMNS)
     assert frame["epoch"].tolist() == [0, 1] and set(frame["strategy"]) == {"ags"}
     assert set(frame["global_batch"]) == {BATCH} and set(frame["seed"]) == {3}
+    assert set(frame["optimizer"]) == {"TulaOptimizer(SGD)"}  # the workload's, wrapped
     assert frame["lr"].tolist() == [0.01, 0.01]  # lr=None: the workload's (paper §IV-B)
     assert frame["scaled_fraction"].between(0, 1).all()
-    assert frame.drop(columns=["strategy", "loss_scale", "progress"]).map(
+    assert frame.drop(columns=["strategy", "optimizer", "loss_scale", "progress"]).map(
         math.isfinite).all().all()
     assert frame["loss_scale"].isna().all()  # fp32: no loss scaler
     assert frame["progress"].isna().all()  # the paper's AGS keeps no running gain

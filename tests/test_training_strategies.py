@@ -187,7 +187,7 @@ def test_ags_refuses_what_cannot_run_before_any_worker(n, b, options, message):
 def test_polo_notes_that_one_worker_has_nothing_to_average():
     assert TRAINING_STRATEGIES["polo"].check(2, 64, {}) == ({}, [])
     options, notes = TRAINING_STRATEGIES["polo"].check(1, 64, {"switch_epoch": 2})
-    assert options == {"switch_epoch": 2} and "N=1 is plain SGD" in notes[0]
+    assert options == {"switch_epoch": 2} and "N=1 is plain steps" in notes[0]
 
 
 class _AdamStrategy(BaseStrategy):
@@ -211,6 +211,8 @@ def test_a_user_registers_a_fifth_strategy_and_fit_trains_with_it():
         frame = fit(workload, global_batch=32, strategy="adam-user", epochs=1,
                     options={"lr_scale": 0.5})
         assert frame["strategy"].tolist() == ["adam-user"] and frame["lr"].tolist() == [0.005]
+        # Its build predates optimizer_fn: it builds its own optimizer, and says so.
+        assert any("builds its own optimizer" in note for note in frame.attrs["notes"])
         with pytest.raises(ValueError, match="option 'delta' is unknown for strategy 'adam-user'"):
             fit(workload, global_batch=32, strategy="adam-user", epochs=1, options={"delta": 1})
     finally:
@@ -219,6 +221,52 @@ def test_a_user_registers_a_fifth_strategy_and_fit_trains_with_it():
     # The object itself works without registration (how it reaches Ray workers).
     assert fit(workload, global_batch=32, strategy=_AdamStrategy(), epochs=1)["lr"].tolist() \
         == [0.001]
+
+
+# --------------------------------------------------------------------------- the user's optimizer
+
+def _adam(params):
+    """A user's optimizer: Adam, with a second param group at a tenth of the LR."""
+    params = list(params)
+    return torch.optim.Adam([{"params": params[:1], "lr": 1e-4}, {"params": params[1:]}],
+                            lr=1e-3)
+
+
+@pytest.mark.parametrize("name", ["ags", "ags-ns", "lbt", "lrs", "polo"])
+def test_every_strategy_but_lars_trains_the_workloads_own_optimizer(name):
+    """Issue 41, item 1: the workload's Adam, wrapped (AGS, AGS-NS: TulaOptimizer) or
+    scaled (LRS: every group x B / 128), never replaced by an SGD."""
+    from tula_ray.training.strategy_base import describe_optimizer
+
+    setup = _build(name, global_batch=256, optimizer_fn=_adam)
+    inner = base_optimizer(setup.optimizer)
+    assert type(inner) is torch.optim.Adam
+    scale = 256 / BASE_BATCH_DEFAULT if name == "lrs" else 1.0
+    lrs = [group["lr"] for group in inner.param_groups]
+    if setup.scheduler is not None:  # the warm-up starts below the target; its target:
+        lrs = setup.scheduler.base_lrs
+    assert lrs == pytest.approx([1e-4 * scale, 1e-3 * scale])
+    wrapped = {"ags": "TulaOptimizer(Adam)", "ags-ns": "TulaOptimizer(Adam)"}
+    assert describe_optimizer(setup.optimizer) == wrapped.get(name, "Adam")
+
+
+def test_a_given_lr_moves_the_workloads_optimizer_keeping_its_groups_ratios():
+    """A tuned or given base LR replaces the optimizer's own; a group at a tenth stays so."""
+    inner = base_optimizer(_build("ags-ns", global_batch=256, optimizer_fn=_adam,
+                                  lr=0.004).optimizer)
+    assert type(inner) is torch.optim.Adam
+    assert [g["lr"] for g in inner.param_groups] == pytest.approx([4e-4, 4e-3])
+
+
+def test_lars_refuses_another_optimizer_naming_both():
+    """LARS builds its own optimizer from an SGD's hyper-parameters: an Adam workload is
+    refused, naming Adam, what LARS needs and the strategies that take any optimizer."""
+    with pytest.raises(ValueError, match=r"'lars'.*torch\.optim\.SGD.*builds Adam.*'ags-ns'"):
+        _build("lars", optimizer_fn=_adam)
+    sgd = lambda params: torch.optim.SGD(params, lr=0.02, momentum=0.5)  # noqa: E731
+    lars = base_optimizer(_build("lars", global_batch=256, optimizer_fn=sgd).optimizer)
+    assert lars.defaults["momentum"] == 0.5
+    assert lars.defaults["lr"] == pytest.approx(linear_scaled_lr(0.02, 256))
 
 
 # --------------------------------------------------------------------------- two gloo ranks

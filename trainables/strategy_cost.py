@@ -17,7 +17,6 @@ import ray.train.torch
 
 from tula_ray.distributed import max_over_ranks
 from tula_ray.training.epochs import EpochTally
-from tula_ray.training.run import optimizer_hyperparameters
 from tula_ray.training.step_timing import (ALTERNATING_BLOCKS, mean_step_s,
                                            measured_step_count, time_block)
 from tula_ray.training.strategies import build_strategy, get_training_strategy
@@ -82,7 +81,7 @@ def measure_strategy_extra_s(sweep: Any) -> float:
             global_batch=global_batch,
             steps_per_epoch=max(1, len(sweep.dataset) // global_batch),  # type: ignore[arg-type]
             epochs=int(sweep.config.get("epochs") or sweep.workload.epochs),
-            options=sweep.strategy_options, **optimizer_hyperparameters(sweep.workload))
+            options=sweep.strategy_options, optimizer_fn=sweep.workload.optimizer_fn)
         setup.set_precision(sweep.workload.precision, sweep.device)  # as `train` sets it
         setup.start_epoch(0)
         return EpochTally(wrapped, setup, sweep.loss_fn, sweep.device)

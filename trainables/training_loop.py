@@ -26,6 +26,7 @@ import torch
 
 from tula_ray.training.checkpoints import checkpoint_state, restore_state
 from tula_ray.training.run import prepare_run
+from tula_ray.training.strategy_base import describe_optimizer
 from tula_ray.workloads import resolve_workload
 
 logger = logging.getLogger(__name__)
@@ -89,7 +90,8 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
         logger.info("rank %d resumes after epoch %d from %s", rank, resumed_from, checkpoint.path)
 
     fixed = {"num_workers": world_size, "global_batch": global_batch,
-             "local_batch": global_batch // world_size, "strategy": setup.name, "seed": seed,
+             "local_batch": global_batch // world_size, "strategy": setup.name,
+             "optimizer": describe_optimizer(setup.optimizer), "seed": seed,
              "resumed_from": resumed_from}
     for epoch, metrics in run.train_epochs(start_epoch,
                                            before=lambda e: _maybe_fail(config, e, rank)):

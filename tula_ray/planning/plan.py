@@ -129,13 +129,13 @@ class Plan:
                     f"cost per step ({per_n})")
             if "plain_steps" in self.table and self.table["plain_steps"].any():
                 plain = self.table[self.table["plain_steps"].astype(bool)]
-                text += (", except where it trains plain SGD steps (B <= "
+                text += (", except where it trains plain optimizer steps (B <= "
                          f"{int(plain['global_batch'].max())})")
             return text
         if name:
-            return (f"training times: plain SGD steps ({name}'s cost per step was not "
+            return (f"training times: plain optimizer steps ({name}'s cost per step was not "
                     "measured: no profiled batch suits it)")
-        return "training times: plain SGD steps (no training strategy measured)"
+        return "training times: plain optimizer steps (no training strategy measured)"
 
     def summary(self) -> str:
         """A printable table of the candidates and the choice."""

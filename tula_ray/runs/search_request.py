@@ -20,7 +20,8 @@ from tula_ray.planning.policy import OBJECTIVES
 from tula_ray.planning.search_strategies import SEARCH_STRATEGIES, make_search_strategy
 from tula_ray.space import check_positive_ints
 from tula_ray.training.strategies import get_training_strategy
-from tula_ray.training.strategy_base import TrainingStrategy, check_option_names
+from tula_ray.training.strategy_base import (TrainingStrategy, check_base_optimizer,
+                                             check_option_names)
 from tula_ray.workloads import Workload
 
 logger = logging.getLogger(__name__)
@@ -70,6 +71,9 @@ def check_request(r: "SearchRequest") -> None:
     if r.training_strategy is not None:
         strategy = named_arguments(get_training_strategy, "training_strategy")(r.training_strategy)
         named_arguments(check_option_names, "training_options")(strategy, r.training_options)
+        # A strategy that cannot train the workload's optimizer (LARS: an SGD) is refused
+        # here, not after the search has profiled it.
+        check_base_optimizer(strategy, r.workload.optimizer_fn, r.workload.name)
     if r.max_batch is not None and r.max_batch < r.min_batch:
         raise ValueError(f"max_batch={r.max_batch} is below min_batch={r.min_batch}; "
                          "max_batch must be >= min_batch")

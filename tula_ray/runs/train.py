@@ -47,7 +47,8 @@ UNLIMITED_FAILURES = -1  # Ray's FailureConfig value for "retry forever"
 class TrainResult:
     """What `train` returns.
 
-    metrics: one row per epoch (epoch, resumed_from, train_loss, train_accuracy,
+    metrics: one row per epoch (epoch, resumed_from, optimizer (what trained: the
+      workload's own, e.g. "TulaOptimizer(Adam)" under AGS-NS), train_loss, train_accuracy,
       test_loss, test_accuracy, lr, seconds, steps; for AGS scaled_fraction,
       variability_median, scale_mean/min/max; for fp16 loss_scale), in epoch order.
     checkpoint_path: the last epoch's checkpoint directory (None if none was kept).

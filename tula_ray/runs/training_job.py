@@ -20,6 +20,7 @@ from tula_ray.planning.plan import Plan
 from tula_ray.training.strategies import (StrategySetup, TrainingStrategy, build_strategy,
                                           get_training_strategy, logger as strategies_logger,
                                           portable_training_strategy)
+from tula_ray.training.strategy_base import check_base_optimizer
 from tula_ray.workloads import Workload, in_precision, portable_workload, resolve_workload
 
 logger = logging.getLogger(__name__)
@@ -89,7 +90,9 @@ def resolve_job(plan: Plan, strategy: str | TrainingStrategy, workload: str | Wo
                          "multiple of N (was the plan edited by hand?)")
     if resolved.train_size is not None:  # known without data (a built-in): refuse before Ray
         check_batch_fits(b, resolved)
-    # The strategy's own option and N/B checks (e.g. AGS's sub-batch < B/N), in the driver.
+    # The strategy's own option, optimizer and N/B checks (e.g. AGS's sub-batch < B/N), in
+    # the driver.
+    check_base_optimizer(resolved_strategy, resolved.optimizer_fn, resolved.name)
     strategy_options, notes = named_arguments(resolved_strategy.check, "strategy_options")(
         n, b, dict(strategy_options or {}))
     for note in notes:
@@ -134,7 +137,7 @@ def dry_run(job: Job, dataset_size: int) -> StrategySetup:
     with _quiet(strategies_logger):
         return named_arguments(build_strategy, "strategy_options")(
             strategy, nn.Linear(1, 1), global_batch=job.global_batch, steps_per_epoch=steps,
-            epochs=job.epochs, options=options)
+            epochs=job.epochs, options=options, optimizer_fn=job.workload.optimizer_fn)
 
 
 @contextlib.contextmanager

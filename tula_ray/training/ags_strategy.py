@@ -1,4 +1,4 @@
-"""The AGS training strategies: `TulaOptimizer` over the workload's SGD, its options,
+"""The AGS training strategies: `TulaOptimizer` over the workload's optimizer, its options,
 its N/B rules and its step hooks (the refresh's extra backward, the DDP comm hook).
 
   "ags"     the paper's Algorithm 1, literally (per-tensor scales from a 32-sample
@@ -10,7 +10,7 @@ its N/B rules and its step hooks (the refresh's extra backward, the DDP comm hoo
             reference batch 32 by the gradient-noise-scale relation (`gain_ratio`),
             s = r (AdaScale's gain exponent 1) capped at B/32, no variability gate.
 Both train a global batch no larger than their reference small batch (B <= 32 by default)
-with plain SGD steps: the large batch is then a small one and the gain is 1, so every
+with the workload's optimizer alone: the large batch is then a small one and the gain is 1, so every
 (N, B) a search may plan is one they train.
 
 No Ray here (core module); registered in `tula_ray.training.strategies.TRAINING_STRATEGIES`.
@@ -30,7 +30,6 @@ from tula_ray.ags import (SMALL_BATCH_DEFAULT, TulaOptimizer, backward_with_refr
                           register_local_gradient_hook)
 from tula_ray.distributed import world_size
 from tula_ray.training.strategy_base import BaseStrategy, StrategySetup, check_option_names
-from tula_ray.workloads import sgd
 
 logger = logging.getLogger(__name__)
 
@@ -90,7 +89,7 @@ class AGSSetup(StrategySetup):
 
 
 class AdaptiveGradientScaling(BaseStrategy):
-    """"ags": Algorithm 1 over the workload's SGD; options are TulaOptimizer's."""
+    """"ags": Algorithm 1 over the workload's optimizer; options are TulaOptimizer's."""
 
     name, options = "ags", AGS_OPTIONS
 
@@ -162,18 +161,18 @@ class AdaptiveGradientScaling(BaseStrategy):
     def _plain_note(self, global_batch: int, options: dict[str, Any]) -> str:
         return (f"{self.name}: B={global_batch} is not larger than its reference small batch "
                 f"{options.get('small_batch', SMALL_BATCH_DEFAULT)}: there is nothing to scale "
-                "(the gain is 1), so it trains with plain SGD steps")
+                "(the gain is 1), so it trains plain steps of the workload's optimizer")
 
     def build(self, model, *, global_batch, steps_per_epoch, epochs, lr, momentum, weight_decay,
-              options) -> StrategySetup:
-        """The SGD wrapped in TulaOptimizer; source "local" defaults small_batch to B / world.
-        At a B no larger than the reference small batch, the plain SGD (`_plain`)."""
+              options, optimizer_fn) -> StrategySetup:
+        """The workload's optimizer wrapped in TulaOptimizer; source "local" defaults
+        small_batch to B / world. At a B no larger than the reference small batch, the
+        workload's optimizer alone (`_plain`)."""
         options = dict(options)
         if self._plain(global_batch, options):
             note = self._plain_note(global_batch, options)
             logger.info("%s", note)
-            return StrategySetup(self.name, sgd(model.parameters(), lr, momentum, weight_decay),
-                                 notes=[note])
+            return StrategySetup(self.name, optimizer_fn(model.parameters()), notes=[note])
         if options.get("source") == "local":
             world = world_size()
             if world < 2:
@@ -184,8 +183,8 @@ class AdaptiveGradientScaling(BaseStrategy):
                 raise ValueError(f"global_batch={global_batch} is not divisible by the world "
                                  f"size {world}: source='local' needs equal local batches")
             options.setdefault("small_batch", global_batch // world)
-        optimizer = TulaOptimizer(sgd(model.parameters(), lr, momentum, weight_decay),
-                                  large_batch=global_batch, **options)
+        optimizer = TulaOptimizer(optimizer_fn(model.parameters()), large_batch=global_batch,
+                                  **options)
         if optimizer.source == "local":  # each worker's gradient, read before the all-reduce
             register_local_gradient_hook(model, optimizer)
         return AGSSetup(self.name, optimizer)
@@ -209,7 +208,7 @@ class NoiseScaleAGS(AdaptiveGradientScaling):
         return super().check(num_workers, global_batch, options)
 
     def build(self, model, *, global_batch, steps_per_epoch, epochs, lr, momentum, weight_decay,
-              options) -> StrategySetup:
+              options, optimizer_fn) -> StrategySetup:
         options = {**NOISE_SCALE_DEFAULTS, **options}
         if "source" not in options:
             options["source"] = "local" if world_size() >= 2 else "sub-batch"
@@ -217,6 +216,7 @@ class NoiseScaleAGS(AdaptiveGradientScaling):
             options.setdefault("small_batch", SMALL_BATCH_DEFAULT)
         setup = super().build(model, global_batch=global_batch, steps_per_epoch=steps_per_epoch,
                               epochs=epochs, lr=lr, momentum=momentum,
-                              weight_decay=weight_decay, options=options)
+                              weight_decay=weight_decay, options=options,
+                              optimizer_fn=optimizer_fn)
         setup.name = self.name
         return setup

@@ -26,32 +26,23 @@ from tula_ray.training.epochs import evaluate, train_epoch
 from tula_ray.training.measure import StepTimer
 from tula_ray.training.strategies import (TRAINING_STRATEGY_DEFAULT, StrategySetup,
                                           TrainingStrategy, build_strategy, get_training_strategy)
-from tula_ray.workloads import (LR_DEFAULT, MOMENTUM_DEFAULT, WEIGHT_DECAY_DEFAULT, Workload,
-                                resolve_workload)
+from tula_ray.training.strategies import optimizer_hyperparameters as strategy_hyperparameters
+from tula_ray.training.strategy_base import describe_optimizer
+from tula_ray.workloads import Workload, resolve_workload
 
 logger = logging.getLogger(__name__)
 
-COLUMNS = ("epoch", "strategy", "global_batch", "seed", "train_loss", "train_accuracy",
+# "optimizer" names what trained, e.g. "TulaOptimizer(Adam)": the workload's own optimizer.
+COLUMNS = ("epoch", "strategy", "optimizer", "global_batch", "seed", "train_loss", "train_accuracy",
            "test_loss", "test_accuracy", "lr", "seconds", "scaled_fraction", "variability_median",
            "loss_scale", "progress")
 
 
 def optimizer_hyperparameters(workload: Workload) -> dict[str, float]:
-    """lr, momentum and weight_decay of the workload's optimizer (paper §IV-B defaults).
-
-    Read from the `defaults` of its optimizer_fn applied to one dummy parameter, so
-    any torch optimizer factory works; a value it lacks (Adam has no momentum)
-    falls back to the paper's, with a warning. The strategies build their own SGD.
-    """
-    defaults = workload.optimizer_fn([nn.Parameter(torch.zeros(1))]).defaults
-    found = {}
-    for name, default in (("lr", LR_DEFAULT), ("momentum", MOMENTUM_DEFAULT),
-                          ("weight_decay", WEIGHT_DECAY_DEFAULT)):
-        if name not in defaults:
-            logger.warning("workload %s: its optimizer has no %s; using %s (paper §IV-B)",
-                           workload.name, name, default)
-        found[name] = float(defaults.get(name, default))
-    return found
+    """lr, momentum and weight_decay of the workload's optimizer (paper §IV-B defaults for
+    one it lacks): `strategies.optimizer_hyperparameters` of its optimizer_fn. The
+    strategies train that optimizer itself; these only say what it is."""
+    return strategy_hyperparameters(workload.optimizer_fn)
 
 
 @dataclass
@@ -133,13 +124,11 @@ def prepare_run(workload: str | Workload, *, global_batch: int,
     torch.manual_seed(seed)  # the same initial weights on every rank (DDP also broadcasts them)
     model = workload.model_fn()
     model = model.to(device) if wrap_model is None else wrap_model(model)
-    hyper = optimizer_hyperparameters(workload)
-    if lr is not None:
-        hyper["lr"] = lr
-    # Built before the data load so that a bad strategy or option fails at once.
+    # Built before the data load so that a bad strategy or option fails at once. The
+    # workload's own optimizer (at `lr` when one is given): what the user wrote trains.
     setup = build_strategy(get_training_strategy(strategy), model, global_batch=global_batch,
                            steps_per_epoch=steps_per_epoch, epochs=epochs, options=options,
-                           **hyper)
+                           optimizer_fn=workload.optimizer_fn, lr=lr)
     budget_, note = budget_for(budget, epochs, setup.progress(), train_size)
     if note:
         logger.warning("%s", note)
@@ -184,8 +173,9 @@ def fit(workload: str | Workload, *, global_batch: int,
                       seed=seed, device=device, options=options, lr=lr, budget=budget)
     rows = []
     for epoch, metrics in run.train_epochs():
-        row = {"epoch": epoch, "strategy": run.setup.name, "global_batch": global_batch,
-               "seed": seed, **{key: metrics.get(key, math.nan) for key in COLUMNS[4:]}}
+        row = {"epoch": epoch, "strategy": run.setup.name,
+               "optimizer": describe_optimizer(run.setup.optimizer), "global_batch": global_batch,
+               "seed": seed, **{key: metrics.get(key, math.nan) for key in COLUMNS[5:]}}
         rows.append(row)
         logger.info("%s %s B=%d epoch %d: train loss %.4f, test accuracy %.4f (%.1f s)",
                     run.workload.name, run.setup.name, global_batch, epoch, row["train_loss"],

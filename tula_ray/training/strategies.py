@@ -9,13 +9,18 @@ A strategy (the `TrainingStrategy` protocol) carries, in one object:
     telemetry); the epoch loop knows no strategy by name.
 
 Registered in one place, `TRAINING_STRATEGIES` (`register_training_strategy` adds a fifth):
-  "ags"   the workload's SGD wrapped in `TulaOptimizer` (Algorithm 1; tula_ray.training.ags_strategy);
-  "ags-ns" the same optimizer with the options of AGS-NS, the variant beyond the paper;
-  "lbt"   vanilla large-batch training: the same SGD at B, LR unchanged;
-  "lrs"   linear LR scaling lr * B / 128 with a linear warm-up (Goyal et al., [7]);
-  "lars"  `pytorch_optimizer.LARS` with the same scaled LR and warm-up;
-  "polo"  post-local SGD (Lin et al., [33]): torch's `PostLocalSGDOptimizer`,
-          `PeriodicModelAverager` and DDP's `post_localSGD_hook`, with the warm-up.
+  "ags"   the workload's optimizer wrapped in `TulaOptimizer` (Algorithm 1;
+          tula_ray.training.ags_strategy);
+  "ags-ns" the same wrapper with the options of AGS-NS, the variant beyond the paper;
+  "lbt"   vanilla large-batch training: the workload's optimizer at B, LR unchanged;
+  "lrs"   the workload's optimizer at lr * B / 128 with a linear warm-up (Goyal et al., [7]);
+  "lars"  `pytorch_optimizer.LARS` with the same scaled LR and warm-up, from the
+          workload's SGD (another optimizer is refused: `base_optimizers`);
+  "polo"  post-local SGD (Lin et al., [33]): torch's `PostLocalSGDOptimizer` around the
+          workload's optimizer, `PeriodicModelAverager` and DDP's `post_localSGD_hook`,
+          with the warm-up.
+The workload's optimizer is its `optimizer_fn` (default the paper's SGD), so what a user
+wrote is what trains, and what profiling timed.
 
 Baselines are maintained library code (DESIGN "AGS"), not copies. Every
 scheduler is a torch LR scheduler stepped once per optimizer step. Where the
@@ -35,8 +40,10 @@ from torch import nn
 from tula_ray.arguments import check_int, check_number, check_text
 from tula_ray.distributed import world_size
 from tula_ray.training.ags_strategy import AdaptiveGradientScaling, NoiseScaleAGS
-from tula_ray.training.strategy_base import (BaseStrategy, StrategySetup, TrainingStrategy,
-                                             base_optimizer, check_option_names)
+from tula_ray.training.strategy_base import (BaseStrategy, OptimizerFactory, StrategySetup,
+                                             TrainingStrategy, base_optimizer,
+                                             check_base_optimizer, check_option_names,
+                                             optimizer_at_lr, scale_lr, takes_optimizer_fn)
 from tula_ray.workloads import LR_DEFAULT, MOMENTUM_DEFAULT, WEIGHT_DECAY_DEFAULT, sgd
 
 logger = logging.getLogger(__name__)
@@ -134,8 +141,9 @@ def plain_steps(strategy: str | TrainingStrategy, options: dict[str, Any] | None
 
 
 def build_strategy(name: str | TrainingStrategy, model: nn.Module, *, global_batch: int,
-                   steps_per_epoch: int, epochs: int, lr: float = LR_DEFAULT,
-                   momentum: float = MOMENTUM_DEFAULT, weight_decay: float = WEIGHT_DECAY_DEFAULT,
+                   steps_per_epoch: int, epochs: int, lr: float | None = None,
+                   momentum: float | None = None, weight_decay: float | None = None,
+                   optimizer_fn: OptimizerFactory | None = None,
                    options: dict[str, Any] | None = None) -> StrategySetup:
     """The optimizer, scheduler and hooks of strategy `name` for `model` at `global_batch`.
 
@@ -145,10 +153,17 @@ def build_strategy(name: str | TrainingStrategy, model: nn.Module, *, global_bat
         global_batch: B, samples per optimizer step summed over all workers.
         steps_per_epoch: optimizer steps per epoch (dataset size // B with drop_last).
         epochs: epochs the run will train (the warm-up is clamped to it).
-        lr, momentum, weight_decay: the workload's SGD (paper §IV-B), before any scaling.
+        optimizer_fn: the workload's optimizer (params -> torch optimizer), which the
+            strategy wraps (AGS, AGS-NS, LBT, PoLo) or scales (LRS); default the paper's
+            SGD (§IV-B) with `momentum` and `weight_decay`.
+        lr: the base LR before any strategy scaling; the optimizer's own LR is moved to it
+            (each param group alike). None: optimizer_fn's own, or the paper's 0.01.
+        momentum, weight_decay: the default SGD's (ignored with optimizer_fn, whose own
+            hyper-parameters a strategy that builds its own optimizer, LARS, reads).
         options: strategy-specific, see each strategy's `options`.
     Raises:
-        ValueError: unknown strategy or option, or a value out of range.
+        ValueError: unknown strategy or option, a value out of range, or a workload
+            optimizer the strategy cannot train with (its `base_optimizers`).
         TypeError: a value of the wrong type (e.g. global_batch=64.0).
     """
     strategy = get_training_strategy(name)
@@ -156,13 +171,43 @@ def build_strategy(name: str | TrainingStrategy, model: nn.Module, *, global_bat
     for label, value in (("global_batch", global_batch), ("steps_per_epoch", steps_per_epoch),
                          ("epochs", epochs)):
         check_int(label, value, minimum=1)
-    check_number("lr", lr, low=0.0, low_open=True, hint="the learning rate")
-    setup = strategy.build(model, global_batch=global_batch, steps_per_epoch=steps_per_epoch,
-                           epochs=epochs, lr=lr, momentum=momentum, weight_decay=weight_decay,
-                           options=options)
+    if lr is not None:
+        check_number("lr", lr, low=0.0, low_open=True, hint="the learning rate")
+    if optimizer_fn is None:
+        optimizer_fn = default_sgd(momentum, weight_decay)
+        lr = LR_DEFAULT if lr is None else lr
+    optimizer_fn = optimizer_at_lr(optimizer_fn, lr)
+    check_base_optimizer(strategy, optimizer_fn)
+    hyper = optimizer_hyperparameters(optimizer_fn)
+    if takes_optimizer_fn(strategy):
+        setup = strategy.build(model, global_batch=global_batch, steps_per_epoch=steps_per_epoch,
+                               epochs=epochs, options=options, optimizer_fn=optimizer_fn, **hyper)
+    else:  # a strategy written before optimizer_fn: it builds its own optimizer
+        setup = strategy.build(model, global_batch=global_batch, steps_per_epoch=steps_per_epoch,
+                               epochs=epochs, options=options, **hyper)
+        setup.notes.append(f"strategy {setup.name!r} builds its own optimizer (its build takes "
+                           f"no optimizer_fn), not the workload's")
     for note in setup.notes:
         logger.warning("strategy %s: %s", setup.name, note)
     return setup
+
+
+def default_sgd(momentum: float | None = None,
+                weight_decay: float | None = None) -> OptimizerFactory:
+    """The paper's SGD (§IV-B) at the paper's LR, with these momentum and weight decay."""
+    momentum = MOMENTUM_DEFAULT if momentum is None else momentum
+    weight_decay = WEIGHT_DECAY_DEFAULT if weight_decay is None else weight_decay
+    return lambda params: sgd(params, LR_DEFAULT, momentum, weight_decay)
+
+
+def optimizer_hyperparameters(optimizer_fn: OptimizerFactory) -> dict[str, float]:
+    """lr, momentum and weight_decay of what `optimizer_fn` builds, from its `defaults` on
+    one dummy parameter; one it lacks (Adam has no momentum) is the paper's (§IV-B). Only a
+    strategy that builds its own optimizer (LARS, from an SGD) uses them."""
+    defaults = optimizer_fn([nn.Parameter(torch.zeros(1))]).defaults
+    return {name: float(defaults.get(name, default))
+            for name, default in (("lr", LR_DEFAULT), ("momentum", MOMENTUM_DEFAULT),
+                                  ("weight_decay", WEIGHT_DECAY_DEFAULT))}
 
 
 # --------------------------------------------------------------------------- helpers
@@ -207,22 +252,25 @@ def _warmup(options: dict[str, Any], epochs: int, steps_per_epoch: int,
 # --------------------------------------------------------------------------- the baselines
 
 class LargeBatchTraining(BaseStrategy):
-    """"lbt": the workload's SGD at the large batch, LR unchanged."""
+    """"lbt": the workload's optimizer at the large batch, LR unchanged."""
 
     name, options = "lbt", ()
 
     def build(self, model, *, global_batch, steps_per_epoch, epochs, lr, momentum, weight_decay,
-              options) -> StrategySetup:
-        return StrategySetup(self.name, sgd(model.parameters(), lr, momentum, weight_decay))
+              options, optimizer_fn) -> StrategySetup:
+        return StrategySetup(self.name, optimizer_fn(model.parameters()))
 
 
 class LinearScaling(BaseStrategy):
-    """"lrs" (SGD) and "lars" (pytorch_optimizer.LARS): LR x B / base_batch, linear warm-up."""
+    """"lrs" (the workload's optimizer) and "lars" (pytorch_optimizer.LARS, from the
+    workload's SGD): LR x B / base_batch, linear warm-up."""
 
     def __init__(self, name: str) -> None:
         self.name = name
         self.options = ("base_batch", "warmup_epochs") + (
             ("trust_coefficient",) if name == "lars" else ())
+        # LARS is SGD with a layer-wise trust ratio: it takes an SGD's lr and momentum.
+        self.base_optimizers = (torch.optim.SGD,) if name == "lars" else ()
 
     def search_space(self, global_batch: int) -> dict[str, tuple[Any, ...]]:
         """The base LR (scaled by B / 128 after sampling: the range is the unscaled one,
@@ -233,12 +281,13 @@ class LinearScaling(BaseStrategy):
         return space
 
     def build(self, model, *, global_batch, steps_per_epoch, epochs, lr, momentum, weight_decay,
-              options) -> StrategySetup:
+              options, optimizer_fn) -> StrategySetup:
         notes: list[str] = []
         base_batch, warmup_steps = _warmup(options, epochs, steps_per_epoch, notes)
         scaled = linear_scaled_lr(lr, global_batch, base_batch)
-        if self.name == "lrs":
-            optimizer = sgd(model.parameters(), scaled, momentum, weight_decay)
+        if self.name == "lrs":  # the workload's optimizer, every group's LR x B / base_batch
+            optimizer = optimizer_fn(model.parameters())
+            scale_lr(optimizer, global_batch / base_batch)
         else:
             from pytorch_optimizer import LARS  # here: only this baseline pays for its import
 
@@ -261,15 +310,16 @@ class PostLocalSGD(BaseStrategy):
     def check(self, num_workers, global_batch, options):
         options = check_option_names(self, options)
         notes = [] if num_workers >= 2 else [
-            "polo at N=1 is plain SGD with the warm-up: there are no replicas to go local on"]
+            "polo at N=1 is plain steps of the workload's optimizer with the warm-up: there "
+            "are no replicas to go local on"]
         return options, notes
 
     def build(self, model, *, global_batch, steps_per_epoch, epochs, lr, momentum, weight_decay,
-              options) -> StrategySetup:
+              options, optimizer_fn) -> StrategySetup:
         notes: list[str] = []
         base_batch, warmup_steps = _warmup(options, epochs, steps_per_epoch, notes)
-        # The warm-up schedules the inner SGD, whose step the PoLo wrapper calls.
-        local = sgd(model.parameters(), lr, momentum, weight_decay)
+        # The warm-up schedules the workload's optimizer, whose step the PoLo wrapper calls.
+        local = optimizer_fn(model.parameters())
         scheduler = warmup_scheduler(local, warmup_steps=warmup_steps, global_batch=global_batch,
                                      base_batch=base_batch)
         optimizer, comm_state = _polo(model, local, steps_per_epoch, epochs, options, notes)
@@ -284,8 +334,8 @@ def _polo(model: nn.Module, local: torch.optim.Optimizer, steps_per_epoch: int, 
     averages = options.get("averages_per_epoch", POLO_AVERAGES_PER_EPOCH)
     check_int("averages_per_epoch", averages, minimum=1)
     if world_size() < 2:
-        notes.append("polo at world size 1 is plain SGD with the warm-up: there are no "
-                     "replicas to go local on or to average")
+        notes.append("polo at world size 1 is plain steps of the workload's optimizer with the "
+                     "warm-up: there are no replicas to go local on or to average")
         return local, None
     if not isinstance(model, nn.parallel.DistributedDataParallel):
         raise ValueError(f"polo under torch.distributed (world size {world_size()}) needs a "

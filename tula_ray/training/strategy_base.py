@@ -7,8 +7,9 @@ module is what a strategy builds on (the AGS strategy and a user's own import it
 from __future__ import annotations
 
 import contextlib
+import inspect
 from dataclasses import dataclass, field
-from typing import Any, Callable, ContextManager, Protocol, runtime_checkable
+from typing import Any, Callable, ContextManager, Iterable, Protocol, runtime_checkable
 
 import torch
 from torch import nn
@@ -123,9 +124,13 @@ class TrainingStrategy(Protocol):
 
     def build(self, model: nn.Module, *, global_batch: int, steps_per_epoch: int, epochs: int,
               lr: float, momentum: float, weight_decay: float,
-              options: dict[str, Any]) -> StrategySetup:
+              options: dict[str, Any], optimizer_fn: OptimizerFactory) -> StrategySetup:
         """The optimizer, scheduler and hooks for `model` (already on its device, DDP-wrapped
-        under torch.distributed) trained at `global_batch`; lr etc. are the workload's."""
+        under torch.distributed) trained at `global_batch`. optimizer_fn: the workload's
+        optimizer at the run's base LR, which the strategy wraps or scales; lr, momentum
+        and weight_decay are read from it (for a strategy that builds its own optimizer
+        and says so in `base_optimizers`). A build without optimizer_fn (written before it
+        existed) still works: it builds its own optimizer, and a note says so."""
         ...
 
 
@@ -141,6 +146,9 @@ class BaseStrategy:
 
     name: str = ""
     options: tuple[str, ...] = ()
+    # The optimizer classes the workload's optimizer_fn must build, for a strategy that
+    # builds its own optimizer from its hyper-parameters (empty: it wraps any).
+    base_optimizers: tuple[type[torch.optim.Optimizer], ...] = ()
 
     def search_space(self, global_batch: int) -> TuningSpace:
         """What `tula_ray.tune_training` tunes at `global_batch`: "lr" (the base LR, before
@@ -176,6 +184,75 @@ def check_option_names(strategy: TrainingStrategy, options: dict[str, Any] | Non
         raise ValueError(f"option {unknown[0]!r} is unknown for strategy {strategy.name!r}; "
                          f"allowed: {list(strategy.options) or 'none'}")
     return options
+
+
+# params -> a torch optimizer: a Workload's optimizer_fn.
+OptimizerFactory = Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer]
+
+
+def scale_lr(optimizer: torch.optim.Optimizer, factor: float) -> None:
+    """Multiply every param group's LR (and the optimizer's default) by `factor`, so a
+    user's per-group LRs keep their ratios."""
+    for group in optimizer.param_groups:
+        group["lr"] = group["lr"] * factor
+    if "lr" in optimizer.defaults:
+        optimizer.defaults["lr"] = optimizer.defaults["lr"] * factor
+
+
+def optimizer_at_lr(optimizer_fn: OptimizerFactory, lr: float | None) -> OptimizerFactory:
+    """The factory `optimizer_fn` with its LR moved to `lr` (a tuned or given base LR),
+    each param group scaled alike; None: the factory as it is."""
+    if lr is None:
+        return optimizer_fn
+
+    def at_lr(params: Iterable[nn.Parameter]) -> torch.optim.Optimizer:
+        optimizer = optimizer_fn(params)
+        own = optimizer.defaults.get("lr")
+        if not own:
+            raise ValueError(f"lr={lr} cannot be applied: the workload's optimizer "
+                             f"{type(optimizer).__name__} has no lr default to scale")
+        scale_lr(optimizer, lr / float(own))
+        return optimizer
+
+    return at_lr
+
+
+def optimizer_class(optimizer_fn: OptimizerFactory) -> type[torch.optim.Optimizer]:
+    """The class `optimizer_fn` builds, from one dummy parameter (no model is built)."""
+    return type(optimizer_fn([nn.Parameter(torch.zeros(1))]))
+
+
+def check_base_optimizer(strategy: TrainingStrategy, optimizer_fn: OptimizerFactory,
+                         workload_name: str = "") -> None:
+    """Refuse a workload optimizer that `strategy` cannot train with (its
+    `base_optimizers`), naming both, before any worker starts."""
+    needed = tuple(getattr(strategy, "base_optimizers", ()))
+    if not needed:
+        return
+    built = optimizer_class(optimizer_fn)
+    if not issubclass(built, needed):
+        of = f"workload {workload_name!r}'s" if workload_name else "the workload's"
+        names = " or ".join(f"torch.optim.{c.__name__}" for c in needed)
+        raise ValueError(f"training strategy {strategy.name!r} builds its own optimizer from "
+                         f"{names}'s hyper-parameters, but {of} optimizer_fn builds "
+                         f"{built.__name__}: train it with 'ags-ns', 'ags', 'lrs', 'lbt' or "
+                         f"'polo', which use any torch optimizer, or give the workload a "
+                         f"{names} optimizer_fn")
+
+
+def takes_optimizer_fn(strategy: TrainingStrategy) -> bool:
+    """Whether the strategy's build accepts `optimizer_fn` (one written before the protocol
+    had it does not: it builds its own optimizer)."""
+    parameters = inspect.signature(strategy.build).parameters.values()
+    return any(p.name == "optimizer_fn" or p.kind is p.VAR_KEYWORD for p in parameters)
+
+
+def describe_optimizer(optimizer: torch.optim.Optimizer) -> str:
+    """E.g. "TulaOptimizer(Adam)" for a wrapper, "SGD" for a plain optimizer."""
+    inner = base_optimizer(optimizer)
+    if inner is optimizer:
+        return type(optimizer).__name__
+    return f"{type(optimizer).__name__}({type(inner).__name__})"
 
 
 def base_optimizer(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
