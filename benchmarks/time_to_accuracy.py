@@ -412,7 +412,7 @@ def run(quick: bool = False, seeds: int | None = None) -> dict:
     result = {"provenance": provenance(), "quick": quick, "settings": settings,
               "design": {"strategy": STRATEGY, "world_size": WORLD_SIZE,
                          "reference_batch": REFERENCE_BATCH, "train_timed": TRAIN_TIMED},
-              "noise": replanned(plan, 1, 1, "time").meta["noise"], "truth": truth,
+              "noise": replanned(plan, 1, train_size, "time").meta["noise"], "truth": truth,
               "train_steps": steps,
               "targets": judged[0],
               "loop_targets": {str(t): judge(plan, truth[t], train_size, held_out)

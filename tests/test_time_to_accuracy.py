@@ -9,7 +9,9 @@ import pytest
 from hypothesis import given, strategies as st
 from paper_profiles import paper_profiles as synthetic_profiles
 
-from tula_ray.planning.accuracy import (ProfiledNoise, epochs_to_target, profiled_noise)
+from tula_ray.planning.accuracy import (ProfiledNoise, epochs_to_target, profiled_noise,
+                                        weighted_standard_error)
+from tula_ray.planning.noise_checks import NoiseScaleWarning
 from tula_ray.planning.plan import ACCURACY_COLUMNS, Plan, build_plan
 from tula_ray.planning.policy import choose, find_knee
 from tula_ray.planning.synthetic import example_params
@@ -113,8 +115,12 @@ def test_a_small_noise_scale_moves_the_choice_to_a_smaller_batch_than_fixed_epoc
 
 
 def test_all_noise_makes_every_batch_need_the_same_epochs():
-    # a profile with no signal (|G|^2 <= 0, as random data gives): phi is infinite
-    plan = make_plan(profiles=profiles_with_noise(grad_sqr=-0.5), objective="time_to_accuracy")
+    # a profile with no signal (|G|^2 <= 0, as random data gives): phi is infinite, the
+    # plan warns and chooses by the rule that needs no phi
+    with pytest.warns(NoiseScaleWarning, match="no signal.*measure_noise_scale"):
+        plan = make_plan(profiles=profiles_with_noise(grad_sqr=-0.5),
+                         objective="time_to_accuracy")
+    assert "time_to_accuracy fell back to the knee rule" in plan.choice.reason
     assert np.allclose(plan.table["epochs_to_target"], EPOCHS)
     assert plan.table["noise_scale"].isna().all()
     again = Plan.from_json(plan.to_json())
@@ -194,3 +200,70 @@ def test_an_objective_on_a_column_the_table_lacks_names_it():
                           "total_time_s": [1.0], "cost_usd": [1.0]})
     with pytest.raises(ValueError, match="time_to_accuracy_s"):
         choose(table, "time_to_accuracy")
+
+
+# --- a noise scale that cannot collapse (issue 41, item 2) --------------------------------
+
+def _rows_with_signal(grad_sqr):
+    """Full-search profiles whose rows measured these |G|^2 in turn (tr(Sigma) 100)."""
+    profiles = profiles_with_noise()
+    values = [grad_sqr[i % len(grad_sqr)] for i in range(len(profiles))]
+    return profiles.assign(grad_sqr=values)
+
+
+def test_negative_rows_are_kept_reported_and_phi_floored_at_the_standard_error():
+    """The issue's collapse: two rows with a negative |G|^2 pull the pooled |G|^2 to ~0,
+    and phi = tr(Sigma) / |G|^2 to 1e5 and more. Floored at its standard error, phi stays
+    bounded; the plan warns by name, the rows are counted, and time_to_accuracy, which
+    would rank the candidates by their time per epoch, falls back to the knee."""
+    profiles = _rows_with_signal([-1.0, 1.0, -1.0, 1.0 + 1e-6])
+    with pytest.warns(NoiseScaleWarning, match=r"negative \|G\|\^2.*no signal"):
+        plan = make_plan(profiles=profiles, objective="time_to_accuracy")
+    noise = ProfiledNoise.from_dict(plan.meta["noise"])
+    assert noise.negative_rows == len(profiles) // 2 and not noise.has_signal
+    assert noise.grad_sqr == pytest.approx(0.0, abs=1e-6)
+    assert noise.measured_noise_scale == pytest.approx(100.0 / noise.grad_sqr_se)
+    assert noise.measured_noise_scale < 1000  # not the 1e8 of the unfloored ratio
+    assert "fell back to the knee rule" in plan.choice.reason
+    assert plan.meta["noise_warning"] in plan.summary()
+    assert "with a negative |G|^2" in plan.summary()
+
+
+def test_a_clear_signal_neither_warns_nor_falls_back(recwarn):
+    plan = make_plan(profiles=_rows_with_signal([0.9, 1.1]), objective="time_to_accuracy")
+    assert not [w for w in recwarn if issubclass(w.category, NoiseScaleWarning)]
+    assert "fell back" not in plan.choice.reason and "noise_warning" not in plan.meta
+
+
+def test_a_phi_above_the_training_set_warns():
+    with pytest.warns(NoiseScaleWarning, match="exceeds the training set"):
+        make_plan(profiles=profiles_with_noise(grad_sqr=0.001, grad_var=100.0),
+                  objective="time")
+
+
+def test_a_phi_the_user_gave_is_kept_even_where_it_collapses_the_objective():
+    with pytest.warns(NoiseScaleWarning, match="efficiency is within 5% of 1"):
+        plan = make_plan(objective="time_to_accuracy", noise_scale=1e9, dataset_size=2**31)
+    assert "fell back" not in plan.choice.reason
+
+
+@given(values=st.lists(st.floats(-10, 10), min_size=2, max_size=20))
+def test_the_standard_error_with_equal_weights_is_the_textbook_one(values):
+    values = np.array(values)
+    expected = values.std(ddof=1) / math.sqrt(len(values))
+    assert weighted_standard_error(values, np.ones(len(values))) == pytest.approx(
+        expected, abs=1e-9)
+
+
+# --- batches that fit the data (issue 41, item 3) -----------------------------------------
+
+def test_a_batch_above_half_the_training_set_is_marked_and_never_chosen():
+    """With 1500 samples, B = 1024 is one step an epoch that drops 476 samples: the plan
+    says so, and objective "time", which would take the largest batch, does not."""
+    plan = make_plan(objective="time", dataset_size=1500)
+    big = plan.table[plan.table["global_batch"] == 1024]
+    assert (big["steps_per_epoch"] == 1).all() and (big["samples_dropped"] == 476).all()
+    assert not big["feasible"].any()
+    assert big["infeasible_reason"].str.contains(
+        "B above half the training set: 1 step.* 476 of 1500 samples dropped").all()
+    assert plan.choice.global_batch <= 750

@@ -54,13 +54,24 @@ class ProfiledNoise:
     rows: int
     calibration: float
     given: float = math.nan  # the user's phi at the target (`noise_scale=`); nan: none
+    grad_sqr_se: float = math.nan  # the pooled |G|^2's standard error (nan: one row)
+    negative_rows: int = 0  # rows whose own |G|^2 came out negative (pooled all the same)
+
+    @property
+    def has_signal(self) -> bool:
+        """Whether the pooled |G|^2 stands clear of 0 by more than its standard error."""
+        return self.steps > 0 and self.grad_sqr > (
+            0.0 if math.isnan(self.grad_sqr_se) else self.grad_sqr_se)
 
     @property
     def measured_noise_scale(self) -> float:
-        """tr(Sigma) / |G|^2 as profiled: inf when no signal was measured."""
+        """tr(Sigma) / |G|^2 as profiled, |G|^2 floored at its standard error (a pooled
+        |G|^2 near 0 would give any phi at all: the floor bounds it by what was measured);
+        inf when no signal was measured and no error is known."""
         if self.steps == 0:
             return math.nan
-        return noise_scale(self.grad_sqr, self.grad_var)
+        floor = 0.0 if math.isnan(self.grad_sqr_se) else self.grad_sqr_se
+        return noise_scale(max(self.grad_sqr, floor), self.grad_var)
 
     @property
     def noise_scale(self) -> float:
@@ -78,9 +89,11 @@ class ProfiledNoise:
 
     @classmethod
     def from_dict(cls, data: dict) -> "ProfiledNoise":
-        fields = ("grad_sqr", "grad_var", "steps", "rows", "calibration", "given")
-        # .get: plans written before `given` existed carry no such key
-        return cls(*(math.nan if data.get(k) is None else data[k] for k in fields))
+        fields = ("grad_sqr", "grad_var", "steps", "rows", "calibration", "given",
+                  "grad_sqr_se")
+        # .get: plans written before `given` (or the error) existed carry no such key
+        return cls(*(math.nan if data.get(k) is None else data[k] for k in fields),
+                   negative_rows=int(data.get("negative_rows") or 0))
 
     def describe(self, reference_batch: int) -> str:
         rule = (f"epochs to target = epochs at M0={reference_batch} / E(B), "
@@ -97,9 +110,14 @@ class ProfiledNoise:
         phi = self.noise_scale
         shown = "inf (no signal measured: every batch needs the same epochs)" \
             if math.isinf(phi) else f"{phi:.4g}"
+        floored = "" if self.has_signal else (
+            f", |G|^2 {self.grad_sqr:.3g} floored at its standard error "
+            f"{self.grad_sqr_se:.3g}")
+        negative = "" if not self.negative_rows else (
+            f", {self.negative_rows} of them with a negative |G|^2")
         return (f"gradient noise scale phi = {shown}: {self.calibration:g} x the "
                 f"{self.measured_noise_scale:.4g} measured over {self.steps} steps of "
-                f"{self.rows} profiles; {rule}")
+                f"{self.rows} profiles{negative}{floored}; {rule}")
 
 
 def profiled_noise(profiles: pd.DataFrame,
@@ -123,9 +141,23 @@ def profiled_noise(profiles: pd.DataFrame,
     if rows.empty:
         return ProfiledNoise(math.nan, math.nan, 0, 0, calibration, given)
     weight = rows["noise_steps"].to_numpy(float)
-    return ProfiledNoise(float(np.average(rows["grad_sqr"], weights=weight)),
+    grad_sqr = rows["grad_sqr"].to_numpy(float)
+    return ProfiledNoise(float(np.average(grad_sqr, weights=weight)),
                          float(np.average(rows["grad_var"], weights=weight)),
-                         int(weight.sum()), len(rows), calibration, given)
+                         int(weight.sum()), len(rows), calibration, given,
+                         grad_sqr_se=weighted_standard_error(grad_sqr, weight),
+                         negative_rows=int((grad_sqr < 0).sum()))
+
+
+def weighted_standard_error(values: np.ndarray, weights: np.ndarray) -> float:
+    """The standard error of the weighted mean of `values`, from their weighted spread and
+    Kish's effective count (sum w)^2 / sum w^2; nan for fewer than 2 values."""
+    if len(values) < 2:
+        return math.nan
+    mean = np.average(values, weights=weights)
+    spread = np.average((values - mean) ** 2, weights=weights)
+    effective = weights.sum() ** 2 / (weights ** 2).sum()
+    return float(math.sqrt(spread / max(effective - 1.0, 1.0)))
 
 
 def check_noise_scale(value: object) -> float | None:

@@ -28,7 +28,8 @@ from tula_ray.planning.accuracy import (NOISE_CALIBRATION_DEFAULT, REFERENCE_BAT
 from tula_ray.planning.estimates import (EpochCosts, add_epoch_times, add_estimates,
                                          add_uncertainty, dense_curve, predict_candidates,
                                          strategy_extra_by_n, through_measurements)
-from tula_ray.planning.policy import Choice, choose
+from tula_ray.planning.noise_checks import choose_to_accuracy
+from tula_ray.planning.policy import Choice
 from tula_ray.planning.search_strategies import make_search_strategy, topology_options
 from tula_ray.profile_table import oom_local_batch, profile_frame, usable
 from tula_ray.space import SearchSpace
@@ -164,6 +165,8 @@ class Plan:
         if "noise" in self.meta:
             noise = ProfiledNoise.from_dict(self.meta["noise"])
             lines.append(noise.describe(self.meta["reference_batch"]))
+        if self.meta.get("noise_warning"):
+            lines.append(f"warning: {self.meta['noise_warning']}")
         if "trainable" in self.table and not self.table["trainable"].all():
             refused = self.table[~self.table["trainable"]]
             named = ", ".join(f"N={n} B={b}" for n, b in zip(refused["num_workers"],
@@ -204,10 +207,14 @@ def fit_memory_from_profiles(profiles: pd.DataFrame) -> memory_model.MemoryParam
 
 def _infeasible_reason(row: pd.Series, oom_local_batch: float, max_local_batch: int | None,
                        max_workers: int | None, max_global_batch: int | None,
-                       untrainable: Mapping[tuple[int, int], str]) -> str:
+                       untrainable: Mapping[tuple[int, int], str], dataset_size: int) -> str:
     refused = untrainable.get((int(row["num_workers"]), int(row["global_batch"])))
     if refused:
         return f"{UNTRAINABLE}{refused}"
+    if row["global_batch"] > dataset_size / 2:
+        return (f"B above half the training set: {int(row['steps_per_epoch'])} step(s) per "
+                f"epoch, {int(row['samples_dropped'])} of {dataset_size} samples dropped "
+                "every epoch")
     if row["status"] == "error":
         return "profiling crashed"
     if row["local_batch"] >= oom_local_batch:
@@ -312,8 +319,11 @@ def build_plan(
 
     oom_bound = oom_local_batch(profiles)
     untrainable = dict(untrainable or {})
+    # drop_last: each epoch is D // B steps, and the rest of the samples is not seen
+    table["steps_per_epoch"] = dataset_size // table["global_batch"]
+    table["samples_dropped"] = dataset_size - table["steps_per_epoch"] * table["global_batch"]
     reasons = [_infeasible_reason(row, oom_bound, max_local_batch, max_workers, max_global_batch,
-                                  untrainable)
+                                  untrainable, dataset_size)
                for _, row in table.iterrows()]
     table["infeasible_reason"] = reasons
     table["feasible"] = table["infeasible_reason"] == ""
@@ -326,20 +336,25 @@ def build_plan(
                          peak_column="estimated_peak_mem_bytes")
     for column in ACCURACY_COLUMNS:
         table[column] = estimates[column]
+    half_data = dataset_size // 2  # the knee's curve stops where the candidates do
     dense = dense_curve(space, params, memory, pricing, epochs, dataset_size,
-                         oom_bound, max_local_batch, max_workers, max_global_batch, extra,
-                         costs, plain_steps)
+                         oom_bound, max_local_batch, max_workers,
+                         half_data if max_global_batch is None else min(max_global_batch,
+                                                                        half_data),
+                         extra, costs, plain_steps)
     dense = through_measurements(dense, table, pricing)
     add_time_to_accuracy(dense, noise, reference_batch, epochs, pricing)
-    choice = choose(estimates, objective, dense=dense, weight_time=weight_time,
-                    uncertainty="rel_uncertainty", dense_uncertainty=predicted_u)
+    choice, noise_warning = choose_to_accuracy(
+        estimates, objective, noise, dataset_size, dense=dense, weight_time=weight_time,
+        uncertainty="rel_uncertainty", dense_uncertainty=predicted_u)
     source = estimates.loc[(estimates["num_workers"] == choice.num_workers)
                            & (estimates["global_batch"] == choice.global_batch), "estimate"]
     choice = replace(choice, reason=f"{choice.reason}; the choice's own figures are "
                                     f"{source.iloc[0]}")
     meta = {**dict(meta or {}), "reference_batch": reference_batch,
             "workers_per_node": workers_per_node,
-            "noise": noise.to_dict()}
+            "noise": noise.to_dict(), **({"noise_warning": noise_warning} if noise_warning
+                                         else {})}
     return Plan(workload, strategy, objective, epochs, dataset_size, profiles, params, memory,
                 pricing_to_dict(pricing), table, choice, meta)
 
