@@ -24,14 +24,13 @@ import json
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import RESULTS_DIR, provenance, write_result
+from benchmarks.common import provenance, write_result
 from benchmarks.markdown import markdown_table
-from benchmarks.profiling_wall import REPO, checkout, commit_of
+from benchmarks.profiling_wall import REPO, commit_of, side_by_side
 
 NAME = "demo_startup"
 BASELINE = "03a9521"  # the issue's: the tree it measured the demo at
@@ -97,47 +96,20 @@ def split(meta: dict[str, Any], profiles, inside: dict[str, float],
     return parts
 
 
-def _recorded(path: Path, commits: dict[str, str]) -> list[dict[str, Any]]:
-    if not path.exists():
-        return []
-    runs = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    return [r for r in runs if r["commits"] == commits]
+def _show(row: dict[str, Any]) -> None:
+    print({k: (round(v, 1) if isinstance(v, float) else v)
+           for k, v in row.items() if k != "commits"}, flush=True)
 
 
 def run(quick: bool = False, runs: int = RUNS, ran: dict[str, Any] | None = None) -> dict:
     """ran: with quick, a demo of this tree already run (`demo`'s row), reported instead of
     running one (the CLI's test runs the demo)."""
-    import contextlib
-
     commits = {"this": commit_of(REPO)}
     if not quick:
         commits["baseline"] = commit_of(REPO, BASELINE)
-    log = RESULTS_DIR / f"{NAME}{'_quick' if quick else ''}.runs.jsonl"
-    if quick:
-        log.unlink(missing_ok=True)
-    RESULTS_DIR.mkdir(parents=True, exist_ok=True)
-    recorded = _recorded(log, commits)
-    if quick and ran is not None:
-        recorded = [{"commits": commits, "index": 0, "tree": "this", **ran}]
     demo_args = QUICK_ARGS if quick else ()
-    names = list(commits)
-    runs = 1 if quick else runs
-    order = [names[i % len(names):] + names[:i % len(names)] for i in range(runs)]
-    trees: dict[str, Path] = {"this": REPO}
-    with contextlib.ExitStack() as stack, tempfile.TemporaryDirectory() as scratch:
-        for index, pair in enumerate(order):
-            for tree in pair:
-                if any(r["index"] == index and r["tree"] == tree for r in recorded):
-                    continue  # recorded by an earlier session
-                if tree not in trees:
-                    trees[tree] = stack.enter_context(checkout(commits[tree]))
-                row = {"commits": commits, "index": index, "tree": tree,
-                       **demo(trees[tree], Path(scratch, f"{tree}-{index}"), demo_args)}
-                recorded.append(row)
-                with log.open("a") as handle:
-                    handle.write(json.dumps(row) + "\n")
-                print({k: (round(v, 1) if isinstance(v, float) else v)
-                       for k, v in row.items() if k != "commits"}, flush=True)
+    recorded = side_by_side(NAME, commits, runs, quick, ran,
+                            lambda tree, out: demo(tree, out, demo_args), show=_show)
     result = {"provenance": provenance(), "quick": quick, "commits": commits,
               "runs": recorded, **summary(recorded)}
     markdown = report(result)

@@ -25,7 +25,7 @@ import statistics
 import subprocess
 import tempfile
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 from benchmarks.common import RESULTS_DIR, provenance, write_result
 from benchmarks.markdown import markdown_table
@@ -78,12 +78,53 @@ def walls(out: Path, wall: float) -> dict[str, Any]:
             "sweeps_s": [round(s["wall_s"], 2) for s in meta.get("sweeps", [])]}
 
 
-def _recorded(path: Path, commits: dict[str, str]) -> list[dict[str, Any]]:
+def recorded_runs(path: Path, commits: dict[str, str]) -> list[dict[str, Any]]:
     """The runs already recorded at these commits (a resumed benchmark's)."""
     if not path.exists():
         return []
     runs = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
     return [r for r in runs if r["commits"] == commits]
+
+
+def side_by_side(name: str, commits: dict[str, str], runs: int, quick: bool,
+                 ran: dict[str, Any] | None, run_one: Callable[[Path, Path], dict[str, Any]],
+                 show: Callable[[dict[str, Any]], None]) -> list[dict[str, Any]]:
+    """Every run of the benchmark `name` (`interleaved`), resumed from its log
+    (results/NAME.runs.jsonl); --quick: one run, or the one a test already ran (`ran`)."""
+    log = RESULTS_DIR / f"{name}{'_quick' if quick else ''}.runs.jsonl"
+    if quick:
+        log.unlink(missing_ok=True)
+    RESULTS_DIR.mkdir(parents=True, exist_ok=True)
+    recorded = recorded_runs(log, commits)
+    if quick and ran is not None:
+        recorded = [{"commits": commits, "index": 0, "tree": "this", **ran}]
+    interleaved(commits, 1 if quick else runs, recorded, log, run_one, show)
+    return recorded
+
+
+def interleaved(commits: dict[str, str], runs: int, recorded: list[dict[str, Any]], log: Path,
+                run_one: Callable[[Path, Path], dict[str, Any]],
+                show: Callable[[dict[str, Any]], None]) -> None:
+    """`runs` rounds of `run_one(tree, out)` over the trees of `commits` ("this": the working
+    tree, others checked out), each round starting with the next tree (none is always first,
+    on a fresh machine, or last). A run `recorded` holds (an earlier session's) is skipped;
+    each new row is appended to `recorded` and to `log` as it ends, then shown."""
+    names = list(commits)
+    order = [names[i % len(names):] + names[:i % len(names)] for i in range(runs)]
+    with contextlib.ExitStack() as stack, tempfile.TemporaryDirectory() as scratch:
+        trees: dict[str, Path] = {"this": REPO}
+        for index, pair in enumerate(order):
+            for tree in pair:
+                if any(r["index"] == index and r["tree"] == tree for r in recorded):
+                    continue  # recorded by an earlier session
+                if tree not in trees:
+                    trees[tree] = stack.enter_context(checkout(commits[tree]))
+                row = {"commits": commits, "index": index, "tree": tree,
+                       **run_one(trees[tree], Path(scratch, f"{tree}-{index}"))}
+                recorded.append(row)
+                with log.open("a") as handle:
+                    handle.write(json.dumps(row) + "\n")
+                show(row)
 
 
 def run(quick: bool = False, baselines: tuple[str, ...] = BASELINES, runs: int = RUNS,
@@ -93,31 +134,10 @@ def run(quick: bool = False, baselines: tuple[str, ...] = BASELINES, runs: int =
     commits = {"this": commit_of(REPO)}
     if not quick:
         commits.update({commit_of(REPO, ref): commit_of(REPO, ref) for ref in baselines})
-    log = RESULTS_DIR / f"{NAME}{'_quick' if quick else ''}.runs.jsonl"
-    if quick:
-        log.unlink(missing_ok=True)
-    recorded = _recorded(log, commits)
-    if quick and ran is not None:
-        recorded = [{"commits": commits, "index": 0, "tree": "this", **ran}]
     max_batch, extra = (32, ("--cluster-sizes", "1")) if quick else (DEMO_MAX_BATCH, ())
-    names = list(commits)
-    runs = 1 if quick else runs
-    # Each round starts with the next tree: none is always first (a fresh machine) or last.
-    order = [names[i % len(names):] + names[:i % len(names)] for i in range(runs)]
-    with contextlib.ExitStack() as stack, tempfile.TemporaryDirectory() as scratch:
-        trees = {"this": REPO}
-        for index, pair in enumerate(order):
-            for tree in pair:
-                if any(r["index"] == index and r["tree"] == tree for r in recorded):
-                    continue  # recorded by an earlier session
-                if tree not in trees:
-                    trees[tree] = stack.enter_context(checkout(commits[tree]))
-                row = {"commits": commits, "index": index, "tree": tree,
-                       **demo(trees[tree], Path(scratch, f"{tree}-{index}"), max_batch, extra)}
-                recorded.append(row)
-                with log.open("a") as handle:
-                    handle.write(json.dumps(row) + "\n")
-                print(row, flush=True)
+    recorded = side_by_side(NAME, commits, runs, quick, ran,
+                            lambda tree, out: demo(tree, out, max_batch, extra),
+                            show=lambda row: print(row, flush=True))
     result = {"provenance": provenance(), "quick": quick, "commits": commits,
               "runs": recorded, **summary(recorded)}
     markdown = report(result)

@@ -3,13 +3,13 @@ with injected exceptions: every worker labels the batch "oom" together, within s
 instead of some waiting in a collective until the process-group timeout; a profiling
 trial's process group gives up after minutes, not torch's default half hour."""
 
-from pathlib import Path
 
 import pytest
 import torch
 import torch.distributed as dist
 
 from benchmarks.common import spawn_gloo
+from gloo_scenarios import run_scenarios
 from trainables.profiling_sweep import PeerOutOfMemoryError, agree_first_step_fits
 from trainables.profiling_trial import COLLECTIVE_TIMEOUT_S, build_trainer
 from tula_ray.cluster import WORKER_GROUP_START_RETRIES
@@ -60,14 +60,7 @@ SCENARIOS = [(-1, ""), *ONE_RANK_FAILS]
 
 
 def _every_scenario_rank(rank: int, directory: str) -> None:
-    """SCENARIOS in turn, each from a barrier (both ranks start it together, none still in
-    the previous one's collective), its files in a directory of its own."""
-    for index, scenario in enumerate(SCENARIOS):
-        dist.barrier()
-        try:
-            _rank(rank, str(Path(directory, str(index))), *scenario)
-        except Exception as error:  # which test's scenario broke the run (they all error)
-            raise RuntimeError(f"rank {rank}: scenario {scenario!r}") from error
+    run_scenarios(rank, directory, [(_rank, *scenario) for scenario in SCENARIOS])
 
 
 @pytest.fixture(scope="module")

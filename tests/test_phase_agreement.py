@@ -19,6 +19,7 @@ from torch import nn
 from torch.utils.data import TensorDataset
 
 from benchmarks.common import spawn_gloo
+from gloo_scenarios import run_scenarios
 from tula_ray.failures import UserCodeError
 from tula_ray.training.phase_agreement import (PeerFailureError, PeerOutOfMemoryError,
                                                PhaseAgreement)
@@ -144,14 +145,7 @@ SCENARIOS = [(_profile_rank, "", ""), *((_profile_rank, *case) for case in OUT_O
 
 
 def _every_scenario_rank(rank: int, directory: str) -> None:
-    """SCENARIOS in turn, each from a barrier (both ranks start it together, none still in
-    the previous one's collectives), its files in a directory of its own."""
-    for index, (scenario, *args) in enumerate(SCENARIOS):
-        dist.barrier()
-        try:
-            scenario(rank, str(Path(directory, str(index))), *args)
-        except Exception as error:  # which test's scenario broke the run (they all error)
-            raise RuntimeError(f"rank {rank}: {scenario.__name__}{tuple(args)!r}") from error
+    run_scenarios(rank, directory, SCENARIOS)
 
 
 @pytest.fixture(scope="module")
