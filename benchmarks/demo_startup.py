@@ -28,7 +28,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import provenance, write_result
 from benchmarks.markdown import markdown_table
 from benchmarks.profiling_wall import REPO, commit_of, side_by_side
 
@@ -108,14 +107,9 @@ def run(quick: bool = False, runs: int = RUNS, ran: dict[str, Any] | None = None
     if not quick:
         commits["baseline"] = commit_of(REPO, BASELINE)
     demo_args = QUICK_ARGS if quick else ()
-    recorded = side_by_side(NAME, commits, runs, quick, ran,
-                            lambda tree, out: demo(tree, out, demo_args), show=_show)
-    result = {"provenance": provenance(), "quick": quick, "commits": commits,
-              "runs": recorded, **summary(recorded)}
-    markdown = report(result)
-    write_result(NAME + ("_quick" if quick else ""), result, markdown)
-    print(markdown)
-    return result
+    return side_by_side(NAME, commits, runs, quick, ran,
+                        lambda tree, out: demo(tree, out, demo_args), show=_show,
+                        summarize=summary, report=report)
 
 
 def summary(runs: list[dict[str, Any]]) -> dict[str, Any]:

@@ -88,9 +88,12 @@ def recorded_runs(path: Path, commits: dict[str, str]) -> list[dict[str, Any]]:
 
 def side_by_side(name: str, commits: dict[str, str], runs: int, quick: bool,
                  ran: dict[str, Any] | None, run_one: Callable[[Path, Path], dict[str, Any]],
-                 show: Callable[[dict[str, Any]], None]) -> list[dict[str, Any]]:
+                 show: Callable[[dict[str, Any]], None],
+                 summarize: Callable[[list[dict[str, Any]]], dict[str, Any]],
+                 report: Callable[[dict[str, Any]], str]) -> dict[str, Any]:
     """Every run of the benchmark `name` (`interleaved`), resumed from its log
-    (results/NAME.runs.jsonl); --quick: one run, or the one a test already ran (`ran`)."""
+    (results/NAME.runs.jsonl); --quick: one run, or the one a test already ran (`ran`).
+    Writes and prints the result (the runs and their `summarize`), `report` its markdown."""
     log = RESULTS_DIR / f"{name}{'_quick' if quick else ''}.runs.jsonl"
     if quick:
         log.unlink(missing_ok=True)
@@ -99,7 +102,12 @@ def side_by_side(name: str, commits: dict[str, str], runs: int, quick: bool,
     if quick and ran is not None:
         recorded = [{"commits": commits, "index": 0, "tree": "this", **ran}]
     interleaved(commits, 1 if quick else runs, recorded, log, run_one, show)
-    return recorded
+    result = {"provenance": provenance(), "quick": quick, "commits": commits,
+              "runs": recorded, **summarize(recorded)}
+    markdown = report(result)
+    write_result(name + ("_quick" if quick else ""), result, markdown)
+    print(markdown)
+    return result
 
 
 def interleaved(commits: dict[str, str], runs: int, recorded: list[dict[str, Any]], log: Path,
@@ -135,15 +143,10 @@ def run(quick: bool = False, baselines: tuple[str, ...] = BASELINES, runs: int =
     if not quick:
         commits.update({commit_of(REPO, ref): commit_of(REPO, ref) for ref in baselines})
     max_batch, extra = (32, ("--cluster-sizes", "1")) if quick else (DEMO_MAX_BATCH, ())
-    recorded = side_by_side(NAME, commits, runs, quick, ran,
-                            lambda tree, out: demo(tree, out, max_batch, extra),
-                            show=lambda row: print(row, flush=True))
-    result = {"provenance": provenance(), "quick": quick, "commits": commits,
-              "runs": recorded, **summary(recorded)}
-    markdown = report(result)
-    write_result(NAME + ("_quick" if quick else ""), result, markdown)
-    print(markdown)
-    return result
+    return side_by_side(NAME, commits, runs, quick, ran,
+                        lambda tree, out: demo(tree, out, max_batch, extra),
+                        show=lambda row: print(row, flush=True), summarize=summary,
+                        report=report)
 
 
 def summary(runs: list[dict[str, Any]]) -> dict[str, Any]:

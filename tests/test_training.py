@@ -10,7 +10,8 @@ import torch
 from torch import nn
 
 from tula_ray.training.strategies import TRAINING_STRATEGIES, build_strategy
-from tula_ray.training.run import COLUMNS, fit, optimizer_hyperparameters
+from tula_ray.training.run import COLUMNS, fit
+from tula_ray.training.strategies import optimizer_hyperparameters as strategy_hyperparameters
 from tula_ray.training.checkpoints import checkpoint_state, restore_state
 from tula_ray.training.epochs import evaluate, train_epoch
 from tula_ray.training.data import make_loaders
@@ -193,6 +194,10 @@ def test_fit_baselines_use_the_given_lr_and_report_nan_scaling(workload):
 def test_fit_refuses_bad_inputs(workload, kwargs, message):
     with pytest.raises(ValueError, match=message):
         fit(workload, epochs=1, **kwargs)
+
+
+def optimizer_hyperparameters(workload):
+    return strategy_hyperparameters(workload.optimizer_fn)
 
 
 def test_optimizer_hyperparameters_follow_the_workload():

@@ -58,10 +58,14 @@ class ProfiledNoise:
     negative_rows: int = 0  # rows whose own |G|^2 came out negative (pooled all the same)
 
     @property
+    def signal_floor(self) -> float:
+        """The least |G|^2 the measurement can tell from 0: its standard error (0: unknown)."""
+        return 0.0 if math.isnan(self.grad_sqr_se) else self.grad_sqr_se
+
+    @property
     def has_signal(self) -> bool:
         """Whether the pooled |G|^2 stands clear of 0 by more than its standard error."""
-        return self.steps > 0 and self.grad_sqr > (
-            0.0 if math.isnan(self.grad_sqr_se) else self.grad_sqr_se)
+        return self.steps > 0 and self.grad_sqr > self.signal_floor
 
     @property
     def measured_noise_scale(self) -> float:
@@ -70,8 +74,7 @@ class ProfiledNoise:
         inf when no signal was measured and no error is known."""
         if self.steps == 0:
             return math.nan
-        floor = 0.0 if math.isnan(self.grad_sqr_se) else self.grad_sqr_se
-        return noise_scale(max(self.grad_sqr, floor), self.grad_var)
+        return noise_scale(max(self.grad_sqr, self.signal_floor), self.grad_var)
 
     @property
     def noise_scale(self) -> float:

@@ -26,7 +26,6 @@ from tula_ray.training.epochs import evaluate, train_epoch
 from tula_ray.training.measure import StepTimer
 from tula_ray.training.strategies import (TRAINING_STRATEGY_DEFAULT, StrategySetup,
                                           TrainingStrategy, build_strategy, get_training_strategy)
-from tula_ray.training.strategies import optimizer_hyperparameters as strategy_hyperparameters
 from tula_ray.training.strategy_base import describe_optimizer
 from tula_ray.workloads import Workload, resolve_workload
 
@@ -36,13 +35,6 @@ logger = logging.getLogger(__name__)
 COLUMNS = ("epoch", "strategy", "optimizer", "global_batch", "seed", "train_loss", "train_accuracy",
            "test_loss", "test_accuracy", "lr", "seconds", "scaled_fraction", "variability_median",
            "loss_scale", "progress")
-
-
-def optimizer_hyperparameters(workload: Workload) -> dict[str, float]:
-    """lr, momentum and weight_decay of the workload's optimizer (paper §IV-B defaults for
-    one it lacks): `strategies.optimizer_hyperparameters` of its optimizer_fn. The
-    strategies train that optimizer itself; these only say what it is."""
-    return strategy_hyperparameters(workload.optimizer_fn)
 
 
 @dataclass

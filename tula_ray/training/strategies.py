@@ -43,7 +43,8 @@ from tula_ray.training.ags_strategy import AdaptiveGradientScaling, NoiseScaleAG
 from tula_ray.training.strategy_base import (BaseStrategy, OptimizerFactory, StrategySetup,
                                              TrainingStrategy, base_optimizer,
                                              check_base_optimizer, check_option_names,
-                                             optimizer_at_lr, scale_lr, takes_optimizer_fn)
+                                             optimizer_at_lr, probe_optimizer, scale_lr,
+                                             takes_optimizer_fn)
 from tula_ray.workloads import LR_DEFAULT, MOMENTUM_DEFAULT, WEIGHT_DECAY_DEFAULT, sgd
 
 logger = logging.getLogger(__name__)
@@ -178,13 +179,11 @@ def build_strategy(name: str | TrainingStrategy, model: nn.Module, *, global_bat
         lr = LR_DEFAULT if lr is None else lr
     optimizer_fn = optimizer_at_lr(optimizer_fn, lr)
     check_base_optimizer(strategy, optimizer_fn)
-    hyper = optimizer_hyperparameters(optimizer_fn)
-    if takes_optimizer_fn(strategy):
-        setup = strategy.build(model, global_batch=global_batch, steps_per_epoch=steps_per_epoch,
-                               epochs=epochs, options=options, optimizer_fn=optimizer_fn, **hyper)
-    else:  # a strategy written before optimizer_fn: it builds its own optimizer
-        setup = strategy.build(model, global_batch=global_batch, steps_per_epoch=steps_per_epoch,
-                               epochs=epochs, options=options, **hyper)
+    arguments = dict(global_batch=global_batch, steps_per_epoch=steps_per_epoch, epochs=epochs,
+                     options=options, **optimizer_hyperparameters(optimizer_fn))
+    wraps = takes_optimizer_fn(strategy)  # a build written before optimizer_fn does not
+    setup = strategy.build(model, **arguments, **({"optimizer_fn": optimizer_fn} if wraps else {}))
+    if not wraps:
         setup.notes.append(f"strategy {setup.name!r} builds its own optimizer (its build takes "
                            f"no optimizer_fn), not the workload's")
     for note in setup.notes:
@@ -204,7 +203,7 @@ def optimizer_hyperparameters(optimizer_fn: OptimizerFactory) -> dict[str, float
     """lr, momentum and weight_decay of what `optimizer_fn` builds, from its `defaults` on
     one dummy parameter; one it lacks (Adam has no momentum) is the paper's (§IV-B). Only a
     strategy that builds its own optimizer (LARS, from an SGD) uses them."""
-    defaults = optimizer_fn([nn.Parameter(torch.zeros(1))]).defaults
+    defaults = probe_optimizer(optimizer_fn).defaults
     return {name: float(defaults.get(name, default))
             for name, default in (("lr", LR_DEFAULT), ("momentum", MOMENTUM_DEFAULT),
                                   ("weight_decay", WEIGHT_DECAY_DEFAULT))}

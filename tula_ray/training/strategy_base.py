@@ -217,9 +217,10 @@ def optimizer_at_lr(optimizer_fn: OptimizerFactory, lr: float | None) -> Optimiz
     return at_lr
 
 
-def optimizer_class(optimizer_fn: OptimizerFactory) -> type[torch.optim.Optimizer]:
-    """The class `optimizer_fn` builds, from one dummy parameter (no model is built)."""
-    return type(optimizer_fn([nn.Parameter(torch.zeros(1))]))
+def probe_optimizer(optimizer_fn: OptimizerFactory) -> torch.optim.Optimizer:
+    """What `optimizer_fn` builds, on one dummy parameter (no model is built): its class
+    and `defaults` say what the workload trains with."""
+    return optimizer_fn([nn.Parameter(torch.zeros(1))])
 
 
 def check_base_optimizer(strategy: TrainingStrategy, optimizer_fn: OptimizerFactory,
@@ -229,7 +230,7 @@ def check_base_optimizer(strategy: TrainingStrategy, optimizer_fn: OptimizerFact
     needed = tuple(getattr(strategy, "base_optimizers", ()))
     if not needed:
         return
-    built = optimizer_class(optimizer_fn)
+    built = type(probe_optimizer(optimizer_fn))
     if not issubclass(built, needed):
         of = f"workload {workload_name!r}'s" if workload_name else "the workload's"
         names = " or ".join(f"torch.optim.{c.__name__}" for c in needed)
