@@ -24,6 +24,7 @@ BENCHMARKS = {"search": "benchmarks.search_cost", "ags-overhead": "benchmarks.ag
               "equal-progress": "benchmarks.equal_progress",
               "time-to-accuracy": "benchmarks.time_to_accuracy",
               "strategy-extra": "benchmarks.strategy_extra",
+              "own-model": "benchmarks.own_model",
               "gpu-acceptance": "benchmarks.gpu_acceptance"}
 SEEDED = ("equal-progress", "time-to-accuracy")  # benchmarks that take --seeds
 REPORT = Path(__file__).parents[1] / "BENCHMARKS.md"

@@ -128,3 +128,26 @@ def test_only_data_kept_on_a_gpu_counts_in_the_memory_model():
     assert device_resident_bytes(tensors, "cuda", on_device=False) == 0
     expected = sum(t.numel() * t.element_size() for t in tensors.tensors)
     assert device_resident_bytes(tensors, "cuda", on_device=True) == expected
+
+
+def test_a_users_text_classifier_with_adam_runs_through_check_probe_and_training():
+    """Issue 41: integer tokens in a Dataset of the user's own, an EmbeddingBag model and
+    Adam pass the workload check (integer inputs kept integer), give the memory probe
+    peaks that grow with the batch, and train inside AGS-NS with their Adam (a Ray run of
+    the same workload: tests/test_profile_ray.py)."""
+    from text_workload import TEXT_WORKLOAD
+
+    from tula_ray.training import measure
+    from tula_ray.workloads.check import complete, inspect_workload
+
+    facts = inspect_workload(TEXT_WORKLOAD)
+    assert facts.example[0].dtype == torch.int64
+    workload = complete(TEXT_WORKLOAD, facts)
+    assert workload.sample_shape == (16,) and workload.num_classes == 4
+    peaks = [measure.peak_memory_bytes(workload, b, device="cpu", example=facts.example)
+             for b in (8, 64)]
+    assert 0 < peaks[0] < peaks[1]
+    metrics = fit(workload, global_batch=64, strategy="ags-ns", epochs=3)
+    assert metrics["optimizer"].eq("TulaOptimizer(Adam)").all()
+    assert metrics["train_loss"].is_monotonic_decreasing  # Adam's steps, through AGS-NS
+    assert metrics["test_accuracy"].between(0, 1).all()

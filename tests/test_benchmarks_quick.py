@@ -398,3 +398,15 @@ def test_train_time_sets_each_search_beside_the_runs_and_the_plans_spread():
     # Against the run that followed it, each plan was exact.
     assert first["its_runs"]["median_abs_error"] == pytest.approx(0.0)
     assert second["its_runs"]["median_abs_error"] == pytest.approx(0.0)
+
+
+def test_own_model_quick():
+    """Issue 41's acceptance benchmark, smoke test: its workload (integer tokens in a custom
+    Dataset, Adam) learns in a plain loop; the Ray parts run in the full benchmark only."""
+    from benchmarks import own_model
+
+    result = own_model.run(quick=True)
+    (accuracy,) = result["plain_loop"]
+    assert 0.3 < accuracy <= 1.0  # above chance (4 classes) after one epoch
+    markdown = (RESULTS_DIR / "own_model_quick.md").read_text()
+    assert "Plain Adam loop at B = 32" in markdown

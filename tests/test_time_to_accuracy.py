@@ -267,3 +267,26 @@ def test_a_batch_above_half_the_training_set_is_marked_and_never_chosen():
     assert big["infeasible_reason"].str.contains(
         "B above half the training set: 1 step.* 476 of 1500 samples dropped").all()
     assert plan.choice.global_batch <= 750
+
+
+@pytest.mark.parametrize("objective", ["time_to_accuracy", "cost_to_accuracy",
+                                       "knee_to_accuracy"])
+def test_train_runs_the_choices_epochs_to_target_by_default(objective):
+    """The plan's time to accuracy counts the choice's epochs to target; `train`'s default
+    epochs are those, rounded up (issue 41, item 3), and the plan's `epochs` under the
+    scale-invariant budget, which counts epochs at the reference batch as the plan does."""
+    from tula_ray.runs.training_job import resolve_job
+
+    plan = make_plan(objective=objective, noise_scale=300.0, workload="fashion-mnist-cnn",
+                     meta={"workload_options": {"data": "fake", "fake_size": 10000}})
+    to_target = float(plan.chosen["epochs_to_target"])
+    assert plan.epochs_to_train == math.ceil(to_target) >= EPOCHS
+    assert resolve_job(plan, "ags-ns", None, None, None, None).epochs == plan.epochs_to_train
+    assert resolve_job(plan, "ags-ns", None, None, None, None,
+                       budget="scale-invariant").epochs == EPOCHS
+    assert resolve_job(plan, "ags-ns", None, None, 2, None).epochs == 2  # the user's, kept
+
+
+def test_train_runs_the_plans_epochs_under_a_per_epoch_objective():
+    plan = make_plan(objective="time")
+    assert plan.epochs_to_train == EPOCHS  # what estimated_total_time_s counts

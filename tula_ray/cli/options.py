@@ -88,7 +88,8 @@ def add_train_options(parser: argparse.ArgumentParser) -> None:
                              "literal AGS) or a baseline: lbt, lrs, lars, polo "
                              "(tula_ray.training.strategies.TRAINING_STRATEGIES)")
     parser.add_argument("--epochs", type=int, default=None,
-                        help="epochs to train (default: the plan's)")
+                        help="epochs to train (default: the plan's; under an objective to an "
+                             "accuracy, its choice's epochs to target)")
     # tula_ray.training.budget.BUDGETS, repeated as STRATEGY_DEFAULT is (tests/test_cli.py)
     parser.add_argument("--budget", choices=("epochs", "scale-invariant"), default="epochs",
                         help="epochs: train --epochs; scale-invariant: train until AGS-NS's "

@@ -11,6 +11,7 @@ cluster, so a plan can be re-made offline from recorded profiles.
 from __future__ import annotations
 
 import json
+import math
 import warnings
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -64,6 +65,18 @@ class Plan:
         match = self.table[(self.table["num_workers"] == self.choice.num_workers)
                            & (self.table["global_batch"] == self.choice.global_batch)]
         return match.iloc[0]
+
+    @property
+    def epochs_to_train(self) -> int:
+        """The epochs `train` runs by default (issue 41, item 3): under an objective to an
+        accuracy, the choice's `epochs_to_target` rounded up, the epochs its time to accuracy
+        counts; under any other, the plan's `epochs`, those its total time counts."""
+        if self.objective.endswith("_to_accuracy") and "epochs_to_target" in self.table:
+            to_target = float(self.chosen["epochs_to_target"])
+            if np.isfinite(to_target):
+                # a hair under a whole epoch is that epoch, not one more
+                return max(1, math.ceil(to_target - 1e-9))
+        return self.epochs
 
     def to_dict(self) -> dict[str, Any]:
         return {

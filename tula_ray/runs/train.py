@@ -104,7 +104,9 @@ def train(
     workload, workload_options: default the plan's (its `workload` name, and
       `meta["workload_options"]` when recorded); required when the plan names no
       built-in workload (e.g. a replayed or synthetic plan).
-    epochs: default workload_options["epochs"] when given, else the plan's.
+    epochs: default workload_options["epochs"] when given, else the plan's `epochs_to_train`:
+      under an objective to an accuracy the choice's `epochs_to_target` (rounded up), the
+      epochs its predicted time to accuracy counts; otherwise the plan's `epochs`.
     storage_path, name: where Ray Train keeps checkpoints and results (default ~/ray_results).
     max_failures: restarts after a worker failure, each from the last checkpoint (-1: no limit).
     seed: initial weights and data order. lr: the base LR before strategy scaling
@@ -138,7 +140,7 @@ def train(
     check_runtime_env(runtime_env)
     plan = plan if isinstance(plan, Plan) else Plan.from_json(plan)
     job = resolve_job(plan, strategy, workload, workload_options, epochs, strategy_options,
-                      precision)
+                      precision, budget)
     _check_fail_at_epoch(job, fail_at_epoch)
     dry_run(job, plan.dataset_size)
     marker_dir = tempfile.mkdtemp(prefix="tula-fail-") if fail_at_epoch is not None else None

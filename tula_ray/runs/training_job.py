@@ -49,11 +49,16 @@ class Job:
 
 def resolve_job(plan: Plan, strategy: str | TrainingStrategy, workload: str | Workload | None,
                 workload_options: dict[str, Any] | None, epochs: int | None,
-                strategy_options: dict[str, Any] | None, precision: str | None = None) -> Job:
+                strategy_options: dict[str, Any] | None, precision: str | None = None,
+                budget: str = "epochs") -> Job:
     """The job `plan`'s choice (N, B) is trained as: the workload (the plan's, unless one is
     given) and the strategy resolved, the epochs settled, the strategy's own checks of its
     options against N and B run (its notes logged), all in the driver before Ray starts.
-    precision: default the plan's (what it was profiled in), else the workload's."""
+    precision: default the plan's (what it was profiled in), else the workload's.
+    epochs: default workload_options["epochs"] when given, else the plan's
+    `epochs_to_train` (its choice's epochs to target under an objective to an accuracy),
+    or under the "scale-invariant" budget the plan's `epochs`: that budget counts them at
+    the reference batch, as the plan's `epochs` are."""
     resolved_strategy = get_training_strategy(strategy)
     if workload is None:
         spec = plan.workload
@@ -82,7 +87,7 @@ def resolve_job(plan: Plan, strategy: str | TrainingStrategy, workload: str | Wo
                          "scores the test set after every epoch; give the Workload a "
                          "test_dataset_fn")
     if epochs is None:
-        epochs = resolved.epochs if "epochs" in options else plan.epochs
+        epochs = _default_epochs(plan, resolved, options, budget)
     check_int("epochs", epochs, minimum=1)
     n, b = plan.choice.num_workers, plan.choice.global_batch
     if b % n:
@@ -102,6 +107,18 @@ def resolve_job(plan: Plan, strategy: str | TrainingStrategy, workload: str | Wo
     spec, options, resolved = in_precision(spec, options, resolved, precision)
     return Job(spec, options, resolved, n, b, epochs, portable_training_strategy(strategy),
                strategy_options, tuple(notes))
+
+
+def _default_epochs(plan: Plan, workload: Workload, options: dict[str, Any], budget: str) -> int:
+    if "epochs" in options:
+        return workload.epochs
+    if budget == "scale-invariant":
+        return plan.epochs
+    if plan.epochs_to_train != plan.epochs:
+        logger.info("training %d epochs: the plan's epochs to target at B=%d (its %d epochs "
+                    "at the reference batch, scaled by the noise scale)", plan.epochs_to_train,
+                    plan.choice.global_batch, plan.epochs)
+    return plan.epochs_to_train
 
 
 def check_batch_fits(global_batch: int, workload: Workload) -> None:
