@@ -3,6 +3,7 @@ driver can read, a model that fails only inside the profiling worker groups, and
 that ends two launches the same way. Each fails the search with its cause and the
 worker's traceback, in the search's one taxonomy of failures (tula_ray.failures)."""
 
+import logging
 import os
 import sys
 import time
@@ -17,6 +18,7 @@ from torch.utils.data import TensorDataset
 import tula_ray
 from tula_ray.failures import UserCodeError
 from tula_ray.runs.search_experiment import saved_search
+from tula_ray.space import SearchSpace
 from tula_ray.workloads import Workload
 
 pytestmark = pytest.mark.ray
@@ -114,3 +116,63 @@ def test_the_same_error_ending_two_launches_ends_the_search(ray_session, tmp_pat
     failed = [r for r in saved.profiles if r["status"] == "error"]
     assert {r["failure"] for r in failed} == {"infrastructure"} and len(failed) == 2
     assert [entry["launches"] for entry in saved.errors] == [[[1, 1], [1, 2]]]
+
+
+class TakesAtMost(nn.Module):
+    """A forward that asserts its batch (issue 41, item 4); the check's 2 samples pass."""
+
+    def __init__(self, most: int) -> None:
+        super().__init__()
+        self.most = most
+
+    def forward(self, inputs: torch.Tensor) -> torch.Tensor:
+        if inputs.shape[0] > self.most:  # a user's assert (pytest would rewrite its text)
+            raise AssertionError(f"this model takes at most {self.most} samples")
+        return inputs
+
+
+def taking_at_most(most: int) -> Workload:
+    return Workload(f"at-most-{most}", lambda: nn.Sequential(TakesAtMost(most), model()), images)
+
+
+ROOMY_DEVICE_BYTES = 1e12  # memory never binds: the model's own limit does
+
+
+def test_a_models_own_batch_limit_bounds_the_search_below_it(ray_session, caplog):
+    """Issue 41, item 4: the user's 8000-sample search (N in {1, 2}, B up to 4096) with a
+    forward asserting b <= 256: the probe stops at the largest candidate's local batch
+    (4096, not 8000), takes the refusal as a bound and finds 256 among the candidates,
+    warning with the max_batch that skips the check; no argument changed."""
+    from trainables.memory_probe import check_max_local_batch, probe_memory
+
+    candidates = SearchSpace.build((1, 2), min_batch=32, max_batch=8000)
+    started = time.monotonic()
+    probe = probe_memory(taking_at_most(256), {}, min_local_batch=16, resources={"CPU": 1.0},
+                         use_gpu=False)
+    with caplog.at_level(logging.WARNING, logger="trainables.memory_probe"):
+        bounded = check_max_local_batch(probe, ROOMY_DEVICE_BYTES, headroom=0.1,
+                                        space=candidates, resources={"CPU": 1.0},
+                                        use_gpu=False)
+    took = time.monotonic() - started
+    print(f"probe start to bound: {took:.1f} s")
+    assert bounded.max_local_batch == 256 and took < 30, (bounded.max_local_batch, took)
+    limit = bounded.batch_limit
+    assert limit.local_batch == 512 and limit.error == (
+        "workload 'at-most-256': memory probe at local batch 512 raised AssertionError: this "
+        "model takes at most 256 samples")
+    assert [c["local_batch"] for c in bounded.bound_checks] == [256]  # 4096, 512 refused
+    assert "pass max_batch=256 (local batch 256 x N=1) to skip this check" in caplog.text
+
+
+@pytest.mark.parametrize("most, message", [
+    (8, "workload 'at-most-8': memory probe at local batch 16 raised AssertionError"),
+    (20, "memory probe at local batch 32 raised AssertionError: this model takes at most 20 "
+         "samples, while local batch 16 ran: the memory probe needs two batches")])
+def test_a_model_refusing_the_probes_batches_is_a_user_code_error(ray_session, most, message):
+    """Failing at the probe's smallest batch (or at all but one) leaves nothing to fit
+    eq. 3 on: a UserCodeError naming the stage and the batch, not a RayTaskError."""
+    from trainables.memory_probe import probe_memory
+
+    with pytest.raises(UserCodeError, match=message):
+        probe_memory(taking_at_most(most), {}, min_local_batch=16, resources={"CPU": 1.0},
+                     use_gpu=False)

@@ -3,7 +3,8 @@ import pytest
 import torch
 from hypothesis import example, given, strategies as st
 
-from tula_ray.models import memory
+from tula_ray.failures import UserCodeError
+from tula_ray.models import batch_limit, memory
 
 
 def test_linear_peaks_are_fitted_exactly():
@@ -140,6 +141,75 @@ def test_an_out_of_memory_check_halves_toward_what_fits():
                                                     measured=[(16, peak(16)), (64, peak(64))])
     assert checks[0] == (100, None)
     assert bound <= 70 and all(p is None for b, p in checks if b > 70)
+
+
+# --- the model's own limit (batch_limit.checked_max_local_batch, issue 41 item 4) ---------
+
+CANDIDATE_LOCAL_BATCHES = [16, 32, 64, 128, 256, 512, 1024, 2048, 4096]  # B 32..4096, N 1, 2
+
+
+def _asserts_at_most(most: int, out_of_memory_above: int | None = None):
+    """A fake probe step: linear peaks; the model's forward refuses batches above `most`."""
+    calls = []
+
+    def peak(b: int) -> float | None:
+        calls.append(b)
+        if b > most:
+            raise UserCodeError(f"workload 'mine': memory probe at local batch {b} raised "
+                                f"AssertionError: batch {b} > {most}")
+        if out_of_memory_above is not None and b > out_of_memory_above:
+            return None
+        return 1e8 + 1e6 * b
+    return peak, calls
+
+
+def _search_with_limit(peak, device=1e12, measured=(16, 32, 64), refused=None):
+    params = memory.MemoryParams(1e8, 0.0, 1e6, 0.0)
+    return batch_limit.checked_max_local_batch(
+        params, peak, device, headroom=0.0, local_batches=CANDIDATE_LOCAL_BATCHES,
+        measured=[(b, 1e8 + 1e6 * b) for b in measured], refused=refused)
+
+
+def test_a_model_limit_is_a_bound_found_among_the_candidates():
+    """A forward asserting b <= 256 on a device with room for far more: the cap (4096) is
+    refused, then the candidates between 64 and 4096 are bisected, 2 more steps."""
+    peak, calls = _asserts_at_most(256)
+    bound, checks, limit = _search_with_limit(peak)
+    assert bound == 256 and calls == [4096, 512, 256]
+    assert checks == [(256, 1e8 + 256e6)]  # a refused batch has no peak to list
+    assert limit.local_batch == 512 and "batch 512 > 256" in limit.error
+    assert limit.reason().startswith("above the model's own batch limit (b=512): workload")
+    warning = limit.warning(bound, smallest_workers=1)
+    assert "max_batch=256" in warning and "memory probe at local batch 512" in warning
+    assert batch_limit.BatchLimit.from_dict(limit.to_dict()) == limit
+
+
+def test_without_a_refusal_the_memory_check_is_as_it_was():
+    peak, calls = _asserts_at_most(10**6)
+    params = memory.MemoryParams(1e8, 0.0, 1e6, 0.0)
+    measured = [(b, 1e8 + 1e6 * b) for b in (16, 32, 64)]
+    bound, checks, limit = batch_limit.checked_max_local_batch(
+        params, peak, 2e8, headroom=0.0, local_batches=CANDIDATE_LOCAL_BATCHES,
+        measured=measured)
+    assert limit is None
+    assert (bound, checks) == memory.verified_max_local_batch(params, peak, 2e8, headroom=0.0,
+                                                              measured=measured, cap=4096)
+
+
+def test_memory_below_the_model_limit_still_bounds():
+    """Out of memory above 128, the model refusing above 1024: memory binds."""
+    peak, _ = _asserts_at_most(1024, out_of_memory_above=128)
+    bound, _, limit = _search_with_limit(peak)
+    assert bound == 128 and limit.local_batch == 4096
+
+
+def test_a_limit_the_probe_found_skips_the_secant_search():
+    """The probe's third batch (64) refused: bisect below it at once, nothing above."""
+    peak, calls = _asserts_at_most(40)
+    bound, checks, limit = _search_with_limit(
+        peak, measured=(16, 32), refused={64: "workload 'mine': ... batch 64 > 40"})
+    assert (bound, checks, calls) == (32, [], [])
+    assert limit.local_batch == 64
 
 
 # --- the device budget: what the probe cannot see (issue 14, GPU review item 5) ------------

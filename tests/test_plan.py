@@ -221,6 +221,20 @@ def test_the_memory_bound_makes_larger_local_batches_infeasible():
                                                                   best.global_batch)
 
 
+
+def test_above_the_models_own_limit_the_reason_names_it():
+    """Issue 41, item 4: the probe's limit (meta["batch_limit"]) names the model's error
+    where a candidate is at or above the batch its code refused; the memory bound below."""
+    error = "workload 'mine': memory probe at local batch 512 raised AssertionError: no"
+    plan = exact_plan("time", max_local_batch=256,
+                      meta={"batch_limit": {"local_batch": 512, "error": error}})
+    table = plan.table.set_index("local_batch")
+    assert (table.loc[table.index >= 512, "infeasible_reason"]
+            == f"above the model's own batch limit (b=512): {error}").all()
+    assert not table.loc[table.index > 256, "feasible"].any()
+    assert "above the model's own batch limit (b=512)" in plan.summary()
+    assert Plan.from_json(plan.to_json()).meta["batch_limit"]["local_batch"] == 512
+
 # --- the choice rests on what was measured (issue 11: a choice measured, not only predicted) ---
 
 def test_a_measured_candidate_is_chosen_on_its_measurement_not_its_prediction():

@@ -25,6 +25,7 @@ from tula_ray.training import measure
 from tula_ray.models import perf
 from tula_ray.models import memory as memory_model
 from tula_ray.profile_table import usable
+from tula_ray.space import SearchSpace
 from tula_ray.planning.search_strategies import make_search_strategy
 from tula_ray.training.strategies import TRAINING_STRATEGY_DEFAULT
 from tula_ray.workloads.check import checked
@@ -236,7 +237,8 @@ def test_the_bound_check_catches_an_optimistic_memory_model(ray_session):
     probe = _optimistic(probe_memory)(USER_WORKLOAD, {}, min_local_batch=16,
                                       resources={"CPU": 1.0}, use_gpu=False)
     assert memory_model.max_local_batch(probe.params, device, 0.0) >= 128  # overshoots
-    bounded = check_max_local_batch(probe, device, headroom=0.0, cap=128,
+    candidates = SearchSpace.build((1, 2), min_batch=32, max_batch=128)  # local b <= 128
+    bounded = check_max_local_batch(probe, device, headroom=0.0, space=candidates,
                                     resources={"CPU": 1.0}, use_gpu=False)
     first = bounded.bound_checks[0]
     assert first["local_batch"] == 128 and first["peak_mem_bytes"] > device  # the cap, measured

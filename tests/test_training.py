@@ -219,7 +219,6 @@ def test_evaluation_estimate_leaves_out_the_first_batchs_one_off_cost():
 
     from torch.utils.data import TensorDataset
 
-    from tula_ray.training.data import EVAL_BATCH
     from tula_ray.training.epoch_costs import evaluation_s
 
     class SlowFirstForward(nn.Linear):
@@ -231,9 +230,79 @@ def test_evaluation_estimate_leaves_out_the_first_batchs_one_off_cost():
                 time.sleep(0.5)
             return super().forward(inputs)
 
-    test_set = TensorDataset(torch.randn(10 * EVAL_BATCH, 4),
-                             torch.randint(0, 3, (10 * EVAL_BATCH,)))
+    eval_batch = 1000
+    test_set = TensorDataset(torch.randn(10 * eval_batch, 4),
+                             torch.randint(0, 3, (10 * eval_batch,)))
     seconds = evaluation_s(SlowFirstForward(4, 3), test_set, nn.CrossEntropyLoss(),
-                           torch.device("cpu"))
+                           torch.device("cpu"), eval_batch=eval_batch)
     assert SlowFirstForward.calls == 3  # the untimed batch and the two timed ones
     assert 0 < seconds < 0.5  # scaled x5 from two fast batches: far below the sleep
+
+
+class _TakesAtMost(nn.Module):
+    """The CNN behind a forward that asserts its batch, in training or in evaluation."""
+
+    def __init__(self, most: int, training: bool) -> None:
+        super().__init__()
+        self.most, self.when_training, self.cnn = most, training, get_workload(
+            "fashion-mnist-cnn", data="fake").model_fn()
+
+    def forward(self, inputs):
+        if self.training == self.when_training:
+            assert len(inputs) <= self.most, f"batch {len(inputs)} > {self.most}"
+        return self.cnn(inputs)
+
+
+def test_evaluation_runs_at_the_training_batch_or_the_workloads_eval_batch(workload):
+    """Issue 41, item 4: no fixed, larger evaluation batch a model may refuse."""
+    from tula_ray.training.data import evaluation_batch
+
+    _, test = make_loaders(workload, 16, seed=0)
+    assert test.batch == evaluation_batch(workload, 16) == 16
+    _, test = make_loaders(workload, 8, seed=0, num_replicas=2, rank=1)
+    assert test.batch == 8  # the local batch, B / N
+    given = dataclasses.replace(workload, eval_batch=40)
+    _, test = make_loaders(given, 16, seed=0)
+    assert test.batch == evaluation_batch(given, 16) == 40
+
+
+def test_the_evaluation_estimate_runs_at_the_batch_train_evaluates_in(workload):
+    """The profile's evaluation pass (epoch_costs) sees the batches `train`'s does."""
+    from torch.utils.data import TensorDataset
+
+    from tula_ray.training.data import evaluation_batch
+    from tula_ray.training.epoch_costs import evaluation_s
+
+    seen = []
+
+    class Recording(nn.Linear):
+        def forward(self, inputs):
+            seen.append(len(inputs))
+            return super().forward(inputs)
+
+    test_set = TensorDataset(torch.randn(200, 4), torch.randint(0, 3, (200,)))
+    for given, local_batch in ((None, 16), (40, 16)):
+        seen.clear()
+        eval_batch = evaluation_batch(dataclasses.replace(workload, eval_batch=given),
+                                      local_batch)
+        evaluation_s(Recording(4, 3), test_set, nn.CrossEntropyLoss(), torch.device("cpu"),
+                     eval_batch=eval_batch)
+        assert set(seen) == {given or local_batch}
+
+
+@pytest.mark.parametrize("training, stage", [
+    (False, "evaluation at batch 32 raised AssertionError: batch 32 > 16"),
+    (True, "training at local batch 32 raised AssertionError: batch 32 > 16")])
+def test_a_failure_names_its_stage_and_batch(workload, training, stage):
+    """An evaluation failure is labelled evaluation (it used to read "training at B=32")."""
+    from tula_ray.failures import UserCodeError
+
+    limited = dataclasses.replace(workload, model_fn=lambda: _TakesAtMost(16, training))
+    with pytest.raises(UserCodeError, match=f"workload '{workload.name}': {stage}"):
+        fit(limited, global_batch=32, strategy="lbt", epochs=1)
+
+
+def test_an_eval_batch_within_the_models_limit_evaluates(workload):
+    limited = dataclasses.replace(workload, model_fn=lambda: _TakesAtMost(16, False),
+                                  eval_batch=16)
+    assert len(fit(limited, global_batch=32, strategy="lbt", epochs=1)) == 1

@@ -225,3 +225,10 @@ def test_step_timer_times_a_train_step():
     with measure.StepTimer("cpu") as timer:
         loss = measure.train_step(model, optimizer, torch.nn.CrossEntropyLoss(), inputs, targets)
     assert timer.seconds > 0 and loss.requires_grad is False
+
+
+@pytest.mark.parametrize("eval_batch, error", [(0, ValueError), (2.5, TypeError)])
+def test_a_bad_eval_batch_is_refused_naming_it(eval_batch, error):
+    with pytest.raises(error, match=f"eval_batch={eval_batch}; it must be an integer >= 1 "
+                                    "or None"):
+        Workload("mine", torch.nn.Linear, list, eval_batch=eval_batch)

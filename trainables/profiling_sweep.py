@@ -22,7 +22,7 @@ from tula_ray.models.memory import gradient_bytes, over_budget
 from tula_ray.precision import set_math_mode
 from tula_ray.profile_table import FAILURE_OOM, STATUS_OK, STATUS_OOM
 from tula_ray.training.batches import tensor_source, training_batches
-from tula_ray.training.data import loader_options
+from tula_ray.training.data import evaluation_batch, loader_options
 from tula_ray.training.epoch_costs import checkpoint_s, evaluation_s
 from tula_ray.training.epochs import EpochTally
 from tula_ray.training.gradient_noise import measure_gradient_noise
@@ -151,18 +151,25 @@ class Sweep:
             module, self.optimizer, inputs, targets)
         return float(peak), time.perf_counter() - started
 
-    def epoch_costs(self) -> dict[str, float]:
+    def epoch_costs(self, local_batch: int) -> dict[str, float]:
         """The epoch's costs beyond its steps, once per worker group: one evaluation pass
-        (when the workload has a test set) and one checkpoint write, each agreed on."""
+        (when the workload has a test set) at the batch `train` evaluates in after
+        training at `local_batch`, and one checkpoint write, each agreed on."""
         costs = {"checkpoint_time_s": self.agreement.run("checkpoint", lambda: checkpoint_s(
             self.model, self.plain, self.device, rank=self.rank))}
         if self.workload.test_dataset_fn is not None:
+            name, eval_batch = self.workload.name, evaluation_batch(self.workload, local_batch)
+
             def evaluation() -> float:
-                with workload_code(self.workload.name, "test_dataset_fn()"):
+                with workload_code(name, "test_dataset_fn()"):
                     test_set = self.workload.test_dataset_fn()
-                return evaluation_s(self.model, test_set, self.loss_fn, self.device,
-                                    num_replicas=self.world_size, rank=self.rank,
-                                    autocast=self.autocast)
+                # Its own stage: a model failing here fails in `train`'s evaluation, not
+                # in the training steps the row is named after.
+                with workload_code(name, f"evaluation at batch {eval_batch} on "
+                                         f"N={self.world_size} workers"):
+                    return evaluation_s(self.model, test_set, self.loss_fn, self.device,
+                                        eval_batch=eval_batch, num_replicas=self.world_size,
+                                        rank=self.rank, autocast=self.autocast)
             costs["eval_time_s"] = self.agreement.run("evaluation", evaluation)
         return costs
 
@@ -250,7 +257,7 @@ class Sweep:
         result.update(grad_sqr=grad_sqr, grad_var=grad_var, noise_steps=noise.steps)
 
         if global_batch == self.first_batch:
-            result.update(self.epoch_costs())
+            result.update(self.epoch_costs(local_batch))
             if self.strategy_batch is not None:  # its phases agree in `strategy_cost`
                 result["strategy_extra_s"] = measure_strategy_extra_s(self)
             reset_peak_memory(device)  # the strategy's second model is gone: not the next row's

@@ -23,6 +23,7 @@ import pandas as pd
 from tula_ray.arguments import check_int
 from tula_ray.failures import describe_errors
 from tula_ray.models import memory as memory_model, perf
+from tula_ray.models.batch_limit import BatchLimit
 from tula_ray.models.pricing import Pricing, parse_pricing, pricing_to_dict
 from tula_ray.planning.accuracy import (NOISE_CALIBRATION_DEFAULT, REFERENCE_BATCH_DEFAULT,
                                         ProfiledNoise, add_time_to_accuracy, profiled_noise)
@@ -186,6 +187,10 @@ class Plan:
                                                               refused["global_batch"]))
             lines.append(f"{self.meta.get('training_strategy') or 'the training strategy'} "
                          f"cannot train {named} (see infeasible_reason); the choice skips them")
+        if self.meta.get("batch_limit"):
+            lines.append("warning: candidates at local batch >= "
+                         f"{self.meta['batch_limit']['local_batch']} are "
+                         f"{BatchLimit.from_dict(self.meta['batch_limit']).reason()}")
         if self.meta.get("stop_reason"):
             lines.append(f"search stopped: {self.meta['stop_reason']}")
         if self.meta.get("errors"):
@@ -220,7 +225,8 @@ def fit_memory_from_profiles(profiles: pd.DataFrame) -> memory_model.MemoryParam
 
 def _infeasible_reason(row: pd.Series, oom_local_batch: float, max_local_batch: int | None,
                        max_workers: int | None, max_global_batch: int | None,
-                       untrainable: Mapping[tuple[int, int], str], dataset_size: int) -> str:
+                       untrainable: Mapping[tuple[int, int], str], dataset_size: int,
+                       batch_limit: BatchLimit | None = None) -> str:
     refused = untrainable.get((int(row["num_workers"]), int(row["global_batch"])))
     if refused:
         return f"{UNTRAINABLE}{refused}"
@@ -232,6 +238,8 @@ def _infeasible_reason(row: pd.Series, oom_local_batch: float, max_local_batch: 
         return "profiling crashed"
     if row["local_batch"] >= oom_local_batch:
         return "out of memory when profiled"
+    if batch_limit is not None and row["local_batch"] >= batch_limit.local_batch:
+        return batch_limit.reason()
     if max_local_batch is not None and row["local_batch"] > max_local_batch:
         return f"local batch above the memory bound {max_local_batch}"
     if max_workers is not None and row["num_workers"] > max_workers:
@@ -335,8 +343,11 @@ def build_plan(
     # drop_last: each epoch is D // B steps, and the rest of the samples is not seen
     table["steps_per_epoch"] = dataset_size // table["global_batch"]
     table["samples_dropped"] = dataset_size - table["steps_per_epoch"] * table["global_batch"]
+    # The model's own limit, found by the search's memory probe (meta["batch_limit"]).
+    limit = (meta or {}).get("batch_limit")
+    batch_limit = None if limit is None else BatchLimit.from_dict(limit)
     reasons = [_infeasible_reason(row, oom_bound, max_local_batch, max_workers, max_global_batch,
-                                  untrainable, dataset_size)
+                                  untrainable, dataset_size, batch_limit)
                for _, row in table.iterrows()]
     table["infeasible_reason"] = reasons
     table["feasible"] = table["infeasible_reason"] == ""

@@ -82,6 +82,9 @@ def search(
     cluster_sizes: the N to consider; each must fit the cluster's GPUs (or CPUs).
     min_batch, max_batch: global batch bounds; the memory probe lowers max_batch
       to what one device holds (times the largest N), and the dataset size caps it.
+      A local batch the workload's own code fails at, once a smaller one ran, is the
+      model's own limit: a bound as out of memory is (a warning names the max_batch
+      that would skip the check; the plan's infeasible_reason names the error).
     strategy: the search strategy (tula_ray.planning.search_strategies.SEARCH_STRATEGIES): "partial"
       profiles only the extremes, "full" every candidate; strategy_options go to it.
       (`mode` is its former, deprecated name: Ray's `mode` means min/max.)
@@ -185,6 +188,8 @@ def search(
                 "ray_version": ray.__version__, "experiment_path": path,
                 "resumed": saved is not None,
                 "memory_probe": probe.rows, "errors": searcher.errors,
+                "batch_limit": None if probe.batch_limit is None
+                else probe.batch_limit.to_dict(),
                 "workload_options": json_options(options),
                 "precision": request.workload.precision,
                 "training_strategy": request.training_strategy_name,
@@ -243,11 +248,11 @@ def _bounded_space(request: SearchRequest, resources: dict[str, float], use_gpu:
     device_bytes = memory_model.device_budget_bytes(
         device_bytes, grad_bytes=probe.static.grad_bytes, num_workers=sizes[-1],
         in_use_bytes=probe.device_in_use_bytes, nccl=use_gpu)
-    # No candidate needs a local batch above max_batch / N_min: nothing larger is measured.
     largest = min(request.max_batch or request.workload.dataset_size, request.workload.dataset_size)
-    cap = max(1, largest // sizes[0])
-    probe = check_max_local_batch(probe, device_bytes, headroom=request.headroom, cap=cap,
-                                  resources=resources, use_gpu=use_gpu)
+    # Nothing above the largest candidate's local batch (its largest B over N_min) is measured.
+    candidates = SearchSpace.build(sizes, min_batch=request.min_batch, max_batch=largest)
+    probe = check_max_local_batch(probe, device_bytes, headroom=request.headroom,
+                                  space=candidates, resources=resources, use_gpu=use_gpu)
     max_local = probe.max_local_batch
     bound = min(max_local * sizes[-1], largest)
     if bound < request.min_batch:
@@ -255,8 +260,7 @@ def _bounded_space(request: SearchRequest, resources: dict[str, float], use_gpu:
             f"min_batch={request.min_batch} does not fit: the memory model allows at most a "
             f"local batch of {max_local} ({device_bytes / 1e9:.3g} GB device memory, headroom "
             f"{request.headroom:.0%}), so B <= {bound}; lower min_batch or declare more memory")
-    space = SearchSpace.build(sizes, min_batch=request.min_batch, max_batch=largest).bounded(
-        max_local, largest)
+    space = candidates.bounded(max_local, largest)
     return request, space, probe, device_bytes
 
 

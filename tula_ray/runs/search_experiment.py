@@ -20,6 +20,7 @@ from ray.tune.search import Searcher
 from searchers import TulaSearcher
 from trainables.memory_probe import MemoryProbe
 from trainables.profiling_trial import trainable_with_resources
+from tula_ray.models.batch_limit import BatchLimit
 from tula_ray.models.memory import MemoryParams
 from tula_ray.space import SearchSpace
 
@@ -69,6 +70,7 @@ def context_of(space: SearchSpace, probe: MemoryProbe, device_bytes: float,
     """What a resumed search needs besides the rows, as JSON: the probe's result and grid."""
     return {"request": request, "space": [list(space.cluster_sizes), list(space.batch_sizes)],
             "memory": probe.params.to_dict(), "max_local_batch": probe.max_local_batch,
+            "batch_limit": None if probe.batch_limit is None else probe.batch_limit.to_dict(),
             "memory_probe": probe.rows, "device_memory_bytes": device_bytes,
             "use_gpu": use_gpu, "probe_wall_s": probe_s}
 
@@ -76,8 +78,10 @@ def context_of(space: SearchSpace, probe: MemoryProbe, device_bytes: float,
 def restore_context(context: dict[str, Any]) -> tuple[SearchSpace, MemoryProbe, float]:
     """(space, probe, device bytes) of a saved search: no memory probe runs again."""
     space = SearchSpace(tuple(context["space"][0]), tuple(context["space"][1]))
+    limit = context.get("batch_limit")  # absent from a search saved before it was kept
     probe = MemoryProbe(MemoryParams.from_dict(context["memory"]), context["memory_probe"],
-                        max_local_batch=context["max_local_batch"])
+                        max_local_batch=context["max_local_batch"],
+                        batch_limit=None if limit is None else BatchLimit.from_dict(limit))
     return space, probe, float(context["device_memory_bytes"])
 
 

@@ -14,8 +14,6 @@ from torch.utils.data import Subset
 from tula_ray.training.batches import Batches, evaluation_batches, training_batches
 from tula_ray.workloads import Workload
 
-EVAL_BATCH = 1000  # test-set batch: no gradients are kept, so it can exceed the training batch
-
 
 # The held-out validation split (tuning) is drawn with its own fixed seed, not the run's:
 # every trial of a tuning run, whatever its seed, is judged on the same samples.
@@ -36,7 +34,8 @@ def make_loaders(workload: Workload, batch: int, *, seed: int, num_replicas: int
     Training: shuffled by a DistributedSampler seeded with `seed` (its `set_epoch`,
     called by `train_epoch`, makes the order a function of (seed, epoch)); the last
     incomplete batch is dropped. Test: this replica's share of the whole test set,
-    unshuffled, so `evaluate`'s all-reduced sums cover every sample once.
+    unshuffled, so `evaluate`'s all-reduced sums cover every sample once, in batches of
+    `evaluation_batch(workload, batch)`.
     """
     train_set = workload.train_dataset_fn()
     if validation_fraction:
@@ -49,9 +48,16 @@ def make_loaders(workload: Workload, batch: int, *, seed: int, num_replicas: int
     options = loader_options(workload)
     train = training_batches(train_set, batch, device, seed=seed, num_replicas=num_replicas,
                              rank=rank, **options)
-    test = evaluation_batches(test_set, EVAL_BATCH, device, num_replicas=num_replicas,
-                              rank=rank, **options)
+    test = evaluation_batches(test_set, evaluation_batch(workload, batch), device,
+                              num_replicas=num_replicas, rank=rank, **options)
     return train, test
+
+
+def evaluation_batch(workload: Workload, local_batch: int) -> int:
+    """The batch one worker evaluates in: the workload's `eval_batch`, else the training's
+    `local_batch`. Not a fixed larger one: the search bounded the local batch by what the
+    device holds and what the model takes (a model may refuse larger batches)."""
+    return workload.eval_batch or local_batch
 
 
 def loader_options(workload: Workload) -> dict[str, Any]:

@@ -19,7 +19,6 @@ from torch.utils.data import Dataset, Subset
 from tula_ray.distributed import max_over_ranks
 from tula_ray.training.batches import evaluation_batches
 from tula_ray.training.checkpoints import checkpoint_state
-from tula_ray.training.data import EVAL_BATCH
 from tula_ray.training.epochs import evaluate
 from tula_ray.training.measure import StepTimer
 from tula_ray.training.strategy_base import StrategySetup
@@ -28,21 +27,22 @@ EVAL_PROBE_BATCHES = 2  # evaluation batches timed per rank; the pass is scaled 
 
 
 def evaluation_s(model: nn.Module, test_set: Dataset, loss_fn, device: torch.device, *,
-                 num_replicas: int = 1, rank: int = 0, probe_batches: int = EVAL_PROBE_BATCHES,
+                 eval_batch: int, num_replicas: int = 1, rank: int = 0,
+                 probe_batches: int = EVAL_PROBE_BATCHES,
                  autocast: Callable[[], ContextManager] = contextlib.nullcontext) -> float:
     """Seconds of one `evaluate` pass over `test_set` on this worker group, the slowest
     rank's: `probe_batches` batches per rank are timed (the pass through `evaluate`
     itself, its all-reduce included) and scaled to the rank's whole share, which
-    `train` evaluates in batches of `EVAL_BATCH` (a large model's full pass would cost
-    the profile as much as an epoch)."""
+    `train` evaluates in batches of `eval_batch` (`tula_ray.training.data.evaluation_batch`;
+    a large model's full pass would cost the profile as much as an epoch)."""
     size = len(test_set)  # type: ignore[arg-type]
     share = math.ceil((size - rank) / num_replicas)
-    full_batches = math.ceil(share / EVAL_BATCH)
+    full_batches = math.ceil(share / eval_batch)
     probe = min(probe_batches, full_batches)
 
     def batches_of(count: int):
-        subset = Subset(test_set, range(min(size, count * EVAL_BATCH * num_replicas)))
-        return evaluation_batches(subset, EVAL_BATCH, device, num_replicas=num_replicas,
+        subset = Subset(test_set, range(min(size, count * eval_batch * num_replicas)))
+        return evaluation_batches(subset, eval_batch, device, num_replicas=num_replicas,
                                   rank=rank)
 
     # One batch untimed first: a first pass's one-off costs (set-up for a new batch shape

@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from tula_ray.arguments import check_int
-from tula_ray.failures import is_out_of_memory
+from tula_ray.failures import UserCodeError, is_out_of_memory, workload_code
 from tula_ray.precision import autocast_for
 from tula_ray.training.batches import device_resident_bytes
 from tula_ray.workloads import Workload
@@ -168,17 +168,28 @@ def probe_peaks(workload: Workload, local_batches: list[int],
     """The memory probe's measurements (DESIGN step 1), on this process's `device`, with
     batches of `example`'s samples (see `peak_memory_bytes`).
 
-    Returns {"local_batches", "peaks": peak bytes at each, "static": eq. 3's static
-    terms (`memory.static_memory`), "input_bytes_per_sample", "device_memory_bytes":
-    the GPU's size, None on CPU, "device_in_use_bytes": `device_in_use_bytes` plus, on
-    a GPU, the datasets the data path will keep there (`batches.device_resident_bytes`)}.
+    Returns {"local_batches": those measured, "peaks": peak bytes at each, "refused":
+    {b: message} where the workload's own code failed at b after a smaller batch ran (the
+    probe stops there; at the smallest batch its UserCodeError is raised), "static": eq.
+    3's static terms (`memory.static_memory`), "input_bytes_per_sample",
+    "device_memory_bytes": the GPU's size, None on CPU, "device_in_use_bytes":
+    `device_in_use_bytes` plus, on a GPU, the datasets the data path will keep there
+    (`batches.device_resident_bytes`)}.
     """
     from tula_ray.models import memory  # eq. 3's static terms
 
     device = torch.device(device)
     static = memory.static_memory(workload.model_fn(), workload.optimizer_fn)
-    peaks = [peak_memory_bytes(workload, b, device=device, example=example)
-             for b in local_batches]
+    peaks: list[float] = []
+    refused: dict[int, str] = {}
+    for b in local_batches:
+        try:
+            peaks.append(_probe_step_peak(workload, b, device, example))
+        except UserCodeError as error:
+            if not peaks:
+                raise  # fails at the smallest batch: nothing below to search in
+            refused[b] = error.message  # the model's own limit: a bound, as memory is
+            break
     total = torch.cuda.get_device_properties(device).total_memory if device.type == "cuda" \
         else None
     in_use = device_in_use_bytes(device)
@@ -187,9 +198,18 @@ def probe_peaks(workload: Workload, local_batches: list[int],
             [workload.test_dataset_fn()] if workload.test_dataset_fn is not None else [])
         in_use += sum(device_resident_bytes(data, device, workload.data_on_device)
                       for data in datasets)
-    return {"local_batches": list(local_batches), "peaks": peaks, "static": static,
+    return {"local_batches": list(local_batches[:len(peaks)]), "peaks": peaks,
+            "refused": refused, "static": static,
             "input_bytes_per_sample": workload.input_bytes_per_sample,
             "device_memory_bytes": total, "device_in_use_bytes": in_use}
+
+
+def _probe_step_peak(workload: Workload, local_batch: int, device: torch.device | str,
+                     example: Example | None) -> float:
+    """`peak_memory_bytes` of the workload at `local_batch`; its own code failing raises a
+    UserCodeError naming the probe and the batch (out of memory leaves as it is)."""
+    with workload_code(workload.name, f"memory probe at local batch {local_batch}"):
+        return float(peak_memory_bytes(workload, local_batch, device=device, example=example))
 
 
 def device_in_use_bytes(device: torch.device | str) -> float:
@@ -211,9 +231,10 @@ def device_in_use_bytes(device: torch.device | str) -> float:
 
 def peak_or_none(workload: Workload, local_batch: int, device: torch.device | str = "cpu",
                  example: Example | None = None) -> float | None:
-    """One probe step's peak at `local_batch`; None if the device runs out of memory."""
+    """One probe step's peak at `local_batch`; None if the device runs out of memory. The
+    workload's own code failing raises a UserCodeError naming the probe and the batch."""
     try:
-        return float(peak_memory_bytes(workload, local_batch, device=device, example=example))
+        return _probe_step_peak(workload, local_batch, device, example)
     except RuntimeError as exc:  # torch.OutOfMemoryError, or NCCL's allocation failure
         if not is_out_of_memory(exc):
             raise

@@ -18,6 +18,7 @@ from torch import nn
 
 from tula_ray.arguments import check_int
 from tula_ray.distributed import max_over_ranks
+from tula_ray.failures import workload_code
 from tula_ray.precision import set_math_mode
 from tula_ray.training.batches import Batches
 from tula_ray.training.budget import Budget, budget_for
@@ -65,11 +66,15 @@ class Run:
                 return
             if before is not None:
                 before(epoch)
-            metrics = train_epoch(self.model, self.setup, self.loss_fn, self.train_loader,
-                                  self.device, epoch=epoch)
+            with workload_code(self.workload.name,
+                               f"training at local batch {self.train_loader.batch}"):
+                metrics = train_epoch(self.model, self.setup, self.loss_fn, self.train_loader,
+                                      self.device, epoch=epoch)
             if "progress" in metrics:  # a strategy with a gain: its epochs at the reference
                 metrics["progress_epochs"] = self.budget.epochs_done(metrics["progress"])
-            with StepTimer(self.device) as timer:
+            # Its own stage: evaluation runs at its own batch (`data.evaluation_batch`).
+            with StepTimer(self.device) as timer, workload_code(
+                    self.workload.name, f"evaluation at batch {self.test_loader.batch}"):
                 metrics.update(evaluate(self.model, self.test_loader, self.device, self.loss_fn,
                                         autocast=self.setup.autocast))
             # What the plan's eval_time_s predicts (the slowest rank's: they all wait for it).

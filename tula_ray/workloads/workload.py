@@ -44,7 +44,8 @@ class Workload:
 
     model_fn: a fresh, randomly initialised model. train_dataset_fn: a map-style
     dataset of (input, label); test_dataset_fn: the same for evaluation, needed by
-    `tula_ray.train` only (a search never evaluates). optimizer_fn: params -> optimizer.
+    `tula_ray.train` only (a search without it leaves the evaluation pass out of its
+    predicted times). optimizer_fn: params -> optimizer.
     sample_shape: (C, H, W) of one input, so that input bytes per sample are known
     without data; num_classes: the width of the model's output. Both are taken
     from the data and the model when left None, where the workers run, before any
@@ -58,6 +59,9 @@ class Workload:
     up to 4 on a GPU) and pin_memory (None: on a GPU).
     precision: what a step computes in, "fp32", "tf32", "bf16" or "fp16" (`tula_ray.precision`):
     the same in profiling and training.
+    eval_batch: the batch `train` evaluates the test set in, per worker (and the search's
+    estimate of that pass); None: the training's local batch, B / N, which the search
+    bounded (a model that takes batches of at most some size is evaluated within it).
     """
 
     name: str
@@ -75,9 +79,13 @@ class Workload:
     pin_memory: bool | None = None
     data_on_device: bool | None = None
     precision: str = PRECISION_DEFAULT
+    eval_batch: int | None = None
 
     def __post_init__(self) -> None:
         check_precision(self.precision)
+        check_int("eval_batch", self.eval_batch, minimum=1, optional=True,
+                  hint="samples per evaluation batch on one worker; None: the training's "
+                       "local batch")
         check_int("loader_workers", self.loader_workers, minimum=0, optional=True,
                   hint="DataLoader processes per rank; None picks for the device")
         for name in ("pin_memory", "data_on_device"):
@@ -184,11 +192,12 @@ def _build(name: str, model_fn: Callable[[], nn.Module], default_optimizer_fn: C
             check_subset(FASHION_MNIST_TRAIN_SIZE, train_subset)  # fail here, not in a worker
     else:
         raise ValueError(f"data={data!r} is unknown; use one of {DATA_SOURCES}")
-    unknown = sorted(set(fields) - {"loss_fn", "optimizer_fn", "epochs", "precision"})
+    unknown = sorted(set(fields) - {"loss_fn", "optimizer_fn", "epochs", "precision",
+                                    "eval_batch"})
     if unknown:
         raise ValueError(f"workload option {unknown[0]!r} is unknown; allowed: data, root, "
                          "train_subset, subset_seed, fake_size, loss_fn, optimizer_fn, epochs, "
-                         "precision")
+                         "precision, eval_batch")
     fields.setdefault("optimizer_fn", default_optimizer_fn)
     return Workload(name=name, model_fn=model_fn, train_dataset_fn=train_fn,
                     test_dataset_fn=test_fn, train_size=size, sample_shape=SAMPLE_SHAPE,
@@ -228,7 +237,8 @@ def register_workload(name: str, factory: Callable[..., Workload]) -> None:
 
 def get_workload(name: str, **options: Any) -> Workload:
     """A built-in workload by name; options: data ("fashion-mnist" | "fake"), root,
-    train_subset, subset_seed, fake_size, and Workload fields (epochs, loss_fn, optimizer_fn).
+    train_subset, subset_seed, fake_size, and Workload fields (epochs, loss_fn, optimizer_fn,
+    precision, eval_batch).
 
     "<name>-fake" means data="fake"; a bare architecture ("resnet18") means its
     Fashion-MNIST workload.
