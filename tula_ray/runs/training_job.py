@@ -82,7 +82,8 @@ def resolve_job(plan: Plan, strategy: str | TrainingStrategy, workload: str | Wo
         if resolved.name != plan.workload:
             logger.warning("training %s although the plan was made for %s: its (N, B) "
                            "choice may not fit this workload", resolved.name, plan.workload)
-    if resolved.test_dataset_fn is None:  # optional for a search, which never evaluates
+    # Optional for a search, which times an evaluation pass only when there is one.
+    if resolved.test_dataset_fn is None:
         raise ValueError(f"workload {resolved.name!r} has no test_dataset_fn: tula_ray.train "
                          "scores the test set after every epoch; give the Workload a "
                          "test_dataset_fn")
