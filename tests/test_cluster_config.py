@@ -2,9 +2,12 @@
 session needed), and its nodes are set up as issue 26 item 4 asks: workers reach the
 storage bucket, `ray up` ships no local venv, every package is pinned (constraints.txt), no
 setup pipe hides a failure, and a GPU worker has a CUDA torch that sees its GPU. Its
-multi-GPU type makes topology (issue 26 item 1) part of the shipped config."""
+multi-GPU type makes topology (issue 26 item 1) part of the shipped config. Its IAM roles
+(deploy/aws/, issue 45 item 1) and the guide's commands agree with it, and `ray down`
+leaves no stopped node billing (item 3)."""
 
 import copy
+import json
 import re
 import shlex
 import subprocess
@@ -23,6 +26,8 @@ from ray.autoscaler._private.util import prepare_config, validate_config
 ROOT = Path(__file__).parents[1]
 CONFIG = yaml.safe_load((ROOT / "cluster.yaml").read_text())
 CONSTRAINTS = ROOT / "constraints.txt"
+GUIDE = ROOT / "docs" / "guide" / "cluster.md"
+IAM = ROOT / "deploy" / "aws"  # the policy documents of cluster.yaml's roles
 GPU_TYPES = ("gpu_worker", "gpu_worker_4x")  # one GPU per node, four per node
 
 
@@ -111,7 +116,7 @@ def _all_commands() -> list[str]:
 
 @pytest.mark.parametrize("node_type", GPU_TYPES)
 def test_gpu_workers_get_an_instance_profile_that_reaches_storage(node_type):
-    # Ray's AWS provider gives its default profile (ray-autoscaler-v1) to the head only.
+    # Ray's AWS provider gives a profile (its own ray-autoscaler-v1) to the head only.
     profile = CONFIG["available_node_types"][node_type]["node_config"]["IamInstanceProfile"]
     assert set(profile) in ({"Name"}, {"Arn"}) and all(profile.values()), profile
 
@@ -242,3 +247,84 @@ def test_worker_nodes_stage_the_built_in_data_once():
     assert callable(stage.main)
     assert any(c.startswith("python3 -m tula_ray.workloads.stage")
                for c in CONFIG["worker_setup_commands"])
+
+
+# ------------------------------------------------- IAM and stopped nodes (issue 45)
+
+BUCKET_PLACEHOLDER = "YOUR-BUCKET"
+
+
+def _guide_iam_commands() -> list[list[str]]:
+    """The guide's `aws iam` commands, each as its argv."""
+    return [shlex.split(line) for line in GUIDE.read_text().splitlines()
+            if line.startswith("aws iam ")]
+
+
+def _option(argv: list[str], name: str) -> str:
+    return argv[argv.index(name) + 1]
+
+
+def _policy(argv: list[str]) -> dict:
+    """The policy document a command names: a file of deploy/aws, or the guide's copy of
+    the bucket policy with the placeholder filled in (read from deploy/aws)."""
+    option = "--assume-role-policy-document" if "create-role" in argv else "--policy-document"
+    path = _option(argv, option).removeprefix("file://")
+    if path.startswith("/tmp/"):
+        assert path.endswith("bucket-policy.json"), path
+        path = "deploy/aws/bucket-policy.json"
+    return json.loads((ROOT / path).read_text())
+
+
+def _profile(node_type: str) -> str:
+    return CONFIG["available_node_types"][node_type]["node_config"]["IamInstanceProfile"]["Name"]
+
+
+def test_cluster_yaml_the_iam_policies_and_the_guide_name_the_same_roles():
+    head, workers = _profile(CONFIG["head_node_type"]), {_profile(t) for t in GPU_TYPES}
+    assert len(workers) == 1 and head not in workers, (head, workers)
+    worker = workers.pop()
+    commands = _guide_iam_commands()
+    by_verb: dict[str, list[list[str]]] = {}
+    for argv in commands:
+        by_verb.setdefault(argv[2], []).append(argv)
+    # Each profile cluster.yaml names is created, holding the role of its own name.
+    assert {_option(a, "--instance-profile-name") for a in by_verb["create-instance-profile"]} \
+        == {head, worker}
+    assert {(_option(a, "--instance-profile-name"), _option(a, "--role-name"))
+            for a in by_verb["add-role-to-instance-profile"]} == {(head, head), (worker, worker)}
+    for argv in by_verb["create-role"]:  # both roles trust EC2
+        statement, = _policy(argv)["Statement"]
+        assert statement["Principal"] == {"Service": "ec2.amazonaws.com"}
+    policies: dict[str, list[dict]] = {}
+    for argv in by_verb["put-role-policy"]:
+        policies.setdefault(_option(argv, "--role-name"), []).append(_policy(argv))
+    statements = {role: [s for p in documents for s in p["Statement"]]
+                  for role, documents in policies.items()}
+    # The head may pass the worker role (and only it) to EC2; the worker passes none.
+    passes = [s for s in statements[head] if s["Action"] == "iam:PassRole"]
+    assert [s["Resource"] for s in passes] == [f"arn:aws:iam::*:role/{worker}"]
+    assert passes[0]["Condition"]["StringEquals"]["iam:PassedToService"] == "ec2.amazonaws.com"
+    assert not any("iam:" in str(s["Action"]) for s in statements[worker])
+    assert [_option(a, "--role-name") for a in by_verb["attach-role-policy"]] == [head]
+    # Both reach the bucket, named by one placeholder that the guide fills in.
+    for role in (head, worker):
+        buckets = {s["Resource"] for s in statements[role] if "s3:" in str(s["Action"])}
+        assert buckets == {f"arn:aws:s3:::{BUCKET_PLACEHOLDER}",
+                           f"arn:aws:s3:::{BUCKET_PLACEHOLDER}/*"}, (role, buckets)
+    assert f"sed 's/{BUCKET_PLACEHOLDER}/" in GUIDE.read_text()
+    assert f"s3://{BUCKET_PLACEHOLDER}/" in (ROOT / "cluster.yaml").read_text()
+    # Every policy document shipped is one the guide uses.
+    used = {_option(a, o).removeprefix("file://") for a in commands
+            for o in ("--assume-role-policy-document", "--policy-document") if o in a}
+    shipped = {f"deploy/aws/{p.name}" for p in IAM.glob("*.json")}
+    assert shipped - used == {"deploy/aws/bucket-policy.json"}  # used through sed's copy
+    assert "Not verified on hardware" in GUIDE.read_text()
+
+
+def test_ray_down_terminates_gpu_nodes_rather_than_stopping_them():
+    # Ray's default (true) stops a node instead, and a stopped node's disk keeps billing.
+    assert CONFIG["provider"]["cache_stopped_nodes"] is False
+    text = (ROOT / "cluster.yaml").read_text()
+    why = text[:text.index("cache_stopped_nodes:")].rsplit("region:", 1)[1]
+    assert "billing" in why, why
+    assert "`cache_stopped_nodes: false`" in GUIDE.read_text()
