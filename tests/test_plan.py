@@ -424,3 +424,62 @@ def test_the_start_up_is_the_launchs_whole_time_beyond_its_candidates_where_reco
     assert (checked.table["startup_time_s"] == plan.table["startup_time_s"] + 4.0).all()
     assert "the start-up (the workload's check on a worker, the worker group's" in \
         checked.summary()
+
+
+# --- a bill in whole nodes (issue 45, item 4) -----------------------------------------
+
+NODE_USD_PER_HOUR = 12.0  # a 4-GPU node's price
+
+
+def four_gpu_node_plan(pricing, sizes=(1, 2, 3, 4, 8)):
+    """A full search's plan on nodes of 4 workers (G = 4), at batches every N divides."""
+    pairs = [(n, b) for n in sizes for b in (96, 192, 384, 768)]
+    space = SearchSpace.of_pairs([n for n, _ in pairs], [b for _, b in pairs])
+    profiles = synthetic_profiles(space.candidates(), example_params(), seed=2)
+    return build_plan(space, profiles, epochs=5, dataset_size=10000, strategy="full",
+                      objective="cost", pricing=pricing, workers_per_node=4)
+
+
+def test_a_plan_on_4_gpu_nodes_prices_1_to_4_workers_as_one_node():
+    """A node is billed whole: N = 1, 2, 3 and 4 cost one node-hour per hour, N = 8 two,
+    in every cost column (the estimates, the costs to accuracy)."""
+    from tula_ray.models.pricing import FixedRate
+
+    table = four_gpu_node_plan(FixedRate(NODE_USD_PER_HOUR)).table
+    nodes = np.where(table["num_workers"] <= 4, 1.0, 2.0)
+    for cost, time in (("estimated_cost_usd", "estimated_total_time_s"),
+                       ("cost_usd", "total_time_s"),
+                       ("cost_to_accuracy_usd", "time_to_accuracy_s")):
+        np.testing.assert_allclose(table[cost], table[time] / 3600 * NODE_USD_PER_HOUR * nodes,
+                                   err_msg=cost)
+    # Shared nodes: each worker pays its quarter of one.
+    shared = four_gpu_node_plan(FixedRate(NODE_USD_PER_HOUR, shared_nodes=True)).table
+    np.testing.assert_allclose(shared["estimated_cost_usd"],
+                               shared["estimated_total_time_s"] / 3600 * NODE_USD_PER_HOUR
+                               * shared["num_workers"] / 4)
+
+
+def test_a_pricing_written_before_whole_nodes_still_prices_a_plan():
+    """A user's cost_usd(time_s, num_workers, peak_mem_bytes), with no workers_per_node: the
+    plan calls it as before (N nodes), warning once that G is coming, and it loads again."""
+    class PerWorkerHour:
+        def cost_usd(self, time_s, num_workers, peak_mem_bytes):
+            return np.asarray(time_s, float) / 3600 * np.asarray(num_workers, float)
+
+        def to_dict(self):
+            return {"kind": "per-worker-hour-test"}
+
+    with pytest.warns(DeprecationWarning, match=r"workers_per_node.*removed in tula-ray \d"
+                      ) as caught:
+        plan = four_gpu_node_plan(PerWorkerHour(), sizes=(1, 2, 4))
+    assert sum(issubclass(w.category, DeprecationWarning) for w in caught) == 1
+    table = plan.table
+    np.testing.assert_allclose(table["estimated_cost_usd"],
+                               table["estimated_total_time_s"] / 3600 * table["num_workers"])
+    assert Plan.from_json(plan.to_json()).pricing == {"kind": "per-worker-hour-test"}
+
+
+def test_a_plan_saved_before_shared_nodes_still_loads():
+    data = make_plan().to_dict()
+    data["pricing"].pop("shared_nodes")
+    assert Plan.from_json(json.dumps(data)).pricing == {"kind": "fixed", "usd_per_node_hour": 2.48}

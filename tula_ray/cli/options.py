@@ -45,7 +45,10 @@ def add_plan_options(parser: argparse.ArgumentParser) -> None:
                              "(tula_ray.measure_noise_scale); default: the profiles' "
                              "(a barely trained model's)")
     parser.add_argument("--pricing", default="fixed",
-                        help="fixed[:USD_PER_NODE_HOUR] or memory[:USD_PER_GB_HOUR]")
+                        help="fixed[:USD_PER_NODE_HOUR] or memory[:USD_PER_GB_HOUR]; a "
+                             "node is billed whole (ceil(N / G) nodes for N workers on "
+                             "nodes of G), ':shared' last when nodes are shared with other "
+                             "jobs (fixed:12.24:shared: N / G of a node)")
     parser.add_argument("--out", type=Path, default=Path("plan"),
                         help="directory for plan.json and the PNG figures")
 

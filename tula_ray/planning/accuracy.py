@@ -28,7 +28,7 @@ import pandas as pd
 
 from tula_ray.arguments import check_number
 from tula_ray.models.noise_scale import efficiency, noise_scale
-from tula_ray.models.pricing import Pricing
+from tula_ray.models.pricing import NodeBilling
 from tula_ray.profile_table import usable
 
 REFERENCE_BATCH_DEFAULT = 32  # M0: the batch whose epochs the workload's epochs count
@@ -184,13 +184,13 @@ def epochs_to_target(epochs: float, phi: float, global_batch: np.ndarray,
 
 
 def add_time_to_accuracy(frame: pd.DataFrame, noise: ProfiledNoise, reference_batch: int,
-                         epochs: int, pricing: Pricing, *,
+                         epochs: int, billing: NodeBilling, *,
                          peak_column: str = "peak_mem_bytes") -> None:
     """Adds `noise_scale`, `efficiency`, `epochs_to_target`, `time_to_accuracy_s` and
     `cost_to_accuracy_usd` to `frame`, from its `total_time_s` (eq. 4a: `epochs` x the
     epoch's time, evaluation and checkpoint included, plus the start-up once): the
     per-epoch part is scaled to the epochs to target, the start-up kept; the cost is
-    priced with the peak memory in `peak_column`."""
+    priced with the peak memory in `peak_column`, in `billing`'s whole nodes."""
     phi = noise.noise_scale
     target = epochs_to_target(epochs, phi, frame["global_batch"], reference_batch)
     startup = frame["startup_time_s"] if "startup_time_s" in frame else 0.0
@@ -199,6 +199,6 @@ def add_time_to_accuracy(frame: pd.DataFrame, noise: ProfiledNoise, reference_ba
     frame["efficiency"] = epochs / target
     frame["epochs_to_target"] = target
     frame["time_to_accuracy_s"] = target * per_epoch + startup
-    frame["cost_to_accuracy_usd"] = pricing.cost_usd(
+    frame["cost_to_accuracy_usd"] = billing.cost_usd(
         frame["time_to_accuracy_s"].to_numpy(float), frame["num_workers"].to_numpy(float),
         frame[peak_column].to_numpy(float))

@@ -14,7 +14,7 @@ import numpy as np
 import pandas as pd
 
 from tula_ray.models import memory as memory_model, perf
-from tula_ray.models.pricing import Pricing
+from tula_ray.models.pricing import NodeBilling
 from tula_ray.profile_table import STATUS_OK, usable
 
 DENSE_POINTS = 256  # batch sizes on the dense curve the knee is found on
@@ -151,15 +151,15 @@ def add_epoch_times(frame: pd.DataFrame, step_column: str, epochs: int, dataset_
 
 
 def predict_candidates(space_frame: pd.DataFrame, params: perf.PerfParams,
-             memory: memory_model.MemoryParams | None, pricing: Pricing,
+             memory: memory_model.MemoryParams | None, billing: NodeBilling,
              epochs: int, dataset_size: int, whole_steps: bool = True,
              strategy_extra: StepExtra | None = None,
              costs: EpochCosts = EpochCosts(),
              plain_steps: Collection[tuple[int, int]] = ()) -> pd.DataFrame:
     """Eq. 2 (step), 4a (training time: the epoch's steps with the training strategy's
     measured cost per step, `strategy_extra`, none where it trains plain steps
-    (`step_extras`), and the epoch's other measured `costs`), 3 (memory) and 4b (cost)
-    per row."""
+    (`step_extras`), and the epoch's other measured `costs`), 3 (memory) and 4b (cost, in
+    the whole nodes of `billing`) per row."""
     frame = space_frame.copy()
     n, b = frame["num_workers"].to_numpy(float), frame["local_batch"].to_numpy(float)
     frame["num_nodes"] = perf.packed_nodes(n, params.workers_per_node).astype(int)
@@ -170,12 +170,12 @@ def predict_candidates(space_frame: pd.DataFrame, params: perf.PerfParams,
     add_epoch_times(frame, "step_time_s", epochs, dataset_size, costs, whole_steps=whole_steps)
     frame["peak_mem_bytes"] = (np.nan if memory is None
                                else memory_model.predict_peak_bytes(memory, b))
-    frame["cost_usd"] = pricing.cost_usd(
+    frame["cost_usd"] = billing.cost_usd(
         frame["total_time_s"].to_numpy(float), n, frame["peak_mem_bytes"].to_numpy(float))
     return frame
 
 
-def add_estimates(table: pd.DataFrame, pricing: Pricing) -> pd.DataFrame:
+def add_estimates(table: pd.DataFrame, billing: NodeBilling) -> pd.DataFrame:
     """What the policy chooses on: a profiled candidate's own measured training time (and
     the cost from it, with its measured peak memory) in place of the model's prediction;
     the prediction where nothing was measured. A search measures a candidate to check the
@@ -189,7 +189,7 @@ def add_estimates(table: pd.DataFrame, pricing: Pricing) -> pd.DataFrame:
     peak = np.where(measured & peak.notna().to_numpy(), peak, table["peak_mem_bytes"])
     table["estimated_total_time_s"] = time_s
     table["estimated_peak_mem_bytes"] = peak.astype(float)
-    table["estimated_cost_usd"] = pricing.cost_usd(
+    table["estimated_cost_usd"] = billing.cost_usd(
         time_s.astype(float), table["num_workers"].to_numpy(float), peak.astype(float))
     table["estimate"] = np.where(measured, "measured", "predicted")
     return table.assign(total_time_s=table["estimated_total_time_s"],
@@ -219,7 +219,7 @@ def add_uncertainty(table: pd.DataFrame, profiles: pd.DataFrame,
     return predicted
 
 
-def dense_curve(space, params, memory, pricing, epochs, dataset_size, oom_local,
+def dense_curve(space, params, memory, billing, epochs, dataset_size, oom_local,
                  max_local_batch, max_workers, max_global_batch,
                  strategy_extra: StepExtra | None = None,
                  costs: EpochCosts = EpochCosts(),
@@ -231,7 +231,7 @@ def dense_curve(space, params, memory, pricing, epochs, dataset_size, oom_local,
     grid["local_batch"] = grid["global_batch"] / grid["num_workers"]
     # Unrounded steps per epoch: the knee is a property of the smooth curve (eq. 4a);
     # snapping to a candidate afterwards uses the candidate table's rounded times.
-    dense = predict_candidates(grid, params, memory, pricing, epochs, dataset_size,
+    dense = predict_candidates(grid, params, memory, billing, epochs, dataset_size,
                                whole_steps=False, strategy_extra=strategy_extra, costs=costs,
                                plain_steps=plain_steps)
     feasible = (dense["local_batch"] < oom_local) & (dense["local_batch"] >= 1)
@@ -246,7 +246,7 @@ def dense_curve(space, params, memory, pricing, epochs, dataset_size, oom_local,
 
 
 def through_measurements(dense: pd.DataFrame, table: pd.DataFrame,
-                          pricing: Pricing) -> pd.DataFrame:
+                          billing: NodeBilling) -> pd.DataFrame:
     """The dense curve bent through what was measured, as the candidates' estimates are:
     per N, the ratio measured / predicted training time at each measured batch,
     interpolated linearly in log2 B (held constant beyond the first and last measured
@@ -263,7 +263,7 @@ def through_measurements(dense: pd.DataFrame, table: pd.DataFrame,
         x = np.log2(dense.loc[at_n, "global_batch"].to_numpy(float))
         factor = np.exp(np.interp(x, np.log2(rows["global_batch"].to_numpy(float)), ratio))
         dense.loc[at_n, "total_time_s"] = dense.loc[at_n, "total_time_s"] * factor
-    dense["cost_usd"] = pricing.cost_usd(dense["total_time_s"].to_numpy(float),
+    dense["cost_usd"] = billing.cost_usd(dense["total_time_s"].to_numpy(float),
                                          dense["num_workers"].to_numpy(float),
                                          dense["peak_mem_bytes"].to_numpy(float))
     return dense

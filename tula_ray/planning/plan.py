@@ -24,7 +24,7 @@ from tula_ray.arguments import check_int
 from tula_ray.failures import describe_errors
 from tula_ray.models import memory as memory_model, perf
 from tula_ray.models.batch_limit import BatchLimit
-from tula_ray.models.pricing import Pricing, parse_pricing, pricing_to_dict
+from tula_ray.models.pricing import NodeBilling, Pricing, parse_pricing, pricing_to_dict
 from tula_ray.planning.accuracy import (NOISE_CALIBRATION_DEFAULT, REFERENCE_BATCH_DEFAULT,
                                         ProfiledNoise, add_time_to_accuracy, profiled_noise)
 from tula_ray.planning.estimates import (EpochCosts, add_epoch_times, add_estimates,
@@ -294,7 +294,9 @@ def build_plan(
       reached early in training; None: the profiles'.
     workers_per_node: G, the workers one node of the cluster holds: N > G spans nodes,
       and its sync has a network level (`tula_ray.models.sync_levels`); partial search's
-      corners include the largest N <= G. None: one node holds every N.
+      corners include the largest N <= G. None: one node holds every N. Every cost is in
+      whole nodes, ceil(N / G) (`tula_ray.models.pricing.billed_nodes`; N / G under a
+      pricing with `shared_nodes`); None: N nodes, one per worker.
     """
     strategy = deprecated_mode(strategy, mode)
     for name, value in (("epochs", epochs), ("dataset_size", dataset_size),
@@ -318,7 +320,8 @@ def build_plan(
     # `train` runs again before its launch, by the search's memory probe)
     costs = EpochCosts.from_profiles(profiles, check_s=(meta or {}).get("workload_check_s"))
     plain_steps = {(int(n), int(b)) for n, b in plain_steps}
-    table = predict_candidates(grid, params, memory, pricing, epochs, dataset_size,
+    billing = NodeBilling(pricing, workers_per_node)  # every cost in whole nodes of G
+    table = predict_candidates(grid, params, memory, billing, epochs, dataset_size,
                                strategy_extra=extra, costs=costs, plain_steps=plain_steps)
     table["plain_steps"] = [(int(n), int(b)) in plain_steps
                             for n, b in zip(table["num_workers"], table["global_batch"])]
@@ -354,20 +357,20 @@ def build_plan(
     table["trainable"] = [(int(n), int(b)) not in untrainable
                           for n, b in zip(table["num_workers"], table["global_batch"])]
 
-    estimates = add_estimates(table, pricing)
+    estimates = add_estimates(table, billing)
     noise = profiled_noise(profiles, noise_calibration, noise_scale)
-    add_time_to_accuracy(estimates, noise, reference_batch, epochs, pricing,
+    add_time_to_accuracy(estimates, noise, reference_batch, epochs, billing,
                          peak_column="estimated_peak_mem_bytes")
     for column in ACCURACY_COLUMNS:
         table[column] = estimates[column]
     half_data = dataset_size // 2  # the knee's curve stops where the candidates do
-    dense = dense_curve(space, params, memory, pricing, epochs, dataset_size,
+    dense = dense_curve(space, params, memory, billing, epochs, dataset_size,
                          oom_bound, max_local_batch, max_workers,
                          half_data if max_global_batch is None else min(max_global_batch,
                                                                         half_data),
                          extra, costs, plain_steps)
-    dense = through_measurements(dense, table, pricing)
-    add_time_to_accuracy(dense, noise, reference_batch, epochs, pricing)
+    dense = through_measurements(dense, table, billing)
+    add_time_to_accuracy(dense, noise, reference_batch, epochs, billing)
     choice, noise_warning = choose_to_accuracy(
         estimates, objective, noise, dataset_size, dense=dense, weight_time=weight_time,
         uncertainty="rel_uncertainty", dense_uncertainty=predicted_u)
