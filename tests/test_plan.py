@@ -469,10 +469,10 @@ def test_a_pricing_written_before_whole_nodes_still_prices_a_plan():
         def to_dict(self):
             return {"kind": "per-worker-hour-test"}
 
-    with pytest.warns(DeprecationWarning, match=r"workers_per_node.*removed in tula-ray \d"
+    with pytest.warns(FutureWarning, match=r"workers_per_node.*removed in tula-ray \d"
                       ) as caught:
         plan = four_gpu_node_plan(PerWorkerHour(), sizes=(1, 2, 4))
-    assert sum(issubclass(w.category, DeprecationWarning) for w in caught) == 1
+    assert sum(issubclass(w.category, FutureWarning) for w in caught) == 1
     table = plan.table
     np.testing.assert_allclose(table["estimated_cost_usd"],
                                table["estimated_total_time_s"] / 3600 * table["num_workers"])

@@ -50,7 +50,7 @@ def test_a_pricing_without_workers_per_node_is_called_without_it_and_warned_once
         def cost_usd(self, time_s, num_workers, peak_mem_bytes, **options):
             return options["workers_per_node"] * np.ones(np.shape(num_workers))
 
-    with pytest.warns(DeprecationWarning) as caught:
+    with pytest.warns(FutureWarning) as caught:
         first = NodeBilling(Old(), 4).cost_usd(2.0, np.array([1, 4]), None)
         again = NodeBilling(Old(), 8).cost_usd(2.0, np.array([1, 4]), None)
     np.testing.assert_allclose([first, again], [[2.0, 8.0], [2.0, 8.0]])

@@ -8,8 +8,8 @@ ceil(N / G) nodes (`billed_nodes`) unless they are told that nodes are shared.
 
 A pricing written before G (`cost_usd(time_s, num_workers, peak_mem_bytes)`) still
 works: `NodeBilling` reads its signature once per class, calls it without G and warns
-(DeprecationWarning): that signature is removed in tula-ray 0.3.0
-(`OLD_COST_SIGNATURE_REMOVED_IN`).
+(a FutureWarning, which users see, as `mode=`'s): that signature is removed in tula-ray
+0.3.0 (`OLD_COST_SIGNATURE_REMOVED_IN`).
 """
 
 from __future__ import annotations
@@ -145,7 +145,7 @@ _TAKES_G: dict[type, bool] = {}  # per Pricing class: does its cost_usd take wor
 
 def takes_workers_per_node(pricing: Pricing) -> bool:
     """Whether `pricing.cost_usd` takes workers_per_node (or **kwargs), read once per class;
-    a class whose cost_usd does not gets one DeprecationWarning, naming what to add."""
+    a class whose cost_usd does not gets one FutureWarning, naming what to add."""
     kind = type(pricing)
     if kind not in _TAKES_G:
         try:
@@ -160,7 +160,7 @@ def takes_workers_per_node(pricing: Pricing) -> bool:
                 "workers_per_node: it is called without it, so its costs ignore that a node "
                 "is billed whole; add `workers_per_node=None` to its parameters (G, the "
                 "workers one node holds; None: unknown): the signature without it is "
-                f"removed in tula-ray {OLD_COST_SIGNATURE_REMOVED_IN}.", DeprecationWarning,
+                f"removed in tula-ray {OLD_COST_SIGNATURE_REMOVED_IN}.", FutureWarning,
                 stacklevel=3)
     return _TAKES_G[kind]
 
