@@ -36,10 +36,15 @@ and machine above each table); regenerate with `python -m benchmarks all`.
 """
 
 
-def write_report() -> Path:
+def report_text() -> str:
+    """BENCHMARKS.md: the header, then every recorded report (results/*.md), by name."""
     sections = [path.read_text() for path in sorted(RESULTS_DIR.glob("*.md"))
                 if not path.stem.endswith("_quick")]
-    REPORT.write_text("\n".join([HEADER, *sections]))
+    return "\n".join([HEADER, *sections])
+
+
+def write_report() -> Path:
+    REPORT.write_text(report_text())
     return REPORT
 
 

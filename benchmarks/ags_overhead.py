@@ -28,14 +28,14 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from benchmarks.common import provenance, spawn_gloo, spread, write_result
-from benchmarks.markdown import markdown_table
+from benchmarks.common import Benchmark, markdown_table, spawn_gloo, spread
 from tula_ray.ags import TulaOptimizer, register_local_gradient_hook
 from tula_ray.training.ags_strategy import NOISE_SCALE_DEFAULTS, AGSSetup
 from tula_ray.training.strategy_base import StrategySetup
 from tula_ray.training.measure import synthetic_batch
 from tula_ray.workloads import FashionCNN, sgd
 
+NAME = "ags_overhead"
 GLOBAL_BATCH = 1024
 TRAIN_SUBSET = 10_000  # issue 4's accuracy setup
 SMALL_BATCH = 32
@@ -124,17 +124,14 @@ def run(quick: bool = False) -> dict:
         out = str(Path(scratch, "ddp.pt"))
         spawn_gloo(_ddp_worker, 2, settings, rounds, out)
         ddp = torch.load(out)
-    result = {**provenance(), "rounds": rounds, "global_batch": settings["global_batch"],
-              "train_subset": settings["train_subset"], "small_batch": SMALL_BATCH,
-              "n1": single, "n2": ddp,
-              "overhead": {"N=1": _overheads(single), "N=2": _overheads(ddp)}}
-    markdown = _markdown(result)
-    write_result("ags_overhead" + ("_quick" if quick else ""), result, markdown)
-    print(markdown)
-    return result
+    return Benchmark(NAME, quick).record(
+        {"rounds": rounds, "global_batch": settings["global_batch"],
+         "train_subset": settings["train_subset"], "small_batch": SMALL_BATCH,
+         "n1": single, "n2": ddp,
+         "overhead": {"N=1": _overheads(single), "N=2": _overheads(ddp)}}, report)
 
 
-def _markdown(r: dict) -> str:
+def report(r: dict) -> str:
     rows = []
     for setup, key in (("N=1", "n1"), ("N=2", "n2")):
         base = statistics.median(r[key]["epoch_seconds"]["base"])

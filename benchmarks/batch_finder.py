@@ -36,8 +36,7 @@ import warnings
 
 import torch
 
-from benchmarks.common import provenance, write_result
-from benchmarks.markdown import markdown_table
+from benchmarks.common import Benchmark, markdown_table
 from benchmarks.memory_accuracy import (
     DEVICE_MEMORY_BYTES,
     MIN_LOCAL_BATCH,
@@ -132,17 +131,14 @@ def run(quick: bool = False) -> dict:
             "binsearch, emulated OOM": _lightning_finder(workload, "binsearch", MAX_VAL_UNBOUNDED,
                                                          true_b, device_bytes),
         }
-    result = {**provenance(), "workload": WORKLOAD, "declared_device_memory_bytes": device_bytes,
-              "headroom": memory.HEADROOM_DEFAULT, "init_local_batch": MIN_LOCAL_BATCH,
-              "steps_per_trial": STEPS_PER_TRIAL, "tula": tula, "lightning": lightning,
-              "truth": truth, "load_avg_1min": [load_before, os.getloadavg()[0]]}
-    markdown = _markdown(result)
-    write_result(NAME + ("_quick" if quick else ""), result, markdown)
-    print(markdown)
-    return result
+    return Benchmark(NAME, quick).record(
+        {"workload": WORKLOAD, "declared_device_memory_bytes": device_bytes,
+         "headroom": memory.HEADROOM_DEFAULT, "init_local_batch": MIN_LOCAL_BATCH,
+         "steps_per_trial": STEPS_PER_TRIAL, "tula": tula, "lightning": lightning,
+         "truth": truth, "load_avg_1min": [load_before, os.getloadavg()[0]]}, report)
 
 
-def _markdown(r: dict) -> str:
+def report(r: dict) -> str:
     true_b = r["truth"]["bound"]
 
     def row(finder: str, trials: int, wall_s: float, bound: int, note: str) -> list:

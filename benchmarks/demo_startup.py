@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.markdown import markdown_table
+from benchmarks.common import markdown_table
 from benchmarks.profiling_wall import REPO, commit_of, side_by_side
 
 NAME = "demo_startup"

@@ -18,11 +18,10 @@ import math
 import statistics
 from typing import Any
 
-from benchmarks.common import RESULTS_DIR, provenance, write_result
+from benchmarks.common import Benchmark, markdown_table, recorded_runs
 from benchmarks.generalization import _worker
 from benchmarks.generalization_runs import (EPOCHS, LARGE_BATCHES, REFERENCE_BATCH, SEEDS,
-                                            TRAIN_SUBSET, WORLD_SIZE, recorded_runs)
-from benchmarks.markdown import markdown_table
+                                            TRAIN_SUBSET, WORLD_SIZE)
 
 NAME = "equal_progress"
 BUDGET = "scale-invariant"
@@ -58,18 +57,12 @@ def run(quick: bool = False, seeds: int | None = None) -> dict:
                                     "seeds": SEEDS, "batches": LARGE_BATCHES}
     if seeds is not None:
         settings = {**settings, "seeds": tuple(settings["seeds"][:seeds])}
-    name = NAME + ("_quick" if quick else "")
-    log = RESULTS_DIR / f"{name}.runs.jsonl"
-    if quick:
-        log.unlink(missing_ok=True)
-    RESULTS_DIR.mkdir(parents=True, exist_ok=True)
-    recorded = recorded_runs(_worker, plan_runs(**settings), log, run_key, WORLD_SIZE)
-    result = {"provenance": provenance(), "quick": quick, "settings": settings,
-              "rows": summarize(recorded, settings["epochs"])}
-    markdown = report(result)
-    write_result(name, result, markdown)
-    print(markdown)
-    return result
+    benchmark = Benchmark(NAME, quick)
+    recorded = recorded_runs(_worker, plan_runs(**settings), benchmark.log(), run_key,
+                             WORLD_SIZE)
+    return benchmark.record({"quick": quick, "settings": settings,
+                             "rows": summarize(recorded, settings["epochs"])}, report,
+                            nested=True)
 
 
 def summarize(runs: list[dict], epochs: int) -> list[dict[str, Any]]:

@@ -32,12 +32,10 @@ import textwrap
 import time
 from pathlib import Path
 
-from benchmarks.common import RESULTS_DIR, provenance, write_result
-from benchmarks.markdown import markdown_table
+from benchmarks.common import Benchmark, markdown_table, provenance
 
 NAME = "first_contact"
 ROOT = Path(__file__).resolve().parents[1]
-PARTIAL = RESULTS_DIR / f"{NAME}.partial.json"
 DEBIAN_DATA = Path("/usr/share/datasets")
 RUNS = 3
 GOAL_NO_MEANS_S = 10.0
@@ -193,31 +191,17 @@ def fresh_clone() -> dict:
                 "met": done.returncode == 0 and (clone / "plan" / "plan.json").is_file()}
 
 
-def _kept(commit: str) -> dict:
-    if not PARTIAL.is_file():
-        return {}
-    saved = json.loads(PARTIAL.read_text())
-    return saved.get("parts", {}) if saved.get("commit") == commit else {}
-
-
 def run(quick: bool = False) -> dict:
-    result = provenance()
+    benchmark = Benchmark(NAME, quick)
     if quick:
-        result["parts"] = {"no_means": no_means(1), "driver_only_data": driver_only_data(1)}
-        write_result(f"{NAME}_quick", result, report(result))
-        return result
-    parts = _kept(result["commit"])
+        return benchmark.record({"parts": {"no_means": no_means(1),
+                                           "driver_only_data": driver_only_data(1)}}, report)
+    kept = benchmark.kept_parts(provenance()["commit"])
     for name, measure in (("no_means", lambda: no_means(RUNS)),
                           ("driver_only_data", lambda: driver_only_data(RUNS)),
                           ("fresh_clone", fresh_clone)):
-        if name not in parts:
-            parts[name] = measure()
-            PARTIAL.parent.mkdir(parents=True, exist_ok=True)
-            PARTIAL.write_text(json.dumps({"commit": result["commit"], "parts": parts}, indent=1))
-        print(f"{name}: {json.dumps(parts[name])[:400]}", flush=True)
-    result["parts"] = parts
-    write_result(NAME, result, report(result))
-    return result
+        print(f"{name}: {json.dumps(kept.measure(name, measure))[:400]}", flush=True)
+    return benchmark.record({"parts": kept.parts}, report)
 
 
 def _seconds(values: list[float]) -> str:

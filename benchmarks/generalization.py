@@ -35,10 +35,14 @@ from typing import Any
 from torch import nn
 
 from benchmarks import tuning
-from benchmarks.common import RESULTS_DIR, spawn_gloo
-from benchmarks.generalization_report import report
-from benchmarks.generalization_runs import (EPOCHS, LARGE_BATCHES, STRATEGY_RUNS, TRAIN_SUBSET,
-                                            WORLD_SIZE, read_runs, run_key, variant)
+from benchmarks.common import RESULTS_DIR, read_runs, spawn_gloo
+from benchmarks.generalization_report import record, report
+from benchmarks.generalization_runs import (EPOCHS, LARGE_BATCHES, NAME, STRATEGY_RUNS,
+                                            TRAIN_SUBSET, WORLD_SIZE, run_key, variant)
+
+# A benchmark's module names its results and its report (the check that rebuilds every
+# report from results/ reads them): this one's live beside its runs and its tables.
+__all__ = ["NAME", "report", "run"]
 
 
 def _run_one(run: dict[str, Any], rank: int) -> dict[str, Any]:
@@ -99,7 +103,7 @@ def run(quick: bool = False, batches: tuple[int, ...] = LARGE_BATCHES) -> dict:
         tuning.tune_missing(STRATEGY_RUNS, world_size=WORLD_SIZE, train_subset=TRAIN_SUBSET,
                             epochs=EPOCHS)
         _run_missing(quick, batches, recipe_only=False)
-    return report(quick, batches)
+    return record(quick, batches)
 
 
 def _run_missing(quick: bool, batches: tuple[int, ...], recipe_only: bool) -> None:

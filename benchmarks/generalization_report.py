@@ -13,10 +13,9 @@ from pathlib import Path
 import numpy as np
 
 from benchmarks import tuning
-from benchmarks.common import RESULTS_DIR, provenance, write_result
-from benchmarks.generalization_runs import (LARGE_BATCHES, REFERENCE_BATCH, STRATEGY_RUNS,
-                                            WORLD_SIZE, read_runs, run_key, variant)
-from benchmarks.markdown import markdown_table
+from benchmarks.common import RESULTS_DIR, Benchmark, markdown_table, read_runs
+from benchmarks.generalization_runs import (LARGE_BATCHES, NAME, REFERENCE_BATCH, STRATEGY_RUNS,
+                                            WORLD_SIZE, run_key, variant)
 from tula_ray.ags import DELTA_DEFAULT
 from tula_ray.training.ags_strategy import NOISE_SCALE_DEFAULTS
 
@@ -28,9 +27,9 @@ BASELINES = ("lbt", "lrs", "lars", "polo")
 GOAL_REFERENCE_GAP = 0.01  # issue 12: within 1 point of the B = 32 reference at B = 1024
 
 
-def report(quick: bool = False, batches: tuple[int, ...] = LARGE_BATCHES) -> dict:
-    """Tables and plot from the runs finished so far (`run` resumes the rest): an
-    interrupted benchmark still reports what it measured, with its seed counts."""
+def record(quick: bool = False, batches: tuple[int, ...] = LARGE_BATCHES) -> dict:
+    """The result, its tables and plot from the runs finished so far (`run` resumes the
+    rest): an interrupted benchmark still reports what it measured, with its seed counts."""
     name, settings, runs, log = variant(quick, batches)
     planned = {run_key(p) for p in runs}
     finished = [r for r in read_runs(log) if run_key(r) in planned]
@@ -39,7 +38,7 @@ def report(quick: bool = False, batches: tuple[int, ...] = LARGE_BATCHES) -> dic
     command = f"{Path(sys.executable).name} -m benchmarks generalization" + (
         " --quick" if quick else "")
     summary, seeds = _summary(finished), len(settings["seeds"])
-    result = {**provenance(), "command": command, "name": name,
+    result = {"command": command, "name": name,
               "planned_runs": len(runs), **{k: list(v) if isinstance(v, tuple) else v
                                  for k, v in settings.items()},
               "world_size": WORLD_SIZE, "reference_batch": REFERENCE_BATCH,
@@ -51,10 +50,7 @@ def report(quick: bool = False, batches: tuple[int, ...] = LARGE_BATCHES) -> dic
               "tuned": [] if quick else list(tuning.read_tuned().values()),
               "tuning": {"global_batch": tuning.TUNE_BATCH, "trials": tuning.TRIALS}}
     _plot_variability(finished, RESULTS_DIR / result["variability_plot"])
-    markdown = _markdown(result)
-    write_result(name, result, markdown)
-    print(markdown)
-    return result
+    return Benchmark(NAME, quick).record(result, report)
 
 
 def _gate(run: dict) -> float | None:
@@ -228,7 +224,7 @@ def _test_set(r: dict) -> str:
     return "full test set" if count is None else f"the test set's first {count} images"
 
 
-def _markdown(r: dict) -> str:
+def report(r: dict) -> str:
     rows = []
     for row in r["summary"]:
         scaled = "" if row["scaled_fraction_mean"] is None else f"{row['scaled_fraction_mean']:.0%}"

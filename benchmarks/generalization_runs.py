@@ -1,17 +1,17 @@
 """The generalization benchmark's runs (`benchmarks.generalization`): the strategies'
-recipes, the runs planned (reference, recipes, ablations, tuned configurations), the key
-under which a finished run is reused, and the runs' log (JSON lines, appended as runs
-finish)."""
+recipes, the runs planned (reference, recipes, ablations, tuned configurations), and the key
+under which a finished run is reused (the runs' log: `benchmarks.common.resumable`)."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from benchmarks import tuning
-from benchmarks.common import RESULTS_DIR, spawn_gloo
+from benchmarks.common import RESULTS_DIR
 
+NAME = "generalization"
 WORLD_SIZE = 2
 REFERENCE_BATCH = 32  # NOTES-ENV: the best-generalising batch here
 TRAIN_SUBSET, EPOCHS, SEEDS = 10_000, 20, (0, 1, 2)  # issue 4's setup
@@ -76,29 +76,9 @@ def run_key(run: dict) -> tuple:
 def variant(quick: bool, batches: tuple[int, ...]) -> tuple[str, dict, list[dict], Path]:
     """(name, settings, planned runs, the runs' log) of one benchmark variant; the tuned
     runs planned are those of the tunings recorded so far (none in --quick)."""
-    name = "generalization" + ("_quick" if quick else "")
+    name = NAME + ("_quick" if quick else "")
     settings = QUICK if quick else {"train_subset": TRAIN_SUBSET, "epochs": EPOCHS,
                                     "seeds": SEEDS, "batches": batches}
     tuned = {} if quick else tuning.read_tuned()
     return (name, settings, plan_runs(**settings, tuned=tuned, quick=quick),
             RESULTS_DIR / f"{name}.runs.jsonl")
-
-
-def recorded_runs(worker: Callable[..., None], runs: list[dict], log: Path,
-                  key: Callable[[dict], tuple], world_size: int) -> list[dict]:
-    """Train, on `world_size` gloo workers (`worker(rank, todo, log)`), the runs of `runs`
-    that `log` does not record yet (runs match by `key`); then the log's records of
-    `runs`, in the order they finished. What a resumable benchmark's runs share."""
-    done = {key(r) for r in read_runs(log)}
-    todo = [r for r in runs if key(r) not in done]
-    if todo:
-        spawn_gloo(worker, world_size, todo, str(log))
-    wanted = {key(r) for r in runs}
-    return [r for r in read_runs(log) if key(r) in wanted]
-
-
-def read_runs(path: Path) -> list[dict]:
-    """The runs a log records, in the order they finished (none if there is no log)."""
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]

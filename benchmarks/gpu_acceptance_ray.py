@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.markdown import markdown_table
+from benchmarks.common import markdown_table
 
 TRAIN_EPOCHS = 2
 # (name, samples, min_batch, max_batch) of each search; the quick one is a CPU smoke test.

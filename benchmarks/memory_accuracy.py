@@ -33,8 +33,7 @@ from typing import Callable
 import numpy as np
 import torch
 
-from benchmarks.common import RESULTS_DIR, provenance, relative_errors, spread, write_result
-from benchmarks.markdown import markdown_table
+from benchmarks.common import Benchmark, markdown_table, relative_errors, spread
 from tula_ray.models import memory
 from tula_ray.training.measure import peak_or_none, probe_peaks
 from tula_ray.space import MIN_BATCH_DEFAULT
@@ -194,19 +193,17 @@ def run(quick: bool = False) -> dict:
     grids = QUICK_GRIDS if quick else GRIDS
     device_bytes = QUICK_DEVICE_MEMORY_BYTES if quick else DEVICE_MEMORY_BYTES
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    name = NAME + ("_quick" if quick else "")
+    benchmark = Benchmark(NAME, quick)
     load_before = os.getloadavg()[0]  # the machine is shared: wall times depend on its load
     models = {model: _measure_model(model, grid, device_bytes, device)
               for model, grid in grids.items()}
-    result = {**provenance(), "device": device.type, "declared_device_memory_bytes": device_bytes,
-              "headroom": memory.HEADROOM_DEFAULT, "min_local_batch": MIN_LOCAL_BATCH,
-              "goal_median_rel_error": GOAL_MEDIAN_REL_ERROR, "models": models,
-              "plot": f"{name}.png", "load_avg_1min": [load_before, os.getloadavg()[0]]}
-    _plot(models, device_bytes, RESULTS_DIR / result["plot"])
-    markdown = _markdown(result)
-    write_result(name, result, markdown)
-    print(markdown)
-    return result
+    load_after, plot = os.getloadavg()[0], benchmark.path(".png")
+    _plot(models, device_bytes, plot)
+    return benchmark.record(
+        {"device": device.type, "declared_device_memory_bytes": device_bytes,
+         "headroom": memory.HEADROOM_DEFAULT, "min_local_batch": MIN_LOCAL_BATCH,
+         "goal_median_rel_error": GOAL_MEDIAN_REL_ERROR, "models": models,
+         "plot": plot.name, "load_avg_1min": [load_before, load_after]}, report)
 
 
 def _plot(models: dict, device_bytes: float, path: Path) -> None:
@@ -249,7 +246,7 @@ def _plot(models: dict, device_bytes: float, path: Path) -> None:
     plt.close(figure)
 
 
-def _markdown(r: dict) -> str:
+def report(r: dict) -> str:
     mb = 1e6
     summary_rows, grid_rows = [], []
     for m in r["models"].values():

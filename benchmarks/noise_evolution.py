@@ -30,8 +30,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import RESULTS_DIR, provenance, write_result
-from benchmarks.markdown import markdown_table
+from benchmarks.common import Benchmark, markdown_table
 
 NAME = "noise_evolution"
 REFERENCE_BATCH = 32
@@ -129,10 +128,8 @@ def calibration(traces: dict[str, list[dict]], early_step: int) -> dict[str, Any
 
 
 def run(quick: bool = False) -> dict:
-    log = RESULTS_DIR / f"{NAME}{'_quick' if quick else ''}.runs.jsonl"
-    if quick:
-        log.unlink(missing_ok=True)
-    RESULTS_DIR.mkdir(parents=True, exist_ok=True)
+    benchmark = Benchmark(NAME, quick)
+    log = benchmark.log()
     recorded = _recorded(log)
     traces: dict[str, list[dict]] = {}
     for label, name, options, epochs, pairs, every in QUICK_WORKLOADS if quick else WORKLOADS:
@@ -144,12 +141,8 @@ def run(quick: bool = False) -> dict:
             points = trace(label, name, options, epochs, pairs, every, log)
         traces[label] = points
     calibrated = dict(list(traces.items())[:CALIBRATED])
-    result = {"provenance": provenance(), "quick": quick, "traces": traces,
-              "calibrations": [calibration(calibrated, s) for s in (0, 100, 400)]}
-    markdown = report(result)
-    write_result(NAME + ("_quick" if quick else ""), result, markdown)
-    print(markdown)
-    return result
+    return benchmark.record({"quick": quick, "traces": traces, "calibrations": [
+        calibration(calibrated, s) for s in (0, 100, 400)]}, report, nested=True)
 
 
 def report(result: dict) -> str:

@@ -31,12 +31,10 @@ import textwrap
 import time
 from pathlib import Path
 
-from benchmarks.common import RESULTS_DIR, provenance, write_result
-from benchmarks.markdown import markdown_table
+from benchmarks.common import Benchmark, markdown_table, provenance
 
 NAME = "own_model"
 ROOT = Path(__file__).resolve().parents[1]
-PARTIAL = RESULTS_DIR / f"{NAME}.partial.json"
 GOAL_ACCURACY = 0.70
 GOAL_REFUSAL_S = 30.0
 BATCH_LIMIT = 256
@@ -178,35 +176,23 @@ def run_driver(part: str, scratch: Path) -> dict:
     return result
 
 
-def _partial(commit: str) -> dict:
-    if PARTIAL.exists():
-        saved = json.loads(PARTIAL.read_text())
-        if saved.get("commit") == commit:
-            return saved
-    return {"commit": commit, "parts": {}}
-
-
 def run(quick: bool = False) -> dict:
-    info = provenance()
+    benchmark = Benchmark(NAME, quick)
     if quick:
-        result = {**info, "plain_loop": plain_loop(epochs=1, train_size=8000)}
-        write_result(f"{NAME}_quick", result, report(result))
-        return result
-    saved = _partial(info["commit"])
-    parts = saved["parts"]
-    if "plain_loop" not in parts:
-        parts["plain_loop"] = {"test_accuracy": plain_loop(epochs=3, train_size=8000)}
-        PARTIAL.write_text(json.dumps(saved, indent=1))
+        return benchmark.record({"plain_loop": plain_loop(epochs=1, train_size=8000)}, report)
+    kept = benchmark.kept_parts(provenance()["commit"])
+    kept.measure("plain_loop", lambda: {"test_accuracy": plain_loop(epochs=3, train_size=8000)})
     for part in ("text-classifier", "batch-limit"):
-        if part in parts:
-            continue
-        with tempfile.TemporaryDirectory(prefix="tula-own-model-") as scratch:
-            parts[part] = run_driver(part, Path(scratch))
-        PARTIAL.write_text(json.dumps(saved, indent=1))
-        print(f"{part}: {json.dumps(parts[part])[:400]}", flush=True)
-    result = {**info, **parts}
-    write_result(NAME, result, report(result))
-    return result
+        fresh = part not in kept.parts
+        measured = kept.measure(part, lambda: _in_scratch(part))
+        if fresh:
+            print(f"{part}: {json.dumps(measured)[:400]}", flush=True)
+    return benchmark.record(dict(kept.parts), report)
+
+
+def _in_scratch(part: str) -> dict:
+    with tempfile.TemporaryDirectory(prefix="tula-own-model-") as scratch:
+        return run_driver(part, Path(scratch))
 
 
 def _goal(met: bool) -> str:

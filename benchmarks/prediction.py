@@ -36,8 +36,9 @@ import numpy as np
 import pandas as pd
 
 from benchmarks import prediction_report
-from benchmarks.common import (RESULTS_DIR, cross_search_errors, provenance,
-                               relative_errors, spread, write_result)
+from benchmarks.common import (RESULTS_DIR, Benchmark, cross_search_errors, provenance,
+                               relative_errors, spread)
+from benchmarks.prediction_report import report
 from benchmarks.replay import (KEY, OBJECTIVES, STRATEGIES, SearchContext, measured_at, metric_of,
                                regret, replay)
 from tula_ray.models.pricing import (USD_PER_GB_HOUR_DEFAULT, USD_PER_NODE_HOUR_DEFAULT, FixedRate,
@@ -238,12 +239,9 @@ def run(quick: bool = False, full_plans: dict | None = None, from_saved: bool = 
         results = {name: _one_workload(name, settings, quick, Path(scratch),
                                        (full_plans or {}).get(name))
                    for name, settings in workloads.items()}
-    result = {**provenance(), "quick": quick, "workloads": results,
-              "load_avg_1min": [load_before, os.getloadavg()[0]]}
-    markdown = prediction_report.markdown(result)
-    write_result(NAME + ("_quick" if quick else ""), result, markdown)
-    print(markdown)
-    return result
+    return Benchmark(NAME, quick).record({"quick": quick, "workloads": results,
+                                          "load_avg_1min": [load_before, os.getloadavg()[0]]},
+                                         report)
 
 
 def _reanalyse() -> dict:
@@ -256,10 +254,7 @@ def _reanalyse() -> dict:
     results = {name: _one_workload(name, settings, False, Path("."), saved=saved[name])
                for name, settings in WORKLOADS.items()}
     first, last = stamps[0], stamps[-1]
-    result = {**provenance(), "quick": False, "workloads": results, "reanalysed": True,
-              "measured": first, "load_avg_1min": [first["load_avg_1min"][0],
-                                                   last["load_avg_1min"][0]]}
-    markdown = prediction_report.markdown(result)
-    write_result(NAME, result, markdown)
-    print(markdown)
-    return result
+    return Benchmark(NAME).record({"quick": False, "workloads": results, "reanalysed": True,
+                                   "measured": first, "load_avg_1min": [
+                                       first["load_avg_1min"][0], last["load_avg_1min"][0]]},
+                                  report)

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from benchmarks.markdown import markdown_table
+from benchmarks.common import markdown_table
 from benchmarks.replay import STRATEGIES
 
 GOALS = {"partial_over_full": 0.25,  # paper: partial / full profiling wall time
@@ -179,7 +179,7 @@ def _goals_markdown(r: dict) -> str:
                            for label, values, ok in goal_rows(r)])
 
 
-def markdown(r: dict) -> str:
+def report(r: dict) -> str:
     """The benchmark's section of BENCHMARKS.md, from its result (`prediction.run`)."""
     load = r["load_avg_1min"]
     sections = "\n".join(_workload_markdown(w) for w in r["workloads"].values())

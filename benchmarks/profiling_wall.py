@@ -27,8 +27,7 @@ import tempfile
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from benchmarks.common import RESULTS_DIR, provenance, write_result
-from benchmarks.markdown import markdown_table
+from benchmarks.common import Benchmark, markdown_table
 from benchmarks.search_cost import DEMO_MAX_BATCH, time_demo
 
 NAME = "profiling_wall"
@@ -94,20 +93,14 @@ def side_by_side(name: str, commits: dict[str, str], runs: int, quick: bool,
     """Every run of the benchmark `name` (`interleaved`), resumed from its log
     (results/NAME.runs.jsonl); --quick: one run, or the one a test already ran (`ran`).
     Writes and prints the result (the runs and their `summarize`), `report` its markdown."""
-    log = RESULTS_DIR / f"{name}{'_quick' if quick else ''}.runs.jsonl"
-    if quick:
-        log.unlink(missing_ok=True)
-    RESULTS_DIR.mkdir(parents=True, exist_ok=True)
+    benchmark = Benchmark(name, quick)
+    log = benchmark.log()
     recorded = recorded_runs(log, commits)
     if quick and ran is not None:
         recorded = [{"commits": commits, "index": 0, "tree": "this", **ran}]
     interleaved(commits, 1 if quick else runs, recorded, log, run_one, show)
-    result = {"provenance": provenance(), "quick": quick, "commits": commits,
-              "runs": recorded, **summarize(recorded)}
-    markdown = report(result)
-    write_result(name + ("_quick" if quick else ""), result, markdown)
-    print(markdown)
-    return result
+    return benchmark.record({"quick": quick, "commits": commits, "runs": recorded,
+                             **summarize(recorded)}, report, nested=True)
 
 
 def interleaved(commits: dict[str, str], runs: int, recorded: list[dict[str, Any]], log: Path,

@@ -17,8 +17,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from benchmarks.common import provenance, write_result
-from benchmarks.markdown import markdown_table
+from benchmarks.common import Benchmark, markdown_table
 
 NAME = "search_cost"
 DEMO_MAX_BATCH = 2048  # the demo's default upper bound
@@ -99,21 +98,17 @@ def run(quick: bool = False, plans: dict | None = None) -> dict:
                     out = Path(scratch, f"{strategy}-{i}")
                     wall = time_demo(strategy, out, Path(scratch, "ray"), max_batch)
                     results[strategy].append(summarise(Plan.from_json(out / "plan.json"), wall))
-    result = {**provenance(), "quick": quick, "load_avg_1min": [load_before, os.getloadavg()[0]],
-              "runs": results,
-              "consistency": {s: consistency(r) for s, r in results.items()},
-              "goal_profiling_s": GOAL_PROFILING_S}
-    markdown = _markdown(result)
-    write_result(NAME + ("_quick" if quick else ""), result, markdown)
-    print(markdown)
-    return result
+    return Benchmark(NAME, quick).record(
+        {"quick": quick, "load_avg_1min": [load_before, os.getloadavg()[0]], "runs": results,
+         "consistency": {s: consistency(r) for s, r in results.items()},
+         "goal_profiling_s": GOAL_PROFILING_S}, report)
 
 
 def _seconds(value) -> str:
     return "-" if value is None else f"{value:.0f}"
 
 
-def _markdown(r: dict) -> str:
+def report(r: dict) -> str:
     rows = []
     for strategy, runs in r["runs"].items():
         for i, x in enumerate(runs, 1):

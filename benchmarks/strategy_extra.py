@@ -24,9 +24,9 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks.common import provenance, spawn_gloo, write_result
-from benchmarks.markdown import markdown_table
+from benchmarks.common import Benchmark, markdown_table, spawn_gloo
 
+NAME = "strategy_extra"
 STRATEGY = "ags-ns"
 GLOBAL_BATCH = 64
 WORLD_SIZE = 2
@@ -134,15 +134,11 @@ def run(quick: bool = False) -> dict[str, Any]:
                 "max_s": float(values.max()), "median_abs_error_s": float(np.median(errors)),
                 "worst_abs_error_s": float(errors.max())})
     plain_step = statistics.median(s for rank in pooled for s in rank["plain"])
-    result = {"provenance": provenance(), "quick": quick, "repeats": repeats,
-              "strategy": STRATEGY, "global_batch": GLOBAL_BATCH, "world_size": WORLD_SIZE,
-              "steps_per_kind": settings["steps"], "reference_s": reference,
-              "reference_median_s": _estimate(pooled, "median"),
-              "plain_step_s": plain_step, "variants": variants}
-    markdown = report(result)
-    write_result("strategy_extra_quick" if quick else "strategy_extra", result, markdown)
-    print(markdown)
-    return result
+    return Benchmark(NAME, quick).record(
+        {"quick": quick, "repeats": repeats, "strategy": STRATEGY, "global_batch": GLOBAL_BATCH,
+         "world_size": WORLD_SIZE, "steps_per_kind": settings["steps"],
+         "reference_s": reference, "reference_median_s": _estimate(pooled, "median"),
+         "plain_step_s": plain_step, "variants": variants}, report, nested=True)
 
 
 def report(result: dict[str, Any]) -> str:

@@ -27,8 +27,7 @@ import os
 import numpy as np
 import pandas as pd
 
-from benchmarks.common import provenance, write_result
-from benchmarks.markdown import markdown_table
+from benchmarks.common import Benchmark, markdown_table
 from benchmarks.replay import OBJECTIVES, STRATEGIES, SearchContext, regret_on
 
 NAME = "strategy_simulation"
@@ -156,19 +155,15 @@ def run(quick: bool = False) -> dict:
                                "max_local_for_grid": max_local, "strategy": strategy,
                                "launches": r["launches"], "candidates": r["candidates"],
                                "profiling_s": r["profiling_s"]})
-    result = {**provenance(), "quick": quick, "seeds": seeds, "grid": {
+    return Benchmark(NAME, quick).record({"quick": quick, "seeds": seeds, "grid": {
         "cluster_sizes": list(cluster_sizes), "batch_sizes": list(batches),
         "max_local_batch": MAX_LOCAL_BATCH}, "model": {
         "intercept_s": INTERCEPT_S, "per_sample_s": PER_SAMPLE_S, "sync_s": SYNC_S,
         "launch_s": LAUNCH_S, "batch_overhead_s": BATCH_OVERHEAD_S},
-        "load_avg_1min": os.getloadavg()[0], "table": table, "growth": growth}
-    markdown = _markdown(result)
-    write_result(NAME + ("_quick" if quick else ""), result, markdown)
-    print(markdown)
-    return result
+        "load_avg_1min": os.getloadavg()[0], "table": table, "growth": growth}, report)
 
 
-def _markdown(r: dict) -> str:
+def report(r: dict) -> str:
     table = markdown_table(
         ["noise", "strategy", "objective", "pricing", "launches", "candidates profiled",
          "profiling cost (s)", "regret median", "regret max abs"],

@@ -54,8 +54,7 @@ from typing import Any
 import numpy as np
 from torch import nn
 
-from benchmarks.common import RESULTS_DIR, provenance, write_result
-from benchmarks.generalization_runs import recorded_runs
+from benchmarks.common import Benchmark, recorded_runs
 from benchmarks.time_to_accuracy_at_target import at_target
 from benchmarks.time_to_accuracy_report import report
 
@@ -264,7 +263,7 @@ def make_plan(settings: dict, quick: bool, index: int = 0):
     from synthetic profiles carrying a gradient noise."""
     from tula_ray.planning.plan import Plan
 
-    path = RESULTS_DIR / f"{NAME}{'_quick' if quick else ''}.plan{index or ''}.json"
+    path = Benchmark(NAME, quick).path(f".plan{index or ''}.json")
     if path.exists() and not quick:
         return Plan.from_json(path)
     if quick:
@@ -386,11 +385,8 @@ def run(quick: bool = False, seeds: int | None = None) -> dict:
     settings = QUICK if quick else FULL
     if seeds is not None:
         settings = {**settings, "seeds": tuple(settings["seeds"][:seeds])}
-    name = NAME + ("_quick" if quick else "")
-    log = RESULTS_DIR / f"{name}.runs.jsonl"
-    if quick:
-        log.unlink(missing_ok=True)
-    RESULTS_DIR.mkdir(parents=True, exist_ok=True)
+    benchmark = Benchmark(NAME, quick)
+    log = benchmark.log()
     # The searches before the training: one Ray each, then none. The first one's plan is
     # the report's tables; every search's choice and errors are set beside it.
     plans = [make_plan(settings, quick, index) for index in range(settings["searches"])]
@@ -402,14 +398,14 @@ def run(quick: bool = False, seeds: int | None = None) -> dict:
         steps = loop_step_seconds(recorded, train_size)
     else:
         steps = train_step_seconds(train_timings(plan, settings,
-                                                 RESULTS_DIR / f"{name}.train.jsonl"),
+                                                 benchmark.path(".train.jsonl")),
                                    settings["train_subset"])
     for target in settings["targets"]:
         on_train_clock(truth[target], recorded, steps, train_size)
     # Each search's plan per target on `train`'s clock; the first's are the report's tables.
     judged = [{str(t): judge(p, truth[t], train_size, held_out, "train_seconds")
                for t in settings["targets"]} for p in plans]
-    result = {"provenance": provenance(), "quick": quick, "settings": settings,
+    return benchmark.record({"quick": quick, "settings": settings,
               "design": {"strategy": STRATEGY, "world_size": WORLD_SIZE,
                          "reference_batch": REFERENCE_BATCH, "train_timed": TRAIN_TIMED},
               "noise": replanned(plan, 1, train_size, "time").meta["noise"], "truth": truth,
@@ -418,11 +414,8 @@ def run(quick: bool = False, seeds: int | None = None) -> dict:
               "loop_targets": {str(t): judge(plan, truth[t], train_size, held_out)
                                for t in settings["targets"]},
               "searches": [searched(p, j) for p, j in zip(plans, judged)],
-              "at_target": at_target(plans, truth, settings, quick, judge, searched)}
-    markdown = report(result)
-    write_result(name, result, markdown)
-    print(markdown)
-    return result
+              "at_target": at_target(plans, truth, settings, quick, judge, searched)},
+                            report, nested=True)
 
 
 def searched(plan, judged: dict[str, dict]) -> dict[str, Any]:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 import statistics
 
-from benchmarks.markdown import markdown_table
+from benchmarks.common import markdown_table
 
 
 def _fmt(value: float, spec: str = ".2f") -> str:
@@ -42,7 +42,8 @@ def report(result: dict) -> str:
              "then: on 10k training images an epoch, B = 32 passed 80 % inside its first "
              "epoch, before any evaluation to interpolate from; 87 % joined 82 and 86 % "
              "when B = 32 was still the fastest at 86 %.\n"]
-    steps = result["train_steps"]
+    # Keyed by B: ints in the run, strings in its recorded JSON.
+    steps = {int(batch): step for batch, step in result["train_steps"].items()}
     lines.append(
         "Measured seconds are on `train`'s clock: the measured epochs x (the training "
         "subset's steps at `tula_ray.train`'s median step at that B + the loop's held-out "

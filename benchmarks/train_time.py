@@ -28,7 +28,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import RESULTS_DIR, provenance, write_result
+from benchmarks.common import RESULTS_DIR, Benchmark, provenance, read_runs
 from benchmarks.train_time_compare import (add_plan_spread, compare, each_search,
                                           median_plan_errors, precision_ratios, profiled,
                                           summary)
@@ -36,6 +36,7 @@ from benchmarks.train_time_report import report
 
 # Three runs per cell: the median of three resists one slow run, which two (their mean)
 # do not; the machine's runs of one cell differ by up to 20 % (NOTES-ENV).
+NAME = "train_time"
 REPEATS = 3
 DEMO_REPEATS = 3  # a new demo search and its choice's training, each time
 EPOCHS = 3
@@ -55,16 +56,6 @@ WORKLOADS = (
 QUICK_WORKLOADS = (("fashion-mnist-cnn", "fashion-mnist-cnn", {"train_subset": 1024},
                     (256, 256), (256,)),)
 QUICK_EPOCHS = 2
-
-
-def _name(quick: bool) -> str:
-    return "train_time_quick" if quick else "train_time"
-
-
-def _recorded(path: Path) -> list[dict[str, Any]]:
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
 def _append(path: Path, record: dict[str, Any]) -> None:
@@ -134,13 +125,14 @@ def run(quick: bool = False, plans: dict[str, Any] | None = None) -> dict:
 
     from tula_ray.cluster import ray_session
 
-    name = _name(quick)
+    benchmark = Benchmark(NAME, quick)
+    name = benchmark.output
     RESULTS_DIR.mkdir(parents=True, exist_ok=True)
-    runs_path = RESULTS_DIR / f"{name}.runs.jsonl"
+    runs_path = benchmark.path(".runs.jsonl")
     if quick:  # a smoke test starts afresh; the full run goes on from what it recorded
         for stale in RESULTS_DIR.glob(f"{name}*"):
             stale.unlink()
-    runs = _recorded(runs_path)
+    runs = read_runs(runs_path)
     workloads = QUICK_WORKLOADS if quick else WORKLOADS
     repeats = 1 if quick else REPEATS
     epochs = QUICK_EPOCHS if quick else EPOCHS
@@ -175,7 +167,7 @@ def run(quick: bool = False, plans: dict[str, Any] | None = None) -> dict:
             demos.append(demo)
     # The headline: the first search's plan against the median of every run, as before.
     rows = compare(searches[0], demos, runs)
-    result = {"provenance": provenance(), "epochs": epochs, "repeats": repeats,
+    result = {"epochs": epochs, "repeats": repeats,
               "demo_repeats": len(demos), "rows": rows, "run_commits": _run_commits(runs),
               "searches": each_search(searches, runs)}
     add_plan_spread(rows, searches)
@@ -188,10 +180,7 @@ def run(quick: bool = False, plans: dict[str, Any] | None = None) -> dict:
     if repeats > 2:  # what the earlier two-run grid would say of these same runs
         result["summary_two_runs"] = summary(
             compare(searches[0], demos, [r for r in runs if r["repeat"] < 2]))
-    markdown = report(result)
-    write_result(name, result, markdown)
-    print(markdown)
-    return result
+    return benchmark.record(result, report, nested=True)
 
 
 def _run_commits(runs: list[dict]) -> dict[str, dict[str, int]]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from benchmarks.markdown import markdown_table
+from benchmarks.common import markdown_table
 
 
 def report(result: dict) -> str:

@@ -156,7 +156,7 @@ def test_memory_benchmarks_record_an_out_of_memory_as_does_not_fit(monkeypatch):
     for checked in m["max_local_batch"]["checked"].values():
         assert checked["bound"] <= 64
         assert any(c["peak_mem_bytes"] is None for c in checked["checks"])  # it tried above
-    assert "out of memory" in memory_accuracy._markdown(
+    assert "out of memory" in memory_accuracy.report(
         {"models": {"cnn": m}, "declared_device_memory_bytes": 2**40, "headroom": 0.1,
          "command": "-", "commit": "-", "date": "-", "machine": "-", "load_avg_1min": [0, 0],
          "device": "cpu", "goal_median_rel_error": 0.05, "plot": "-"})
