@@ -22,7 +22,6 @@ Without a GPU it exits non-zero saying so; `--allow-cpu` runs it on the CPU (tes
 
 from __future__ import annotations
 
-import functools
 import gc
 import importlib.util
 import os
@@ -34,13 +33,12 @@ import time
 from typing import Any
 
 import torch
-from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data import DataLoader
 
 from benchmarks.common import Benchmark, markdown_table
+from benchmarks.gpu_synthetic import EPOCHS, TEST_SAMPLES, synthetic_workload
 
 NAME = "gpu_acceptance"
-EPOCHS = 3
-TEST_SAMPLES = 2000  # the synthetic test set each `fit` epoch is scored on
 WARMUP_SECONDS = 0.5
 MEASURE_SECONDS = 1.0
 # (name, samples, global batches, precisions); the quick variant is a smoke test.
@@ -54,27 +52,6 @@ QUICK_EPOCHS, QUICK_TEST_SAMPLES = 2, 64
 # (name, samples, local batches the memory model predicts, above the probe's 16, 32, 64)
 MEMORY_GRID = (("cnn", 60_000, (256, 1024, 4096)), ("resnet18", 20_000, (128, 256, 512)))
 QUICK_MEMORY_GRID = (("cnn", 512, (128, 256)),)
-
-
-def synthetic_data(samples: int, seed: int = 0) -> TensorDataset:
-    """Fashion-MNIST-shaped random images and labels, in memory (no download)."""
-    generator = torch.Generator().manual_seed(seed)
-    return TensorDataset(torch.randn(samples, 1, 28, 28, generator=generator),
-                         torch.randint(0, 10, (samples,), generator=generator))
-
-
-def synthetic_workload(name: str, samples: int, precision: str = "fp32",
-                       test_samples: int = TEST_SAMPLES):
-    from tula_ray.workloads import FashionCNN, Workload
-    from tula_ray.workloads.workload import torchvision_model
-
-    model_fn = FashionCNN if name == "cnn" else functools.partial(torchvision_model, name)
-    return Workload(f"{name}-synthetic", model_fn=model_fn,
-                    train_dataset_fn=functools.partial(synthetic_data, samples),
-                    test_dataset_fn=functools.partial(synthetic_data, test_samples, 1),
-                    epochs=EPOCHS,
-                    train_size=samples, sample_shape=(1, 28, 28), num_classes=10,
-                    precision=precision)
 
 
 def environment(device: torch.device) -> dict[str, Any]:

@@ -4,7 +4,7 @@ choice is judged on a true table against the oracle's (`policy.choose` on that t
 
 Shared by the prediction benchmark (each strategy replayed on the measurements of a
 recorded full search: `replay`) and the strategy simulation (synthetic measurements fed
-through the Tune adapter, `searchers.TulaSearcher`): both plan with a `SearchContext`
+to the search strategy in the Tune adapter's rounds): both plan with a `SearchContext`
 and judge with `regret`.
 """
 

@@ -1,10 +1,11 @@
 """Issue 11, item 6: the search strategies past this machine, by simulation.
 
 Synthetic profiles of the paper's own grid (N in {2, 4, 8, 16}, B from 32 to the memory
-bound), drawn from a known model with GPU-like noise and launch costs, fed through the
-real adapter (`searchers.TulaSearcher`: the same rounds, one worker group per N, an OOM
-ends a sweep) and the real planner (`build_plan`). No Ray is started (the adapter's
-module imports ray.tune's `Searcher` class only); the whole run takes seconds.
+bound), drawn from a known model with GPU-like noise and launch costs, fed to the real
+search strategy (`tula_ray.planning.search_strategies`, in the rounds the Tune adapter
+runs it: one worker group per N, its batches smallest first; the grid stops at the memory
+bound, so no simulated group runs out of memory) and the real planner (`build_plan`).
+No Ray; the whole run takes seconds.
 
 Ground truth (paper eq. 2a-2c, 4a), ResNet-50-like on one V100 per worker: compute
 INTERCEPT_S + PER_SAMPLE_S * b, ring all-reduce SYNC_S * (1 - 1/N) (~100 MB of fp32
@@ -40,6 +41,7 @@ LAUNCH_S = 45.0  # a worker group on GPU nodes: processes, CUDA context, NCCL in
 BATCH_OVERHEAD_S = 2.0  # loader, memory check, per batch inside a launched group
 WARMUP_STEPS, MEASURE_STEPS = 3, 8  # the profiling loop's defaults, two timed phases
 EPOCHS, DATASET = 100, 50_000  # CIFAR-10-sized training (eq. 4a)
+MAX_ROUNDS = 1000  # as the Tune adapter: a strategy that never ends is a bug, not a hang
 NOISES = (0.02, 0.05)
 SEEDS = 20
 QUICK_SEEDS = 1
@@ -79,42 +81,54 @@ def _truth_table(space, pricing):
 def simulate(strategy: str, cluster_sizes, batch_sizes, noise: float, seed: int,
              objective: str = "knee", pricing=None) -> dict:
     """One search: rows, launches, profiling seconds, and its plan."""
-    from ray.tune.search import Searcher
-
-    from searchers import TulaSearcher
     from tula_ray.models.pricing import FixedRate
-    from tula_ray.profile_table import profile_frame
+    from tula_ray.planning.search_strategies import make_search_strategy
+    from tula_ray.profile_table import profile_frame, profile_row
 
     pricing = pricing or FixedRate()
     context = _context(cluster_sizes, batch_sizes)
-    searcher = TulaSearcher(context.grid(), strategy,
-                            context.strategy_options(strategy, objective, pricing))
+    search = make_search_strategy(strategy,
+                                  context.strategy_options(strategy, objective, pricing))
+    candidates = sorted(set(context.grid()))
     rng = np.random.default_rng(seed)
-    seconds, launches = 0.0, 0
-    for trial in range(1000):
-        config = searcher.suggest(f"t{trial}")
-        if config == Searcher.FINISHED:
+    rows: dict[tuple[int, int], dict] = {}  # (N, B) -> profile row, in the order measured
+    seconds, launches, rounds = 0.0, 0, 0
+    while rounds < MAX_ROUNDS:
+        proposal = search.propose(candidates, profile_frame(rows.values()))
+        fresh = [c for c in proposal.candidates if (c.num_workers, c.global_batch) not in rows]
+        if not fresh:
             break
-        n, level = config["num_workers"], rng.uniform(1 - noise, 1 + noise)
-        launches += 1
-        seconds += LAUNCH_S
-        for b in config["global_batches"]:
-            factor = level * rng.uniform(1 - noise / 2, 1 + noise / 2)
-            compute = (INTERCEPT_S + PER_SAMPLE_S * b / n) * factor
-            sync = SYNC_S * (1 - 1 / n) * factor
-            step = compute + sync
-            seconds += (WARMUP_STEPS + 2 * MEASURE_STEPS) * step + BATCH_OVERHEAD_S
-            searcher.on_trial_result(f"t{trial}", {
-                "num_workers": n, "global_batch": b, "local_batch": b // n, "status": "ok",
-                "error": "", "compute_time_s": compute, "sync_time_s": sync, "step_time_s": step,
-                "samples_per_s": b / step, "step_time_spread": noise, "round": config["round"],
-                "launch_wall_s": LAUNCH_S, "profile_wall_s": BATCH_OVERHEAD_S,
-                "peak_mem_bytes": STATIC_BYTES + BYTES_PER_SAMPLE * b / n})
-        searcher.on_trial_complete(f"t{trial}")
-    rows = profile_frame(searcher.profiles)
-    plan = context.plan(rows, strategy, objective, pricing)
+        rounds += 1
+        for n, batches in _launches(fresh):
+            level = rng.uniform(1 - noise, 1 + noise)
+            launches += 1
+            seconds += LAUNCH_S
+            for b in batches:
+                factor = level * rng.uniform(1 - noise / 2, 1 + noise / 2)
+                compute = (INTERCEPT_S + PER_SAMPLE_S * b / n) * factor
+                sync = SYNC_S * (1 - 1 / n) * factor
+                step = compute + sync
+                seconds += (WARMUP_STEPS + 2 * MEASURE_STEPS) * step + BATCH_OVERHEAD_S
+                rows[n, b] = profile_row(n, b, {
+                    "num_workers": n, "global_batch": b, "local_batch": b // n,
+                    "status": "ok", "error": "", "compute_time_s": compute,
+                    "sync_time_s": sync, "step_time_s": step, "samples_per_s": b / step,
+                    "step_time_spread": noise, "round": rounds, "launch_wall_s": LAUNCH_S,
+                    "profile_wall_s": BATCH_OVERHEAD_S,
+                    "peak_mem_bytes": STATIC_BYTES + BYTES_PER_SAMPLE * b / n})
+    frame = profile_frame(rows.values())
+    plan = context.plan(frame, strategy, objective, pricing)
     return {"plan": plan, "launches": launches, "profiling_s": seconds,
-            "candidates": len(rows), "rounds": searcher.rounds}
+            "candidates": len(frame), "rounds": rounds}
+
+
+def _launches(candidates) -> list[tuple[int, list[int]]]:
+    """A round's worker groups, as the Tune adapter launches them: one per N, smallest
+    first, each profiling its batches smallest first."""
+    by_size: dict[int, set[int]] = {}
+    for c in candidates:
+        by_size.setdefault(c.num_workers, set()).add(c.global_batch)
+    return [(n, sorted(batches)) for n, batches in sorted(by_size.items())]
 
 
 def run(quick: bool = False) -> dict:

@@ -59,7 +59,7 @@ def measured_phis(settings: dict, steps: dict[str, float], window: int, quick: b
     import torch
 
     import tula_ray
-    from benchmarks.time_to_accuracy import REFERENCE_BATCH, held_out_workload
+    from benchmarks.time_to_accuracy_runs import REFERENCE_BATCH, held_out_workload
     from tula_ray.training.batches import training_batches
     from tula_ray.training.strategy_base import StrategySetup
 
@@ -99,7 +99,7 @@ def at_target(plans: list, truth: dict, settings: dict, quick: bool, judge: Call
               searched: Callable) -> dict[str, Any]:
     """Every search's plan re-made per target with the measured phi at that target
     (`judge(..., noise_scale=)` on `train`'s clock), and the trace's cross-check."""
-    from benchmarks.time_to_accuracy import NAME, REFERENCE_BATCH
+    from benchmarks.time_to_accuracy_runs import NAME, REFERENCE_BATCH
 
     train_size = settings["train_subset"]
     steps = {str(t): truth[t][REFERENCE_BATCH]["epochs"] * train_size / REFERENCE_BATCH

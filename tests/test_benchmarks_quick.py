@@ -297,7 +297,7 @@ def test_time_to_accuracy_quick():
 def test_time_to_accuracy_holds_out_images_it_never_trains_on():
     """The ground truth trains on the subset a search of it profiles (the first k images)
     and scores the next ones: disjoint, the test set untouched."""
-    from benchmarks.time_to_accuracy import held_out_workload
+    from benchmarks.time_to_accuracy_runs import held_out_workload
     from tula_ray.workloads.datasets import fashion_mnist
 
     workload = held_out_workload(train_subset=100, held_out=50)
@@ -311,7 +311,7 @@ def test_time_to_accuracy_holds_out_images_it_never_trains_on():
 def test_time_to_accuracy_on_trains_clock():
     """Measured epochs to a target x (whole steps of the training split at `train`'s step
     + the loop's median evaluation); NaN at a B that `train` did not time."""
-    from benchmarks.time_to_accuracy import on_train_clock, whole_steps
+    from benchmarks.time_to_accuracy_runs import on_train_clock, whole_steps
 
     assert whole_steps(8000, 2048) == 3 and whole_steps(8000, 32) == 250
     truth = {32: {"epochs": 1.5, "seconds": 9.0}, 64: {"epochs": 2.0, "seconds": 9.0}}
