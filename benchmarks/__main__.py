@@ -12,20 +12,25 @@ from pathlib import Path
 
 from benchmarks.common import RESULTS_DIR
 
-BENCHMARKS = {"search": "benchmarks.search_cost", "ags-overhead": "benchmarks.ags_overhead",
-              "generalization": "benchmarks.generalization", "memory": "benchmarks.memory_accuracy",
-              "batch-finder": "benchmarks.batch_finder", "prediction": "benchmarks.prediction",
-              "simulation": "benchmarks.strategy_simulation",
-              "first-contact": "benchmarks.first_contact",
-              "train-time": "benchmarks.train_time",
-              "profiling-wall": "benchmarks.profiling_wall",
-              "demo-startup": "benchmarks.demo_startup",
-              "noise-evolution": "benchmarks.noise_evolution",
-              "equal-progress": "benchmarks.equal_progress",
-              "time-to-accuracy": "benchmarks.time_to_accuracy",
-              "strategy-extra": "benchmarks.strategy_extra",
-              "own-model": "benchmarks.own_model",
-              "gpu-acceptance": "benchmarks.gpu_acceptance"}
+# NAME -> the module whose run(quick=...) it is (each names its results, NAME.json/.md, and
+# its report), by kind: what the plan predicts, training, accuracy, start-up, the GPU run.
+BENCHMARKS = {"search": "benchmarks.prediction.search_cost",
+              "ags-overhead": "benchmarks.training.ags_overhead",
+              "generalization": "benchmarks.training.generalization",
+              "memory": "benchmarks.prediction.memory_accuracy",
+              "batch-finder": "benchmarks.prediction.batch_finder",
+              "prediction": "benchmarks.prediction.prediction",
+              "simulation": "benchmarks.prediction.strategy_simulation",
+              "first-contact": "benchmarks.startup.first_contact",
+              "train-time": "benchmarks.prediction.train_time",
+              "profiling-wall": "benchmarks.startup.profiling_wall",
+              "demo-startup": "benchmarks.startup.demo_startup",
+              "noise-evolution": "benchmarks.accuracy.noise_evolution",
+              "equal-progress": "benchmarks.training.equal_progress",
+              "time-to-accuracy": "benchmarks.accuracy.time_to_accuracy",
+              "strategy-extra": "benchmarks.training.strategy_extra",
+              "own-model": "benchmarks.startup.own_model",
+              "gpu-acceptance": "benchmarks.gpu.acceptance"}
 SEEDED = ("equal-progress", "time-to-accuracy")  # benchmarks that take --seeds
 REPORT = Path(__file__).parents[1] / "BENCHMARKS.md"
 HEADER = """# Benchmarks

@@ -12,7 +12,7 @@ pytestmark = pytest.mark.ray
 
 
 def test_first_contact_quick(ray_session, monkeypatch):
-    from benchmarks import first_contact
+    from benchmarks.startup import first_contact
     from tula_ray.cluster import ADDRESS_ENV
 
     monkeypatch.setenv(ADDRESS_ENV, ray_session)  # the benchmark's drivers inherit it

@@ -20,7 +20,7 @@ from benchmarks.common import RESULTS_DIR
 
 
 def test_memory_accuracy_quick():
-    from benchmarks import memory_accuracy
+    from benchmarks.prediction import memory_accuracy
 
     result = memory_accuracy.run(quick=True)
     assert {"command", "commit", "date", "machine", "declared_device_memory_bytes", "models",
@@ -62,7 +62,7 @@ def test_memory_accuracy_quick():
 
 def test_batch_finder_quick():
     pytest.importorskip("lightning")
-    from benchmarks import batch_finder
+    from benchmarks.prediction import batch_finder
 
     result = batch_finder.run(quick=True)
     assert {"command", "commit", "tula", "lightning", "truth",
@@ -95,8 +95,8 @@ def test_batch_finder_quick():
 
 def test_generalization_quick():
     """Two gloo workers (torch.multiprocessing), one seed, one epoch, every strategy."""
-    from benchmarks import generalization
-    from benchmarks.generalization_runs import QUICK, REFERENCE_BATCH, STRATEGY_RUNS
+    from benchmarks.training import generalization
+    from benchmarks.training.generalization_runs import QUICK, REFERENCE_BATCH, STRATEGY_RUNS
 
     result = generalization.run(quick=True)
     labels = {"reference", *STRATEGY_RUNS}
@@ -114,7 +114,7 @@ def test_generalization_quick():
 
 
 def test_ags_overhead_quick():
-    from benchmarks import ags_overhead
+    from benchmarks.training import ags_overhead
 
     result = ags_overhead.run(quick=True)
     assert result["rounds"] == ags_overhead.QUICK_ROUNDS
@@ -135,7 +135,7 @@ def test_memory_benchmarks_record_an_out_of_memory_as_does_not_fit(monkeypatch):
     OutOfMemoryError above b = 64, as a full device would."""
     import torch
 
-    from benchmarks import memory_accuracy
+    from benchmarks.prediction import memory_accuracy
     from tula_ray.training import measure
 
     real = measure.peak_memory_bytes
@@ -211,7 +211,7 @@ def test_gpu_acceptance_refuses_without_a_gpu_and_its_ray_free_half_runs_on_cpu(
 def test_noise_evolution_quick():
     """Issue 25's measurement along a run, smoke test: phi at steps 0, 25 and the epoch's end
     of a 1024-image CNN run, each from 4 pairs."""
-    from benchmarks import noise_evolution
+    from benchmarks.accuracy import noise_evolution
 
     result = noise_evolution.run(quick=True)
     (points,) = result["traces"].values()
@@ -224,7 +224,7 @@ def test_noise_evolution_quick():
 def test_equal_progress_quick():
     """Issue 25's Table I at equal progress, smoke test: the B = 32 reference for 1 epoch of
     512 images beside AGS-NS at B = 64 trained to that epoch's progress (1 or 2 epochs)."""
-    from benchmarks import equal_progress
+    from benchmarks.training import equal_progress
 
     result = equal_progress.run(quick=True)
     reference, ags_ns = result["rows"]
@@ -239,7 +239,7 @@ def test_equal_progress_quick():
 def test_strategy_extra_quick():
     """The strategy-extra benchmark, smoke test: 3 repeats of the profile's strategy phase
     on two gloo workers (no Ray), every layout of blocks estimated both ways."""
-    from benchmarks import strategy_extra
+    from benchmarks.training import strategy_extra
 
     result = strategy_extra.run(quick=True)
     variants = result["variants"]
@@ -258,7 +258,7 @@ def test_strategy_extra_quick():
 def test_time_to_accuracy_quick():
     """Issue 25's time-to-accuracy benchmark, smoke test: B = 32 and 128 on 512 images to
     two low targets, judged against a plan from synthetic profiles (no Ray)."""
-    from benchmarks import time_to_accuracy
+    from benchmarks.accuracy import time_to_accuracy
 
     result = time_to_accuracy.run(quick=True)
     settings = time_to_accuracy.QUICK
@@ -297,7 +297,7 @@ def test_time_to_accuracy_quick():
 def test_time_to_accuracy_holds_out_images_it_never_trains_on():
     """The ground truth trains on the subset a search of it profiles (the first k images)
     and scores the next ones: disjoint, the test set untouched."""
-    from benchmarks.time_to_accuracy_runs import held_out_workload
+    from benchmarks.accuracy.time_to_accuracy_runs import held_out_workload
     from tula_ray.workloads.datasets import fashion_mnist
 
     workload = held_out_workload(train_subset=100, held_out=50)
@@ -311,7 +311,7 @@ def test_time_to_accuracy_holds_out_images_it_never_trains_on():
 def test_time_to_accuracy_on_trains_clock():
     """Measured epochs to a target x (whole steps of the training split at `train`'s step
     + the loop's median evaluation); NaN at a B that `train` did not time."""
-    from benchmarks.time_to_accuracy_runs import on_train_clock, whole_steps
+    from benchmarks.accuracy.time_to_accuracy_runs import on_train_clock, whole_steps
 
     assert whole_steps(8000, 2048) == 3 and whole_steps(8000, 32) == 250
     truth = {32: {"epochs": 1.5, "seconds": 9.0}, 64: {"epochs": 2.0, "seconds": 9.0}}
@@ -326,7 +326,7 @@ def test_time_to_accuracy_on_trains_clock():
 def test_time_to_accuracy_pools_the_traced_phi_near_a_target():
     """phi at a target's step: the |G|^2 and tr(Sigma) of the trace's points within the
     window, weighted by their pairs, then their ratio (not a mean of the points' ratios)."""
-    from benchmarks.time_to_accuracy_at_target import phi_near
+    from benchmarks.accuracy.time_to_accuracy_at_target import phi_near
 
     trace = [{"step": 100, "grad_sqr": 1.0, "grad_var": 100.0, "pairs": 32},
              {"step": 200, "grad_sqr": 3.0, "grad_var": 100.0, "pairs": 32},
@@ -340,7 +340,7 @@ def test_time_to_accuracy_pools_the_traced_phi_near_a_target():
 
 
 def test_profiling_wall_checks_out_an_earlier_commit_and_removes_it():
-    from benchmarks.profiling_wall import REPO, checkout, commit_of
+    from benchmarks.startup.profiling_wall import REPO, checkout, commit_of
 
     with checkout("HEAD") as tree:
         assert commit_of(tree) == commit_of(REPO)
@@ -349,7 +349,7 @@ def test_profiling_wall_checks_out_an_earlier_commit_and_removes_it():
 
 
 def test_train_time_keeps_bf16_out_of_the_fp32_goal_and_sets_it_beside_fp32():
-    from benchmarks.train_time_compare import precision_ratios, summary
+    from benchmarks.prediction.train_time_compare import precision_ratios, summary
 
     def row(workload, predicted, measured):
         return {"workload": workload, "num_workers": 2, "global_batch": 128,
@@ -369,7 +369,7 @@ def test_train_time_keeps_bf16_out_of_the_fp32_goal_and_sets_it_beside_fp32():
 def test_train_time_sets_each_search_beside_the_runs_and_the_plans_spread():
     import pandas as pd
 
-    from benchmarks.train_time_compare import add_plan_spread, compare, each_search
+    from benchmarks.prediction.train_time_compare import add_plan_spread, compare, each_search
 
     class FakePlan:  # the two parts of a Plan the comparison reads
         def __init__(self, epoch_s):
@@ -403,7 +403,7 @@ def test_train_time_sets_each_search_beside_the_runs_and_the_plans_spread():
 def test_own_model_quick():
     """Issue 41's acceptance benchmark, smoke test: its workload (integer tokens in a custom
     Dataset, Adam) learns in a plain loop; the Ray parts run in the full benchmark only."""
-    from benchmarks import own_model
+    from benchmarks.startup import own_model
 
     result = own_model.run(quick=True)
     (accuracy,) = result["plain_loop"]

@@ -1,4 +1,4 @@
-"""The tuned half of the Table I benchmark (`benchmarks.tuning`): what it records, what it
+"""The tuned half of the Table I benchmark (`benchmarks.training.tuning`): what it records, what it
 resumes, and the runs it plans. The tuner is the test's own (`tula_ray.tune_training` on
 Ray is tested in test_tune_training_ray.py); no Ray here."""
 
@@ -6,7 +6,9 @@ from types import SimpleNamespace
 
 import pandas as pd
 
-from benchmarks import generalization_report, generalization_runs, tuning
+from benchmarks.training import generalization_report
+from benchmarks.training import generalization_runs
+from benchmarks.training import tuning
 
 STRATEGIES = {"lrs": ("lrs", {}), "lars": ("lars", {"trust": 0.02})}
 

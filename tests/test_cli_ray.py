@@ -107,7 +107,8 @@ def test_demo_searches_to_a_time_to_accuracy(joined, tmp_path):
     its own, timed from the inside), which then reports it, and so does the profiling-wall
     benchmark: both benchmarks' smoke tests. (The console script itself runs in
     tests/test_benchmarks_first_contact.py: `python -m tula_ray.cli demo` with no data.)"""
-    from benchmarks import demo_startup, profiling_wall
+    from benchmarks.startup import demo_startup
+    from benchmarks.startup import profiling_wall
     from benchmarks.common import RESULTS_DIR
 
     out = tmp_path / "demo"

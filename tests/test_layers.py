@@ -8,7 +8,7 @@ import functools
 
 import pytest
 
-from layers import LAYERS, modules, place, project_imports
+from layers import LAYERS, NOT_FOR_BENCHMARKS, modules, place, project_imports
 
 MAX_MODULE_LINES = 400
 
@@ -41,6 +41,13 @@ def test_imports_flow_downwards(module):
         assert not (upward or sideways), (
             f"{module} ({LAYERS[layer][0]}) imports {target} ({LAYERS[target_layer][0]}): "
             "imports flow downwards only, and the groups of a layer stay independent")
+
+
+@pytest.mark.parametrize("module", sorted(m for m in KNOWN if m.startswith("benchmarks")))
+def test_benchmarks_measure_through_the_public_api(module):
+    adapters = {t for t in _edges()[module] if t.split(".")[0] in NOT_FOR_BENCHMARKS}
+    assert not adapters, (f"{module} imports {sorted(adapters)}: a benchmark goes through "
+                          "tula_ray (its API and subpackages), not the Ray adapters")
 
 
 def test_no_import_cycle():
@@ -86,3 +93,9 @@ def test_the_check_sees_a_violation():
     assert entry[0] < core[0]
     assert place("searchers.tula_searcher")[0] == place("trainables.profiling_loop")[0]
     assert place("searchers.tula_searcher")[1] != place("trainables.profiling_loop")[1]
+    # benchmarks on top, their kinds side by side over what they share
+    assert place("benchmarks.prediction.replay")[0] < place("tula_ray.cli")[0]
+    assert place("benchmarks.startup.demo_startup")[0] < place("benchmarks.prediction.replay")[0]
+    training, accuracy = place("benchmarks.training.tuning"), place("benchmarks.accuracy.replay")
+    assert training[0] == accuracy[0] and training[1] != accuracy[1]
+    assert place("benchmarks.common.results")[0] > training[0]

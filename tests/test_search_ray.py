@@ -326,7 +326,7 @@ def test_the_searcher_state_is_json_and_a_restored_searcher_repeats_nothing(full
 
 def test_prediction_benchmark_quick_on_the_full_search(full_plan):
     """The prediction benchmark's smoke test (issue 5), on this module's full search."""
-    from benchmarks import prediction
+    from benchmarks.prediction import prediction
 
     result = prediction.run(quick=True, full_plans={full_plan.workload: full_plan})
     assert {"command", "commit", "date", "machine", "workloads", "load_avg_1min"} <= set(result)
@@ -367,7 +367,7 @@ def test_prediction_benchmark_quick_on_the_full_search(full_plan):
 def test_search_cost_benchmark_quick_on_this_modules_searches(full_plan, adaptive_plan):
     """The demo benchmark's smoke test (issue 11), on this module's searches: its
     plumbing (the full search's plan stands in for the partial runs it reads)."""
-    from benchmarks import search_cost
+    from benchmarks.prediction import search_cost
 
     result = search_cost.run(quick=True, plans={"partial": [full_plan, full_plan],
                                                 "adaptive": [adaptive_plan]})

@@ -4,8 +4,8 @@ import math
 
 from result_checks import table_rows
 
-from benchmarks import strategy_simulation as simulation
 from benchmarks.common import RESULTS_DIR
+from benchmarks.prediction import strategy_simulation as simulation
 
 
 def test_the_simulation_counts_launches_per_cluster_size_and_round():

@@ -193,7 +193,7 @@ def test_train_time_benchmark_quick(ray_session):
     tests/test_search_ray.py's."""
     from result_checks import table_rows
 
-    from benchmarks import train_time
+    from benchmarks.prediction import train_time
     from benchmarks.common import RESULTS_DIR
 
     label, workload, options, _, (batch,) = train_time.QUICK_WORKLOADS[0]

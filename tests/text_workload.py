@@ -1,6 +1,6 @@
 """A user's text classifier (issue 41): integer tokens in a Dataset of their own (the
 DataLoader path), an `EmbeddingBag` model and Adam. The same shape of workload as the
-one `benchmarks/own_model.py` trains to an accuracy; here it is small and only has to
+one `benchmarks/startup/own_model.py` trains to an accuracy; here it is small and only has to
 run through the search's paths."""
 
 import torch

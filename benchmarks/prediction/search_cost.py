@@ -4,7 +4,7 @@ demo could use. Each run is the command a user types (a subprocess with its own 
 Ray), one after the other on an otherwise idle machine.
 
 The model's accuracy and the strategies' regret on the same grid are in
-`benchmarks/prediction.py`; this is what a user of the demo sees.
+`benchmarks/prediction/prediction.py`; this is what a user of the demo sees.
 """
 
 from __future__ import annotations

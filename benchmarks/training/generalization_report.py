@@ -1,4 +1,4 @@
-"""The generalization benchmark's report (`benchmarks.generalization`), from the runs
+"""The generalization benchmark's report (`benchmarks.training.generalization`), from the runs
 finished so far: the summary per B and strategy, issue 12's goals, the safest strategy
 when B is not known in advance, the Fig. 7 analog (where AGS's steps fall against its
 gate) and the markdown."""
@@ -12,10 +12,10 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmarks import tuning
+import benchmarks.training.tuning as tuning  # a sibling module, not the package face
 from benchmarks.common import RESULTS_DIR, Benchmark, markdown_table, read_runs
-from benchmarks.generalization_runs import (LARGE_BATCHES, NAME, REFERENCE_BATCH, STRATEGY_RUNS,
-                                            WORLD_SIZE, run_key, variant)
+from benchmarks.training.generalization_runs import (LARGE_BATCHES, NAME, REFERENCE_BATCH,
+                                                     STRATEGY_RUNS, WORLD_SIZE, run_key, variant)
 from tula_ray.ags import DELTA_DEFAULT
 from tula_ray.training.ags_strategy import NOISE_SCALE_DEFAULTS
 

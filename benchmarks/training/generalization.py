@@ -10,7 +10,7 @@ default's shape), so PoLo really goes local and the DDP-local gradient exists. E
 run is set up by `tula_ray.training.run.prepare_run` and each epoch is
 `tula_ray.training.epochs.train_epoch`, the code `tula_ray.train()` runs on Ray.
 
-Then each strategy tuned with the same budget (`benchmarks.tuning`: at B = 1024, carried
+Then each strategy tuned with the same budget (`benchmarks.training.tuning`: at B = 1024, carried
 to 512 and 2048 by the strategy's own scaling rule) and trained with its tuned
 configuration in the same way, label "<strategy> tuned" (not in --quick).
 
@@ -20,8 +20,8 @@ the tables from the runs so far (each row says over how many seeds). A label's
 `RECIPE_VERSIONS` entry changes when its code changes behaviour: records of an older
 version stay in the file but are neither reused nor reported.
 
-This module trains the runs; what is run is `benchmarks.generalization_runs`'s, the
-summary, goals, figure and markdown are `benchmarks.generalization_report`'s.
+This module trains the runs; what is run is `benchmarks.training.generalization_runs`'s, the
+summary, goals, figure and markdown are `benchmarks.training.generalization_report`'s.
 """
 
 from __future__ import annotations
@@ -34,11 +34,11 @@ from typing import Any
 
 from torch import nn
 
-from benchmarks import tuning
+import benchmarks.training.tuning as tuning  # a sibling module, not the package face
 from benchmarks.common import RESULTS_DIR, read_runs, spawn_gloo
-from benchmarks.generalization_report import record, report
-from benchmarks.generalization_runs import (EPOCHS, LARGE_BATCHES, NAME, STRATEGY_RUNS,
-                                            TRAIN_SUBSET, WORLD_SIZE, run_key, variant)
+from benchmarks.training.generalization_report import record, report
+from benchmarks.training.generalization_runs import (EPOCHS, LARGE_BATCHES, NAME, STRATEGY_RUNS,
+                                                     TRAIN_SUBSET, WORLD_SIZE, run_key, variant)
 
 # A benchmark's module names its results and its report (the check that rebuilds every
 # report from results/ reads them): this one's live beside its runs and its tables.

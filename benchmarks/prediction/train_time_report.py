@@ -1,4 +1,4 @@
-"""The train-time benchmark's report (`benchmarks.train_time`): its result as markdown,
+"""The train-time benchmark's report (`benchmarks.prediction.train_time`): its result as markdown,
 the file's and the screen's."""
 
 from __future__ import annotations

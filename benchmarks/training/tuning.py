@@ -12,7 +12,7 @@ is the strategy's own rule.
 
 Resumes: each strategy's tuning is appended to `generalization.tuned.jsonl` when it
 finishes (an interrupted tuning starts over: its trials are not kept); the final runs
-go to the recipe runs' log and resume with it (`benchmarks.generalization`).
+go to the recipe runs' log and resume with it (`benchmarks.training.generalization`).
 """
 
 from __future__ import annotations

@@ -37,13 +37,13 @@ SEARCHES = (("cnn", 60_000, 32, 2048), ("resnet18", 20_000, 32, 512))
 QUICK_SEARCHES = (("cnn", 256, 64, 64),)
 QUICK_TIMING = dict(warmup_steps=1, measure_steps=3, measure_seconds=0.1)
 NCCL_LIMIT_S = 180  # the NCCL error must come well within this; past it the run "hung"
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _search(name: str, samples: int, low: int, high: int, precision: str, storage: str,
             quick: bool):
     import tula_ray
-    from benchmarks.gpu_synthetic import synthetic_workload
+    from benchmarks.gpu.synthetic import synthetic_workload
 
     return tula_ray.search(synthetic_workload(name, samples), cluster_sizes=(1,),
                            strategy="full", min_batch=low, max_batch=high, precision=precision,
@@ -79,7 +79,7 @@ def twice(first, second) -> list[dict[str, Any]]:
 def trained(plan, name: str, samples: int, storage: str) -> dict[str, Any]:
     """`tula_ray.train` of the plan's choice for TRAIN_EPOCHS epochs against its epoch time."""
     import tula_ray
-    from benchmarks.gpu_synthetic import synthetic_workload
+    from benchmarks.gpu.synthetic import synthetic_workload
 
     result = tula_ray.train(plan, "lbt", workload=synthetic_workload(name, samples),
                             epochs=TRAIN_EPOCHS, storage_path=storage)
@@ -93,7 +93,7 @@ def trained(plan, name: str, samples: int, storage: str) -> dict[str, Any]:
 NCCL_CHILD = """
 import dataclasses, json, sys, time
 import tula_ray
-from benchmarks.gpu_synthetic import synthetic_workload
+from benchmarks.gpu.synthetic import synthetic_workload
 from tula_ray.failures import classify
 plan = tula_ray.Plan.from_json(sys.argv[1])
 plan = dataclasses.replace(plan, choice=dataclasses.replace(plan.choice, num_workers=2))

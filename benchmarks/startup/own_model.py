@@ -34,7 +34,7 @@ from pathlib import Path
 from benchmarks.common import Benchmark, markdown_table, provenance
 
 NAME = "own_model"
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 GOAL_ACCURACY = 0.70
 GOAL_REFUSAL_S = 30.0
 BATCH_LIMIT = 256

@@ -36,7 +36,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from benchmarks.common import Benchmark, markdown_table
-from benchmarks.gpu_synthetic import EPOCHS, TEST_SAMPLES, synthetic_workload
+from benchmarks.gpu.synthetic import EPOCHS, TEST_SAMPLES, synthetic_workload
 
 NAME = "gpu_acceptance"
 WARMUP_SECONDS = 0.5
@@ -260,7 +260,7 @@ def run(quick: bool = False, allow_cpu: bool = False) -> dict:
                      if name == "cnn" or importlib.util.find_spec("torchvision") is not None]
     result.update(rows=rows, data_paths=paths, memory=memory_checks)
     if importlib.util.find_spec("ray") is not None:  # the Ray half: searches, train, NCCL
-        from benchmarks.gpu_acceptance_ray import ray_half
+        from benchmarks.gpu.acceptance_ray import ray_half
 
         result["ray"] = ray_half(quick, device)
         result["halves"].append("Ray")
@@ -299,7 +299,7 @@ def report(result: dict) -> str:
                               "predicted epoch s", "fit epoch s", "predicted / fit"], body)]
     lines += memory_report(result.get("memory", []))
     if "ray" in result:
-        from benchmarks.gpu_acceptance_ray import report as ray_report
+        from benchmarks.gpu.acceptance_ray import report as ray_report
 
         lines += ["", ray_report(result["ray"])]
     else:

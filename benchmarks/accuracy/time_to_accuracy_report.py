@@ -1,4 +1,4 @@
-"""The time-to-accuracy benchmark's report (`benchmarks.time_to_accuracy`): per target,
+"""The time-to-accuracy benchmark's report (`benchmarks.accuracy.time_to_accuracy`): per target,
 the plan's predictions against the measured epochs and seconds, and every search's choice."""
 
 from __future__ import annotations

@@ -35,7 +35,7 @@ search's profiled steps and noise scale vary from search to search). Per target:
 of the fixed-epoch `time` and `knee` choices; predicted against measured epochs to
 target; the rank correlation (Spearman) of predicted and measured time to accuracy.
 Then the same, every search's plan re-made with phi measured at each target, as a user
-gives it (`noise_scale=`; `benchmarks.time_to_accuracy_at_target`).
+gives it (`noise_scale=`; `benchmarks.accuracy.time_to_accuracy_at_target`).
 
 Resumable: the plan and every finished run are kept (time_to_accuracy.plan.json,
 time_to_accuracy.runs.jsonl, time_to_accuracy.train.jsonl, time_to_accuracy.noise.jsonl).
@@ -50,14 +50,14 @@ from typing import Any
 
 import numpy as np
 
+from benchmarks.accuracy.time_to_accuracy_at_target import at_target
+from benchmarks.accuracy.time_to_accuracy_report import report
+from benchmarks.accuracy.time_to_accuracy_runs import (FULL, NAME, QUICK, REFERENCE_BATCH, STRATEGY,
+                                                       TEST_SIZE, TRAIN_TIMED, WORLD_SIZE,
+                                                       train_worker, loop_step_seconds, measured,
+                                                       on_train_clock, plan_runs, run_key,
+                                                       train_step_seconds, train_timings)
 from benchmarks.common import Benchmark, recorded_runs
-from benchmarks.time_to_accuracy_at_target import at_target
-from benchmarks.time_to_accuracy_report import report
-from benchmarks.time_to_accuracy_runs import (FULL, NAME, QUICK, REFERENCE_BATCH, STRATEGY,
-                                              TEST_SIZE, TRAIN_TIMED, WORLD_SIZE, train_worker,
-                                              loop_step_seconds, measured, on_train_clock,
-                                              plan_runs, run_key, train_step_seconds,
-                                              train_timings)
 from tula_ray.planning.accuracy import epochs_to_target
 
 # --------------------------------------------------------------------------- the plan

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from benchmarks.common import Benchmark, markdown_table
-from benchmarks.search_cost import DEMO_MAX_BATCH, time_demo
+from benchmarks.prediction.search_cost import DEMO_MAX_BATCH, time_demo
 
 NAME = "profiling_wall"
 # The last commit before issue 24's data path and step timing (db765aa and after), the
@@ -42,7 +42,7 @@ GOALS = {("c6185ee", "ee46365"): ("issue 24: its timing", 1.10),
 # Issue 24's goal is on its whole cost: the product of these ratios.
 PRODUCTS = {"issue 24: its timing, the middle batch and 3 timed steps, together":
             ((("c6185ee", "ee46365"), ("this", "eba74cc")), 1.10)}
-REPO = Path(__file__).parents[1]
+REPO = Path(__file__).parents[2]
 
 
 def commit_of(tree: Path, ref: str = "HEAD") -> str:

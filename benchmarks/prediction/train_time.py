@@ -29,10 +29,10 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.common import RESULTS_DIR, Benchmark, provenance, read_runs
-from benchmarks.train_time_compare import (add_plan_spread, compare, each_search,
-                                          median_plan_errors, precision_ratios, profiled,
-                                          summary)
-from benchmarks.train_time_report import report
+from benchmarks.prediction.train_time_compare import (add_plan_spread, compare, each_search,
+                                                      median_plan_errors, precision_ratios,
+                                                      profiled, summary)
+from benchmarks.prediction.train_time_report import report
 
 # Three runs per cell: the median of three resists one slow run, which two (their mean)
 # do not; the machine's runs of one cell differ by up to 20 % (NOTES-ENV).

@@ -2,7 +2,7 @@
 with the scale-invariant budget (`tula_ray.training.budget`) of the reference's 20 epochs
 at B = 32, beside the B = 32 plain-SGD reference trained for those 20 epochs.
 
-The setup is the generalization benchmark's Table I analog (`benchmarks.generalization`:
+The setup is the generalization benchmark's Table I analog (`benchmarks.training.generalization`:
 Fashion-MNIST, a fixed 10k-image subset, the small CNN, N = 2 gloo workers, each run set
 up by `prepare_run` and trained by `Run.train_epochs`, the code `tula_ray.train` runs);
 only the budget differs: each AGS-NS run trains until AdaScale's progress (its gain summed
@@ -19,9 +19,9 @@ import statistics
 from typing import Any
 
 from benchmarks.common import Benchmark, markdown_table, recorded_runs
-from benchmarks.generalization import _worker
-from benchmarks.generalization_runs import (EPOCHS, LARGE_BATCHES, REFERENCE_BATCH, SEEDS,
-                                            TRAIN_SUBSET, WORLD_SIZE)
+from benchmarks.training.generalization import _worker
+from benchmarks.training.generalization_runs import (EPOCHS, LARGE_BATCHES, REFERENCE_BATCH, SEEDS,
+                                                     TRAIN_SUBSET, WORLD_SIZE)
 
 NAME = "equal_progress"
 BUDGET = "scale-invariant"

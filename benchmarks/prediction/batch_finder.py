@@ -37,15 +37,9 @@ import warnings
 import torch
 
 from benchmarks.common import Benchmark, markdown_table
-from benchmarks.memory_accuracy import (
-    DEVICE_MEMORY_BYTES,
-    MIN_LOCAL_BATCH,
-    QUICK_DEVICE_MEMORY_BYTES,
-    checked_bounds,
-    fit_like_probe,
-    peak_of,
-    true_max_local_batch,
-)
+from benchmarks.prediction.memory_accuracy import (DEVICE_MEMORY_BYTES, MIN_LOCAL_BATCH,
+                                                   QUICK_DEVICE_MEMORY_BYTES, checked_bounds,
+                                                   fit_like_probe, peak_of, true_max_local_batch)
 from tula_ray.models import memory
 from tula_ray.workloads import Workload, get_workload
 

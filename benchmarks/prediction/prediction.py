@@ -10,9 +10,10 @@ Model accuracy, from its profiles:
                   Both models see the same measurements, so their difference is model
                   error only, not the ~15 % run-to-run noise between two searches.
 Selection (regret), per objective and pricing, by REPLAY: each strategy's rounds are run
-against the full grid's measurements (`benchmarks.replay`: the strategy proposes, the grid's
-row for each proposed candidate is handed back), and its plan chooses. So every strategy
-sees the same measurements and the regret is the strategy's, not run-to-run noise. The
+against the full grid's measurements (`benchmarks.prediction.replay`: the strategy
+proposes, the grid's row for each proposed candidate is handed back), and its plan chooses.
+So every strategy sees the same measurements and the regret is the strategy's, not
+run-to-run noise. The
 oracle is `policy.choose` on the measured grid. Regret = (measured metric of the choice - the
 oracle's) / the oracle's; the metric is training time (time, knee) or cost; for the knee it
 is signed (a knee is not a minimum, so a choice can train faster than the oracle's knee).
@@ -23,7 +24,7 @@ wall time inside the worker group less its own warm-up and timed steps); and the
 searches' own choices, measured on the full grid.
 Writes prediction.{json,md}, and per workload prediction_<workload>.png and the full
 search's plan, prediction_<workload>.plan.json (`tula_ray.Plan.from_json`); the figure,
-the goals and the markdown are `benchmarks.prediction_report`'s.
+the goals and the markdown are `benchmarks.prediction.prediction_report`'s.
 """
 
 from __future__ import annotations
@@ -35,12 +36,11 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from benchmarks import prediction_report
 from benchmarks.common import (RESULTS_DIR, Benchmark, cross_search_errors, provenance,
                                relative_errors, spread)
-from benchmarks.prediction_report import report
-from benchmarks.replay import (KEY, OBJECTIVES, STRATEGIES, SearchContext, measured_at, metric_of,
-                               regret, replay)
+from benchmarks.prediction.prediction_report import plot as plot_workload, report
+from benchmarks.prediction.replay import (KEY, OBJECTIVES, STRATEGIES, SearchContext, measured_at,
+                                          metric_of, regret, replay)
 from tula_ray.models.pricing import (USD_PER_GB_HOUR_DEFAULT, USD_PER_NODE_HOUR_DEFAULT, FixedRate,
                               MemoryRate)
 
@@ -205,7 +205,7 @@ def _one_workload(name: str, settings: dict, quick: bool, scratch: Path, full=No
         _, errors = cross_search_errors(live["partial"], full)
         cost["partial_vs_full_measured_spread"] = spread(errors)
     plot = f"{NAME}_{name}{suffix}.png"
-    prediction_report.plot(full, table, RESULTS_DIR / plot)
+    plot_workload(full, table, RESULTS_DIR / plot)
     columns = ["num_workers", "global_batch", "local_batch", "corner", "measured_step_time_s",
                "step_time_s_full", "step_time_s_partial", "measured_total_time_s",
                "total_time_s_full", "total_time_s_partial", "full_rel_error", "partial_rel_error"]

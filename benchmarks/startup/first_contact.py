@@ -35,7 +35,7 @@ from pathlib import Path
 from benchmarks.common import Benchmark, markdown_table, provenance
 
 NAME = "first_contact"
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 DEBIAN_DATA = Path("/usr/share/datasets")
 RUNS = 3
 GOAL_NO_MEANS_S = 10.0

@@ -17,7 +17,7 @@ timed steps at the true step time plus BATCH_OVERHEAD_S. Regret: of each strateg
 plan's choice, measured on the TRUE grid, against the choice on the true grid
 (`policy.choose`), per objective and pricing; for the knee it is signed (on time). The
 search's context (grid, strategy options, `build_plan`) and the regret are those of
-`benchmarks.replay`, which the prediction benchmark's replay of recorded searches uses.
+`benchmarks.prediction.replay`, which the prediction benchmark's replay of recorded searches uses.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ import numpy as np
 import pandas as pd
 
 from benchmarks.common import Benchmark, markdown_table
-from benchmarks.replay import OBJECTIVES, STRATEGIES, SearchContext, regret_on
+from benchmarks.prediction.replay import OBJECTIVES, STRATEGIES, SearchContext, regret_on
 
 NAME = "strategy_simulation"
 CLUSTER_SIZES = (2, 4, 8, 16)  # paper §IV-B

@@ -59,7 +59,7 @@ def measured_phis(settings: dict, steps: dict[str, float], window: int, quick: b
     import torch
 
     import tula_ray
-    from benchmarks.time_to_accuracy_runs import REFERENCE_BATCH, held_out_workload
+    from benchmarks.accuracy.time_to_accuracy_runs import REFERENCE_BATCH, held_out_workload
     from tula_ray.training.batches import training_batches
     from tula_ray.training.strategy_base import StrategySetup
 
@@ -99,7 +99,7 @@ def at_target(plans: list, truth: dict, settings: dict, quick: bool, judge: Call
               searched: Callable) -> dict[str, Any]:
     """Every search's plan re-made per target with the measured phi at that target
     (`judge(..., noise_scale=)` on `train`'s clock), and the trace's cross-check."""
-    from benchmarks.time_to_accuracy_runs import NAME, REFERENCE_BATCH
+    from benchmarks.accuracy.time_to_accuracy_runs import NAME, REFERENCE_BATCH
 
     train_size = settings["train_subset"]
     steps = {str(t): truth[t][REFERENCE_BATCH]["epochs"] * train_size / REFERENCE_BATCH
@@ -126,7 +126,7 @@ def at_target(plans: list, truth: dict, settings: dict, quick: bool, judge: Call
 def traced(steps: dict[str, float], window: int) -> dict[str, Any] | None:
     """The cross-check: `noise-evolution`'s trace of the reference recipe, pooled within
     `window` steps of each target's step; None without that trace."""
-    from benchmarks.noise_evolution import SUBSET_TRACE
+    from benchmarks.accuracy.noise_evolution import SUBSET_TRACE
 
     path = RESULTS_DIR / "noise_evolution.json"
     recorded = json.loads(path.read_text()) if path.exists() else {"traces": {}}

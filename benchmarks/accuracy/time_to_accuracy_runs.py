@@ -1,4 +1,4 @@
-"""The time-to-accuracy benchmark's ground truth (`benchmarks.time_to_accuracy`): its
+"""The time-to-accuracy benchmark's ground truth (`benchmarks.accuracy.time_to_accuracy`): its
 settings, the training runs (each B and seed on two gloo workers, scored on the held-out
 split after every epoch), the epochs and seconds each run took to a target, and `train`'s
 own step times, the clock the goals are judged on."""

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.common import markdown_table
-from benchmarks.profiling_wall import REPO, commit_of, side_by_side
+from benchmarks.startup.profiling_wall import REPO, commit_of, side_by_side
 
 NAME = "demo_startup"
 BASELINE = "03a9521"  # the issue's: the tree it measured the demo at

@@ -1,4 +1,4 @@
-"""The train-time benchmark's comparisons (`benchmarks.train_time`): each plan's epoch
+"""The train-time benchmark's comparisons (`benchmarks.prediction.train_time`): each plan's epoch
 against `train`'s measured epochs, cell by cell, and the figures the goals name."""
 
 from __future__ import annotations

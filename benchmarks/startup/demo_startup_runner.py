@@ -2,7 +2,7 @@
 PYTHONPATH (this tree or an older commit's), it times what the demo's plan does not record
 (Ray's start and end, planning, the plan's output) and writes them to OUT/startup.json.
 
-    python benchmarks/demo_startup_runner.py OUT DEMO_ARGS...
+    python benchmarks/startup/demo_startup_runner.py OUT DEMO_ARGS...
 
 Only names both trees have are wrapped: `ray.init`, `ray.shutdown`, the search entry's
 `build_plan` and the command's `write_plan`; nothing else of the demo changes.

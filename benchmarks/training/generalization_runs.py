@@ -1,4 +1,4 @@
-"""The generalization benchmark's runs (`benchmarks.generalization`): the strategies'
+"""The generalization benchmark's runs (`benchmarks.training.generalization`): the strategies'
 recipes, the runs planned (reference, recipes, ablations, tuned configurations), and the key
 under which a finished run is reused (the runs' log: `benchmarks.common.resumable`)."""
 
@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from benchmarks import tuning
+import benchmarks.training.tuning as tuning  # a sibling module, not the package face
 from benchmarks.common import RESULTS_DIR
 
 NAME = "generalization"

@@ -1,4 +1,4 @@
-"""The prediction benchmark's report (`benchmarks.prediction`): its figure per workload
+"""The prediction benchmark's report (`benchmarks.prediction.prediction`): its figure per workload
 (measured against predicted training time), its goals (issue 11) and its markdown."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 
 from benchmarks.common import markdown_table
-from benchmarks.replay import STRATEGIES
+from benchmarks.prediction.replay import STRATEGIES
 
 GOALS = {"partial_over_full": 0.25,  # paper: partial / full profiling wall time
          "full_over_partial": 1.5,  # issue 11: full <= 1.5 x partial on the demo grid

@@ -1,0 +1,1 @@
+"""Benchmarks of the training strategies: AGS's overhead, Table I, tuning."""
