@@ -192,6 +192,15 @@ class TulaSearcher(Searcher):
         return self._round
 
     @property
+    def progress(self) -> tuple[int, int]:
+        """(candidates profiled, candidates left in this round: queued, or in a running
+        trial and not measured yet). A strategy may ask for another round when one ends."""
+        left = sum(len(batches) for _, batches in self._queue)
+        left += sum(1 for n, batches, *_ in self._running.values()
+                    for b in batches if _key(n, b) not in self._rows)
+        return len(self._rows), left
+
+    @property
     def errors(self) -> list[dict[str, Any]]:
         """Each distinct error once: class, "Type: message", the worker's traceback, and the
         launches (round, N) and candidates (N, B) it hit (`tula_ray.failures.record_error`)."""

@@ -21,3 +21,9 @@ def table_rows(markdown: str, header_start: str) -> list[list[str]]:
             break
         rows.append([cell.strip() for cell in line.strip("|").split("|")])
     return rows
+
+
+def summary_words(plan) -> str:
+    """A plan's summary with its wrapping undone (tula_ray.verbosity.wrap): its words,
+    single-spaced, so a phrase is found wherever a line broke it."""
+    return " ".join(plan.summary().split())

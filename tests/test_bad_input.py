@@ -55,6 +55,11 @@ RUNTIME_ENVS = st.sampled_from(["py_modules", 5, ["my_models"], {"env_var": {"A"
                                 {"env_vars": {"A": 1}}, {"py_modules": "my_models"}])
 
 
+# Not one of tula_ray.verbosity's levels 0, 1, 2.
+VERBOSE_LEVELS_NOT = st.one_of(st.integers(max_value=-1), st.integers(min_value=3),
+                               st.sampled_from([True, False, "2", 1.5, None, "verbose"]))
+
+
 # --- search() -----------------------------------------------------------------------
 
 GOOD_SEARCH = dict(workload="fashion-mnist-cnn", workload_options={"data": "fake"},
@@ -95,6 +100,7 @@ BAD_SEARCH = {
     "runtime_env": RUNTIME_ENVS,
     "noise_scale": st.one_of(st.floats(max_value=0.0), st.sampled_from(
         [float("nan"), float("inf"), "300", [300], {"phi": 1}, 1.5j])),
+    "verbose": VERBOSE_LEVELS_NOT,
 }
 
 
@@ -128,6 +134,7 @@ def plan():
 
 
 BAD_TRAIN = {
+    "verbose": VERBOSE_LEVELS_NOT,
     "strategy": st.one_of(st.text().filter(lambda t: t not in ("ags", "lbt", "lrs", "lars",
                                                                 "polo")), WRONG_TYPES),
     "epochs": st.one_of(NON_POSITIVE_INTS, NOT_INTS.filter(lambda v: v is not None)),
@@ -235,6 +242,7 @@ def _valid(argument: str, value) -> bool:
         "training_options": lambda v: v is None or v == {},
         "runtime_env": lambda v: v is None or v == {},
         "noise_scale": lambda v: v is None or (_number(v) and 0 < v < math.inf),
+        "verbose": lambda v: isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= 2,
     }
     return bool(checks[argument](value))
 

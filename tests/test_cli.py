@@ -4,6 +4,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from result_checks import summary_words
 
 from tula_ray.cli import main
 from tula_ray.planning.plan import Plan
@@ -153,6 +154,36 @@ def test_search_resume_flag_continues_the_named_search(tmp_path, monkeypatch, ca
     assert "resume" not in seen and seen["name"] == "nightly"  # the file alone: no resume
 
 
+def test_verbose_flag_is_searchs_verbose_2_and_warnings_print_in_100_columns(
+        tmp_path, monkeypatch, capsys):
+    import functools
+    import importlib
+
+    from tula_ray.cli.command import readable_warning
+
+    module = importlib.import_module("tula_ray.runs.search")
+    seen = {}
+
+    @functools.wraps(module.search)
+    def fake_search(**kwargs):
+        seen.update(kwargs)
+        raise ValueError("stopped here")
+
+    monkeypatch.setattr(module, "search", fake_search)
+    config = tmp_path / "search.yaml"
+    config.write_text("workload: fashion-mnist-cnn\n")
+    assert main(["--verbose", "search", str(config)]) == 2
+    assert seen["verbose"] == 2
+    seen.clear()
+    assert main(["search", str(config)]) == 2
+    assert "verbose" not in seen  # search's own default (1): progress lines, no Ray boxes
+
+    text = readable_warning(UserWarning("x " * 120), UserWarning, "/a/long/path.py", 7)
+    lines = text.splitlines()
+    assert lines[0].startswith("warning: UserWarning: x x") and len(lines) == 3
+    assert max(map(len, lines)) <= 100 and "path.py" not in text
+
+
 def test_runtime_env_json_is_parsed_for_every_command_that_starts_ray(capsys):
     import pytest
 
@@ -210,7 +241,7 @@ def test_replay_keeps_what_the_training_strategy_cannot_train(tmp_path):
                       untrainable={chosen: "refused by the test"},
                       meta={"training_strategy": "ags"})
     assert (plan.choice.num_workers, plan.choice.global_batch) != chosen
-    assert "cannot train" in plan.summary()
+    assert "cannot train" in summary_words(plan)
     plan.to_json(tmp_path / "plan.json")
     assert main(["replay", str(tmp_path / "plan.json"), "--objective", "time",
                  "--out", str(tmp_path / "again")]) == 0

@@ -6,6 +6,7 @@ local start is tests/test_local_ray.py's). Tiny grids and data keep each run sho
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -53,6 +54,19 @@ def check_plan(out: Path, printed: str, measured: set[tuple[int, int]]) -> Plan:
     return plan
 
 
+def check_quiet(printed: str, candidates: int) -> None:
+    """A search's default output (issue 41, item 5): the dashboard's line, a line per
+    candidate, no Tune boxes nor Ray Train's INFO logs; tula-ray's lines in 100 columns."""
+    lines = printed.splitlines()
+    assert "Ray dashboard: http" in printed
+    assert sum(1 for line in lines if re.match(r"  \[\d+/\d+\] N=\d+ B=\d+ ", line)) == candidates
+    for noise in ("Trial status", "Configuration for experiment", "Reporting training result",
+                  "Started a local Ray instance"):
+        assert noise not in printed, noise
+    ours = [line for line in lines if "pid=" not in line]  # not a Ray process's own line
+    assert max(len(line) for line in ours) <= 100, max(ours, key=len)
+
+
 def check_metrics(path: Path, epochs: int) -> pd.DataFrame:
     metrics = pd.read_csv(path)
     assert list(metrics["epoch"]) == list(range(epochs))
@@ -79,6 +93,7 @@ runtime_env: {{env_vars: {{TULA_CLI_MARK: "1"}}}}
                                 cwd=tmp_path)
     plan = check_plan(tmp_path / "plan", searched.stdout, measured={
         (1, 32), (1, 64)})  # two candidates: every strategy runs them both
+    check_quiet(searched.stdout + searched.stderr, candidates=2)
     assert plan.meta["workload_options"] == {"train_subset": 512}
     assert plan.meta["reference_batch"] == 64  # the config's key reaches the plan
 
@@ -100,6 +115,10 @@ runtime_env: {{env_vars: {{TULA_CLI_MARK: "1"}}}}
     check_metrics(tmp_path / "train" / "train_metrics.csv", epochs=1)
     assert (f"trained N={plan.choice.num_workers}, B={plan.choice.global_batch} with lrs"
             in trained.stdout)
+    # Rank 0's line per epoch reaches the driver's terminal (Ray's log_to_driver); Ray
+    # Train's INFO logs (each report's dict) do not, below verbose 2.
+    assert "epoch 1 of 1: train loss" in trained.stdout + trained.stderr
+    assert "Reporting training result" not in trained.stdout + trained.stderr
 
 
 def test_demo_searches_to_a_time_to_accuracy(joined, tmp_path):
@@ -125,8 +144,8 @@ def test_demo_searches_to_a_time_to_accuracy(joined, tmp_path):
     assert row["time_to_accuracy_s"] >= row["estimated_total_time_s"] > 0
     assert "gradient noise" in printed and "memory probe" in printed
     assert printed.startswith("Fashion-MNIST: ")  # where the data came from, first
-    # The workers' output reaches the driver's terminal (Ray's log_to_driver).
-    assert "(RayTrainWorker pid=" in printed
+    check_quiet(printed, candidates=1)
+    assert len(printed.splitlines()) <= 40  # the demo's whole output, the plan included
 
     # The split adds up to the wall, and each part is a time.
     assert sum(ran[part] for part in demo_startup.PARTS if part != "timed_s") == \

@@ -183,6 +183,10 @@ def test_readmes_driver_runs_as_printed(readme_driver):
     assert "test_accuracy" in printed
     assert (cwd / "plan" / "plan.json").is_file()
     plan, result = readme_driver["namespace"]["plan"], readme_driver["namespace"]["result"]
+    # search's default output (verbose=1): a line per candidate, not Tune's boxes
+    candidates = [line for line in printed.splitlines() if line.startswith("  [")]
+    assert len(candidates) == len(plan.profiles) and "Trial status" not in printed
+    assert max(len(line) for line in plan.summary().splitlines()) <= 100
     assert (result.num_workers, result.global_batch) == (plan.choice.num_workers,
                                                          plan.choice.global_batch)
 

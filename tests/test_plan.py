@@ -5,11 +5,13 @@ import numpy as np
 import pandas as pd
 import pytest
 from paper_profiles import paper_profiles as synthetic_profiles
+from result_checks import summary_words
 
 from tula_ray.planning.plan import Plan, build_plan
 from tula_ray.planning.policy import TIE_BREAK_RULE
 from tula_ray.planning.synthetic import example_params
 from tula_ray.space import SearchSpace, corners
+from tula_ray.verbosity import wrap
 
 SPACE = SearchSpace.build((1, 2), min_batch=32, max_batch=1024)
 
@@ -71,14 +73,14 @@ def test_json_round_trip_loses_nothing(tmp_path):
 
 def test_a_tie_is_one_summary_line_naming_the_rule_and_survives_json():
     """Partial search's four corners leave a wide uncertainty: the fastest ties with others,
-    and the summary names them and the rule in one line."""
+    and the summary names them and the rule in one line (wrapped to 100 columns)."""
     plan = make_plan(objective="time")
     choice = plan.choice
     assert choice.ties and choice.tie_break.startswith(TIE_BREAK_RULE)
     tied = {(choice.num_workers, choice.global_batch), *choice.ties}
     assert (choice.num_workers, choice.global_batch) == min(tied)
     lines = [line for line in plan.summary().splitlines() if line.startswith("tied within")]
-    assert lines == [choice.describe_ties()]
+    assert len(lines) == 1 and wrap(choice.describe_ties()) in plan.summary()
     assert Plan.from_json(plan.to_json()).choice == choice
 
 
@@ -93,7 +95,7 @@ def test_a_plan_saved_before_the_tie_rule_still_loads(saved):
     plan = Plan.from_json(json.dumps(data))
     assert plan.choice.ties == tuple(tuple(pair) for pair in saved.get("ties", ()))
     assert plan.choice.tie_break == saved.get("tie_break", "")
-    assert ("broken by the lowest central estimate" in plan.summary()) == bool(saved)
+    assert ("broken by the lowest central estimate" in summary_words(plan)) == bool(saved)
 
 
 def test_plot_writes_non_empty_pngs(tmp_path):
@@ -307,8 +309,9 @@ def test_training_times_include_the_strategys_measured_cost_per_step():
     assert plan.table.loc[measured, "measured_total_time_s"].to_numpy() == pytest.approx(
         (plan.table.loc[measured, "measured_step_time_s"] + 0.004).to_numpy()
         * steps[measured].to_numpy())
-    assert "include ags's measured cost per step (N=1: +4 ms, N=2: +4 ms)" in plan.summary()
-    assert "plain optimizer steps" in plain.summary()
+    assert ("include ags's measured cost per step (N=1: +4 ms, N=2: +4 ms)"
+            in summary_words(plan))
+    assert "plain optimizer steps" in summary_words(plain)
 
     profiles.loc[first, "strategy_extra_s"] = -0.004
     noisy = build_plan(SPACE, profiles, epochs=5, dataset_size=10000, strategy="partial",
@@ -343,7 +346,7 @@ def test_no_strategy_cost_where_the_strategy_trains_plain_steps():
     steps = 5 * np.floor(10000 / 32)
     assert table.loc[small, "total_time_s"].to_numpy() == pytest.approx(
         everywhere.table.loc[small, "total_time_s"].to_numpy() - steps * 0.004)
-    assert "except where it trains plain optimizer steps (B <= 32)" in plan.summary()
+    assert "except where it trains plain optimizer steps (B <= 32)" in summary_words(plan)
     # Between candidates (the dense curve): plain up to the largest plain B of that N.
     dense = pd.DataFrame({"num_workers": [2, 2, 2, 4], "global_batch": [20.0, 32.0, 45.0, 20.0]})
     assert step_extras(dense, lambda n: np.full(len(n), 0.004), plain_pairs) == \
@@ -372,7 +375,7 @@ def test_candidates_the_training_strategy_cannot_train_are_marked_and_never_chos
     assert not table.loc[(1, 128), "trainable"] and not table.loc[(1, 128), "feasible"]
     assert table.loc[(1, 128), "infeasible_reason"] == "the training strategy cannot train it: no"
     assert table.loc[(2, 64), "trainable"]
-    assert "ags cannot train N=1 B=32" in plan.summary()
+    assert "ags cannot train N=1 B=32" in summary_words(plan)
 
 
 def test_an_epoch_is_its_steps_plus_the_measured_evaluation_and_checkpoint():
@@ -396,13 +399,13 @@ def test_an_epoch_is_its_steps_plus_the_measured_evaluation_and_checkpoint():
         assert row["total_time_s"] == pytest.approx(
             EPOCHS * (row["epoch_time_s"] + 0.5 * 2 / n + 0.2) + row["startup_time_s"])
         assert row["measured_total_time_s"] == pytest.approx(row["total_time_s"], rel=1e-6)
-    summary = plan.summary()
-    assert "an evaluation pass per epoch, a checkpoint write per epoch, the start-up" in summary
+    assert ("an evaluation pass per epoch, a checkpoint write per epoch, the start-up"
+            in summary_words(plan))
 
     bare = build_plan(SPACE, exact_profiles(SPACE.candidates()), epochs=EPOCHS,
                       dataset_size=DATASET, strategy="full", objective="time")
     assert (bare.table["eval_time_s"] == 0).all()
-    assert "not measured, left out: an evaluation pass per epoch" in bare.summary()
+    assert "not measured, left out: an evaluation pass per epoch" in summary_words(bare)
 
 
 def test_the_start_up_is_the_launchs_whole_time_beyond_its_candidates_where_recorded():
@@ -417,13 +420,13 @@ def test_the_start_up_is_the_launchs_whole_time_beyond_its_candidates_where_reco
     startup = plan.table.groupby("num_workers")["startup_time_s"].unique()
     assert list(startup[1]) == [pytest.approx(9.0)] and list(startup[2]) == [15.0]
     assert "the start-up (the worker group's launch, data load, set-up and end)" in \
-        plan.summary()
+        summary_words(plan)
     # The search's check of the workload on a worker: `train` runs it before its launch.
     checked = build_plan(SPACE, profiles, epochs=EPOCHS, dataset_size=DATASET,
                          strategy="full", objective="time", meta={"workload_check_s": 4.0})
     assert (checked.table["startup_time_s"] == plan.table["startup_time_s"] + 4.0).all()
     assert "the start-up (the workload's check on a worker, the worker group's" in \
-        checked.summary()
+        summary_words(checked)
 
 
 # --- a bill in whole nodes (issue 45, item 4) -----------------------------------------

@@ -17,7 +17,7 @@ from ray import cloudpickle  # Ray serialises functions with its own copy
 from torch import nn
 from torch.utils.data import TensorDataset
 
-from result_checks import finite, table_rows
+from result_checks import finite, table_rows, summary_words
 
 import tula_ray
 from benchmarks.common import RESULTS_DIR
@@ -118,7 +118,7 @@ def test_adaptive_search_measures_its_choice_or_says_why_not(adaptive_plan):
         assert chosen["source"] == "measured"
     else:
         assert "budget spent" in meta["stop_reason"] or "every" in meta["stop_reason"]
-    assert "search stopped:" in adaptive_plan.summary()
+    assert "search stopped:" in summary_words(adaptive_plan)
     # Its first round is the partial search's: the corners (and the middle batch between
     # them), one worker group per N.
     first = [sweep for sweep in meta["sweeps"] if sweep["round"] == 1]
@@ -273,7 +273,7 @@ def test_a_profiling_worker_killed_mid_trial_is_an_error_row_and_the_search_fini
     named = [entry["error"] for entry in plan.meta["errors"]]
     assert len(named) == len(set(named)) == errors["error"].nunique()
     assert sum(len(entry["candidates"]) for entry in plan.meta["errors"]) == len(errors)
-    assert "errors while profiling, each once" in plan.summary()
+    assert "errors while profiling, each once" in summary_words(plan)
     table = plan.table.set_index(["num_workers", "global_batch"])
     assert (table.loc[errors.index, "infeasible_reason"] == "profiling crashed").all()
     assert rows.loc[(plan.choice.num_workers, plan.choice.global_batch), "status"] == "ok"
@@ -390,7 +390,7 @@ def test_the_plan_includes_the_training_strategys_measured_cost(full_plan):
     assert profiles["strategy_extra_s"].notna().sum() == len(full_plan.meta["sweeps"])
     assert full_plan.meta["training_strategy"] == TRAINING_STRATEGY_DEFAULT
     assert (f"include {TRAINING_STRATEGY_DEFAULT}'s measured cost per step"
-            in full_plan.summary())
+            in summary_words(full_plan))
     table = full_plan.table
     # Issue 24: whole steps as train takes them, and the epoch's measured other costs.
     steps = np.floor(full_plan.dataset_size / table["global_batch"])

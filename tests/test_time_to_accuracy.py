@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 from hypothesis import given, strategies as st
 from paper_profiles import paper_profiles as synthetic_profiles
+from result_checks import summary_words
 
 from tula_ray.planning.accuracy import (ProfiledNoise, epochs_to_target, profiled_noise,
                                         weighted_standard_error)
@@ -125,13 +126,13 @@ def test_all_noise_makes_every_batch_need_the_same_epochs():
     assert plan.table["noise_scale"].isna().all()
     again = Plan.from_json(plan.to_json())
     assert again.meta["noise"]["noise_scale"] is None
-    assert "no signal measured" in again.summary()
+    assert "no signal measured" in summary_words(again)
 
 
 def test_profiles_without_the_noise_give_the_fixed_epochs_and_say_so():
     plan = make_plan(profiles=synthetic_profiles(SPACE.candidates(), example_params(), seed=2))
     assert np.allclose(plan.table["time_to_accuracy_s"], plan.table["estimated_total_time_s"])
-    assert "not measured" in plan.summary()
+    assert "not measured" in summary_words(plan)
 
 
 def test_the_plan_round_trips_its_time_to_accuracy(tmp_path):
@@ -141,8 +142,8 @@ def test_the_plan_round_trips_its_time_to_accuracy(tmp_path):
         assert np.allclose(again.table[column], plan.table[column], equal_nan=True)
     assert again.meta["reference_batch"] == 64
     assert ProfiledNoise.from_dict(again.meta["noise"]).noise_scale == pytest.approx(100.0)
-    text = again.summary()
-    assert "time_to_accuracy_s" in text and "gradient noise scale phi = 100" in text
+    text = summary_words(again)
+    assert "target_s" in text and "gradient noise scale phi = 100" in text
 
 
 def test_a_given_noise_scale_replaces_the_profiles_and_both_are_kept(tmp_path):
@@ -155,7 +156,7 @@ def test_a_given_noise_scale_replaces_the_profiles_and_both_are_kept(tmp_path):
     again = Plan.from_json(plan.to_json(tmp_path / "plan.json"))
     noise = ProfiledNoise.from_dict(again.meta["noise"])
     assert noise.noise_scale == 300.0 and noise.measured_noise_scale == pytest.approx(100.0)
-    assert "phi = 300, given" in again.summary() and "measured 100" in again.summary()
+    assert "phi = 300, given" in summary_words(again) and "measured 100" in summary_words(again)
     # a larger phi at the target: large batches cost fewer extra epochs, so the choice
     # moves to a batch at least as large as with the profiles' phi
     profiled = make_plan(objective="time_to_accuracy")
@@ -225,8 +226,8 @@ def test_negative_rows_are_kept_reported_and_phi_floored_at_the_standard_error()
     assert noise.measured_noise_scale == pytest.approx(100.0 / noise.grad_sqr_se)
     assert noise.measured_noise_scale < 1000  # not the 1e8 of the unfloored ratio
     assert "fell back to the knee rule" in plan.choice.reason
-    assert plan.meta["noise_warning"] in plan.summary()
-    assert "with a negative |G|^2" in plan.summary()
+    assert plan.meta["noise_warning"] in summary_words(plan)
+    assert "with a negative |G|^2" in summary_words(plan)
 
 
 def test_a_clear_signal_neither_warns_nor_falls_back(recwarn):

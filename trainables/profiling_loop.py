@@ -58,6 +58,7 @@ from trainables.profiling_sweep import Sweep
 from tula_ray.failures import is_out_of_memory, workload_code
 from tula_ray.profile_table import (FAILURE_OOM, MAX_ERROR_CHARS, STATUS_OK, STATUS_OOM,
                                     profile_row)
+from tula_ray.verbosity import set_worker_log_level
 
 logger = logging.getLogger(__name__)
 
@@ -70,8 +71,10 @@ def profile_loop_per_worker(config: dict[str, Any]) -> None:
     global_batch), warmup_steps, warmup_seconds, measure_steps, measure_seconds,
     device_memory_bytes
     (optional: a peak above it is "oom"), measure_memory (default True), seed,
-    round, trial_started_at (time.time() when the trial started: the launch's wall time).
+    round, trial_started_at (time.time() when the trial started: the launch's wall time),
+    train_log_level (the workers' logs: `tula_ray.verbosity`; default INFO).
     """
+    set_worker_log_level(config.get("train_log_level", "INFO"))
     context = ray.train.get_context()
     world_size = context.get_world_size()
     launch_s = time.time() - float(config.get("trial_started_at", time.time()))

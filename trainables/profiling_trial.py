@@ -26,12 +26,14 @@ from __future__ import annotations
 
 import logging
 import math
+import os
+import sys
 import time
 import traceback
 from typing import Any, Callable
 
 from ray import tune
-from ray.train import FailureConfig, RunConfig
+from ray.train import FailureConfig, LoggingConfig, RunConfig
 from ray.train.torch import TorchConfig, TorchTrainer
 from ray.tune.integration.ray_train import TuneReportCallback
 
@@ -43,6 +45,7 @@ from tula_ray.failures import (FAILURE_INFRASTRUCTURE, FAILURE_OOM, FAILURE_USER
 from tula_ray.models.topology import STRICT_PACK, placement_strategy
 from tula_ray.profile_table import (LAUNCH_TOTAL_KEY, STATUS_ERROR, STATUS_OOM, TRACEBACK_KEY,
                                     profile_row)
+from tula_ray.verbosity import VERBOSE_DEFAULT, ray_log_level
 from tula_ray.workloads import resolve_workload
 
 logger = logging.getLogger(__name__)
@@ -67,6 +70,13 @@ COLLECTIVE_TIMEOUT_S = 180
 # (3 minutes, not 11, before its rows read "error" and the search goes on), and one
 # retry more than none covers a slow start on a loaded machine.
 PROFILING_START_RETRIES = 2
+# Ray Train's preemption watcher (one actor per worker group) lets a run wait out a node
+# drain and then restart it; a profiling launch never restarts (max_failures=0: a lost node
+# makes its rows errors), so it has nothing to do, and Ray core logs an error line each time
+# it starts one ("constructor arguments in the object store and max_restarts > 0").
+# Off for the profiling launches (Ray Train reads it from the trial's environment); a
+# value the user set is kept.
+PREEMPTION_WATCHER_ENV = "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER"
 
 
 def trainable_with_resources() -> Callable:
@@ -92,13 +102,16 @@ def build_trainer(config: dict[str, Any], callbacks: list | None = None) -> Torc
     (G: N <= G runs on one node, a larger N packed; `tula_ray.cluster.scaling_config`;
     default None: Ray's PACK), warmup_steps,
     measure_steps, measure_seconds,
-    device_memory_bytes, storage_path (default: Ray's, ~/ray_results), and the loop's
-    other keys.
+    device_memory_bytes, storage_path (default: Ray's, ~/ray_results), train_log_level
+    (Ray Train's logs, default WARNING: `tula_ray.verbosity`), and the loop's other keys.
     """
     num_workers = int(config["num_workers"])
     resources = worker_shape(config.get("resources_per_worker"), use_gpu=config.get("use_gpu"))
     loop_config = {k: v for k, v in config.items() if k not in TRIAL_KEYS}
     loop_config["cpus_per_worker"] = resources.get("CPU", 0.0)  # reported with the row
+    # Ray Train's controller and workers log at it (`tula_ray.verbosity`); the loop too
+    loop_config["train_log_level"] = config.get("train_log_level",
+                                                ray_log_level(VERBOSE_DEFAULT))
     name = f"profile-N{num_workers}-B{'-'.join(str(b) for b in batches_of(config))}"
     return TorchTrainer(
         profile_loop_per_worker,
@@ -110,7 +123,8 @@ def build_trainer(config: dict[str, Any], callbacks: list | None = None) -> Torc
             # A failed candidate is a measurement (status "error"), not a reason to retry;
             # a group that keeps failing to start is one too (its rows become errors).
             failure_config=FailureConfig(
-                max_failures=0, controller_failure_limit=PROFILING_START_RETRIES)),
+                max_failures=0, controller_failure_limit=PROFILING_START_RETRIES),
+            logging_config=LoggingConfig(log_level=loop_config["train_log_level"])),
     )
 
 
@@ -123,6 +137,8 @@ def profile_cluster_size(config: dict[str, Any]) -> None:
     batch's first row, so the ones already measured stay measured).
     """
     started_at = time.time()
+    os.environ.setdefault(PREEMPTION_WATCHER_ENV, "0")
+    _quiet_termination()
     num_workers = int(config["num_workers"])
     runnable = []
     for global_batch in batches_of(config):
@@ -160,6 +176,27 @@ def profile_cluster_size(config: dict[str, Any]) -> None:
         # what a `train` job of this N waits for beyond its epochs, once the searcher has
         # taken the candidates' own time off (the search metric, NaN: no candidate).
         tune.report({LAUNCH_TOTAL_KEY: time.time() - started_at, "step_time_s": math.nan})
+
+
+def _quiet_termination() -> None:
+    """Leave out the report of the SystemExit that ends this trial's process.
+
+    Tune ends a finished trial's actor with SIGTERM, on which Ray's handler raises
+    SystemExit. When the signal lands while the garbage collector runs a weakref callback
+    (a WeakSet's `_remove`), Python cannot raise there and prints "Exception ignored in
+    ... SystemExit: 1" with a traceback, now and then, after the trial has reported
+    everything. Nothing is lost: the process ends as it would. Other exceptions Python
+    cannot raise print as before."""
+    previous = sys.unraisablehook
+    if getattr(previous, "ends_trial_quietly", False):  # set by an earlier trial here
+        return
+
+    def hook(unraisable: Any) -> None:
+        if unraisable.exc_type is not SystemExit:
+            previous(unraisable)
+
+    hook.ends_trial_quietly = True  # type: ignore[attr-defined]
+    sys.unraisablehook = hook
 
 
 def _placed_nodes(num_workers: int, config: dict[str, Any]) -> float:

@@ -27,6 +27,7 @@ import torch
 from tula_ray.training.checkpoints import checkpoint_state, restore_state
 from tula_ray.training.run import prepare_run
 from tula_ray.training.strategy_base import describe_optimizer
+from tula_ray.verbosity import QUIET, ray_log_level, set_worker_log_level, show
 from tula_ray.workloads import resolve_workload
 
 logger = logging.getLogger(__name__)
@@ -57,9 +58,12 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
     strategy scaling; default the workload's), validation_fraction (tuning: score a
     held-out share of the training set as val_loss/val_accuracy), checkpoint (default
     True: rank 0 keeps one per epoch), budget ("epochs" or "scale-invariant":
-    `tula_ray.training.budget`), fail_at_epoch + fail_marker_dir
+    `tula_ray.training.budget`), verbose (`tula_ray.verbosity`, default 0: at 1 and above
+    rank 0 prints a line per epoch), fail_at_epoch + fail_marker_dir
     (tests only: rank 0 raises once, at the start of that epoch).
     """
+    if "verbose" in config:  # tula_ray.train's run; tuning's trials log as before
+        set_worker_log_level(ray_log_level(config["verbose"]))
     context = ray.train.get_context()
     rank, world_size = context.get_world_rank(), context.get_world_size()
     global_batch, epochs = int(config["global_batch"]), int(config["epochs"])
@@ -98,8 +102,23 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
         if validating:
             metrics = {key.replace("test_", "val_"): value for key, value in metrics.items()}
         row = {"epoch": epoch, **fixed, **_scalars(metrics)}
+        if rank == 0:
+            # a scale-invariant budget trains until its progress is reached: no known count
+            planned = config["epochs"] if config.get("budget", "epochs") == "epochs" else None
+            show(epoch_line(row, planned), config.get("verbose", QUIET))
         _report(row, checkpoint_state(model, setup, epoch)
                 if rank == 0 and keep_checkpoints else None, epoch)
+
+
+def epoch_line(row: dict[str, Any], epochs: int | None) -> str:
+    """An epoch's line for a person: its loss, accuracy (test, or validation when tuning)
+    and seconds; `epochs`, the count planned, when known."""
+    accuracy = next((f"{key.removesuffix('_accuracy')} accuracy {row[key]:.4f}"
+                     for key in ("test_accuracy", "val_accuracy") if key in row), "")
+    parts = [f"train loss {row['train_loss']:.4g}" if "train_loss" in row else "", accuracy,
+             f"{row['seconds']:.1f} s" if "seconds" in row else ""]
+    of = "" if epochs is None else f" of {epochs}"
+    return f"epoch {row['epoch'] + 1}{of}: " + ", ".join(p for p in parts if p)
 
 
 def _scalars(metrics: dict[str, Any]) -> dict[str, Any]:

@@ -2,7 +2,7 @@
 training on Ray, then train it with Adaptive Gradient Scaling (the Tula paper).
 
 The layers (DESIGN "Layers"; tests/layers.py holds the code to them), bottom up:
-  the shared vocabulary  space, profile_table, failures, arguments, distributed;
+  the shared vocabulary  space, profile_table, failures, arguments, distributed, verbosity;
   core subpackages       models (eq. 2-4), workloads, ags (Algorithm 1), training, planning:
                          no Ray import;
   Ray-facing             cluster, and the top-level packages searchers/ and trainables/;

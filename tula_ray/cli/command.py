@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +31,8 @@ from tula_ray.cli.options import (METRICS_FILE, REPLAY_DATASET_SIZE_DEFAULT,
                                   add_address_option, add_import_option, add_job_options,
                                   add_plan_options, add_train_options, storage_location)
 from tula_ray.failures import UserCodeError
+from tula_ray.planning.noise_checks import NoiseScaleWarning
+from tula_ray.verbosity import wrap
 
 
 def add_train_command(commands: Any) -> None:
@@ -62,7 +65,10 @@ def add_tune_command(commands: Any) -> None:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tula-ray", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("-v", "--verbose", action="store_true")
+    parser.add_argument("-v", "--verbose", action="store_true",
+                        help="print everything Ray prints too (Ray's start, Ray Tune's boxes, "
+                             "Ray Train's INFO logs) and tula-ray's INFO logs: verbose=2 of "
+                             "tula_ray.search and train; errors and warnings print anyway")
     add_import_option(parser)
     commands = parser.add_subparsers(dest="command", required=True)
 
@@ -122,6 +128,9 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")
+    warnings.formatwarning = readable_warning
+    if not args.verbose:  # every command that builds a plan prints its summary, which has it
+        warnings.filterwarnings("ignore", category=NoiseScaleWarning)
     try:
         args.run(args)
     except (ValueError, TypeError, FileNotFoundError) as error:  # bad input: no traceback
@@ -131,6 +140,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"tula-ray: the workload failed: {error}", file=sys.stderr)
         return 1
     return 0
+
+
+def readable_warning(message: Warning | str, category: type[Warning], filename: str,
+                     lineno: int, line: str | None = None) -> str:
+    """A Python warning as the command prints it: its class and message wrapped to 100
+    columns, without Python's file, line and source line (the message says what to do)."""
+    return wrap(f"warning: {category.__name__}: {message}") + "\n"
 
 
 def _imports(argv: list[str]) -> list[str]:

@@ -14,13 +14,19 @@ from tula_ray.cli.options import (METRICS_FILE, REPLAY_DATASET_SIZE_DEFAULT,
                                   REPLAY_EPOCHS_DEFAULT, SHOWN_COLUMNS, TUNED_FILE)
 from tula_ray.planning.plan import UNTRAINABLE, Plan, build_plan
 from tula_ray.space import SearchSpace
+from tula_ray.verbosity import EVERYTHING, PROGRESS, wrap
+
+
+def verbosity(args: argparse.Namespace) -> int:
+    """The `verbose` of tula_ray.search and train for a command line: `--verbose`, 2."""
+    return EVERYTHING if args.verbose else PROGRESS
 
 
 def write_plan(plan: Plan, out: Path) -> None:
     print(plan.summary())
     plan.to_json(out / "plan.json")
     figures = plan.plot(out)
-    print(f"wrote {out / 'plan.json'} and {', '.join(str(f) for f in figures)}")
+    print(wrap(f"wrote {out / 'plan.json'} and {', '.join(str(f) for f in figures)}"))
 
 
 def run_tune(args: argparse.Namespace) -> None:
@@ -61,7 +67,8 @@ def train_andwrite_plan(plan: Any, args: argparse.Namespace, workload: str | Non
     tuned = _tuned_config(getattr(args, "config", None)) or {"strategy": args.strategy}
     result = train(plan, workload=workload, epochs=args.epochs, storage_path=storage,
                    address=args.address, runtime_env=args.runtime_env,
-                   precision=args.precision, budget=args.budget, **tuned, **retries)
+                   precision=args.precision, budget=args.budget, verbose=verbosity(args),
+                   **tuned, **retries)
     shown = [c for c in SHOWN_COLUMNS if c in result.metrics.columns]
     print(f"trained N={result.num_workers}, B={result.global_batch} with {result.strategy}:")
     print(result.metrics[shown].to_string(index=False, float_format=lambda v: f"{v:.4g}"))
@@ -87,15 +94,15 @@ def _tuned_config(path: Path | None) -> dict[str, Any] | None:
 
 
 @contextlib.contextmanager
-def _ray_for(enabled: bool, address: str | None,
-             runtime_env: dict[str, Any] | None) -> Iterator[None]:
+def _ray_for(enabled: bool, address: str | None, runtime_env: dict[str, Any] | None,
+             verbose: int) -> Iterator[None]:
     """One Ray for several steps (demo: search then train) instead of one each."""
     if not enabled:
         yield
         return
     from tula_ray.cluster import ray_session  # imports ray
 
-    with ray_session(address, runtime_env):
+    with ray_session(address, runtime_env, verbose):
         yield
 
 
@@ -154,24 +161,24 @@ def run_demo(args: argparse.Namespace) -> None:
     from tula_ray.workloads.fashion_mnist_files import locate
 
     # Before Ray and torch: a machine with no means to get the data stops in seconds.
-    print(f"Fashion-MNIST: {locate().source}", flush=True)
+    print(wrap(f"Fashion-MNIST: {locate().source}"), flush=True)
     from tula_ray.runs.search import search  # imports ray: only for the commands that run it
 
     # With --train, one Ray for the search and the training.
-    with _ray_for(args.train, args.address, args.runtime_env):
+    with _ray_for(args.train, args.address, args.runtime_env, verbosity(args)):
         plan = search("fashion-mnist-cnn", cluster_sizes=tuple(args.cluster_sizes),
                       min_batch=args.min_batch, max_batch=args.max_batch,
                       strategy=args.search_strategy, objective=args.objective,
                       pricing=args.pricing, address=args.address,
                       storage_path=args.storage_path, training_strategy=args.strategy,
                       runtime_env=args.runtime_env, precision=args.precision,
-                      reference_batch=args.reference_batch, noise_scale=args.noise_scale)
+                      reference_batch=args.reference_batch, noise_scale=args.noise_scale,
+                      verbose=verbosity(args))
         write_plan(plan, args.out)
-        meta = plan.meta
+        meta = plan.meta  # why the search stopped: the summary's last line
         print(f"memory probe {meta['probe_wall_s']:.0f} s, profiling "
               f"{meta['profiling_wall_s']:.0f} s: {meta['candidates_profiled']} candidates in "
-              f"{meta['launches']} worker-group launches, {meta['rounds']} rounds "
-              f"({meta['stop_reason']})")
+              f"{meta['launches']} worker-group launches, {meta['rounds']} round(s)")
         if args.train:
             train_andwrite_plan(plan, args)
 
@@ -195,4 +202,6 @@ def run_search_file(args: argparse.Namespace) -> None:
             config[key] = getattr(args, key)
     if args.resume:
         config["resume"] = True
+    if args.verbose:  # the command line's --verbose wins over the file's verbose
+        config["verbose"] = EVERYTHING
     write_plan(search(**config), args.out)

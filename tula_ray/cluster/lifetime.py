@@ -14,17 +14,19 @@ from tula_ray.cluster.session import ray_session
 from tula_ray.cluster.storage import check_storage_path
 from tula_ray.cluster.workers import (PROVISION_TIMEOUT_S_DEFAULT, Workers, provision_workers,
                                       release_workers)
+from tula_ray.verbosity import VERBOSE_DEFAULT
 
 
 @contextlib.contextmanager
 def cluster_for_run(num_workers: int, resources_per_worker: dict[str, float] | None = None, *,
                     address: str | None = None, runtime_env: dict[str, Any] | None = None,
                     use_gpu: bool | None = None, storage_path: str | None = None,
-                    timeout_s: float = PROVISION_TIMEOUT_S_DEFAULT) -> Iterator[Workers]:
+                    timeout_s: float = PROVISION_TIMEOUT_S_DEFAULT,
+                    verbose: int = VERBOSE_DEFAULT) -> Iterator[Workers]:
     """Yield the `Workers` of a run of at most `num_workers` workers (see
-    `provision_workers`), on a Ray joined or started for the block (`ray_session`), with
-    `storage_path` checked (`check_storage_path`)."""
-    with ray_session(address, runtime_env):
+    `provision_workers`), on a Ray joined or started for the block (`ray_session`, which
+    prints as `verbose` says), with `storage_path` checked (`check_storage_path`)."""
+    with ray_session(address, runtime_env, verbose):
         workers = provision_workers(num_workers, resources_per_worker, use_gpu=use_gpu,
                                     timeout_s=timeout_s)
         try:

@@ -23,6 +23,8 @@ from typing import Any, Iterator
 
 import ray
 
+from tula_ray.verbosity import VERBOSE_DEFAULT, ray_log_level, show
+
 logger = logging.getLogger(__name__)
 
 # The local default binds every Ray server to this address. Ray's core servers (GCS,
@@ -42,6 +44,10 @@ DRIVER_SLOTS_DEFAULT = 4  # trial drivers a local Ray offers (trials run one at 
 # How long a Ray recorded by `ray start` may take to accept a connection before the record
 # is taken as stale (a Ray that died without `ray stop`); a live GCS answers in milliseconds.
 RUNNING_RAY_PROBE_S = 1.0
+# The logger of Ray's notice, at a local start, that token authentication is on (its
+# default: nothing to do), and the notice's words; its warning that it is OFF is kept.
+TOKEN_NOTICE_LOGGER = "ray._private.authentication.authentication_token_setup"
+TOKEN_NOTICE = "Token authentication is enabled"
 
 
 def check_address(address: str | None) -> None:
@@ -86,7 +92,8 @@ def check_runtime_env(runtime_env: Any) -> dict[str, Any] | None:
 _session_runtime_env: dict[str, Any] | None = None
 
 
-def ensure_ray(address: str | None = None, runtime_env: dict[str, Any] | None = None) -> bool:
+def ensure_ray(address: str | None = None, runtime_env: dict[str, Any] | None = None,
+               verbose: int = VERBOSE_DEFAULT) -> bool:
     """Join the Ray cluster the user names, else start a local Ray on loopback.
 
     In order: a Ray this process already initialised (the user's own `ray.init(...)`) is
@@ -105,6 +112,9 @@ def ensure_ray(address: str | None = None, runtime_env: dict[str, Any] | None = 
     Train worker of this driver inherits (the user's own modules, environment variables,
     pip packages). A Ray already initialised keeps its own: a different one is refused.
     Worker output reaches this process's terminal (`log_to_driver`).
+
+    verbose (`tula_ray.verbosity`): below 2, Ray's own start lines give way to one line
+    naming the dashboard; its warnings and errors stay.
     """
     global _session_runtime_env
     check_address(address)
@@ -126,15 +136,25 @@ def ensure_ray(address: str | None = None, runtime_env: dict[str, Any] | None = 
         target = LOCAL_ADDRESS
     # ray.init rewrites the dict it is given (local paths become package URIs): give it a copy.
     if target == LOCAL_ADDRESS:
-        start_local_ray(runtime_env=copy.deepcopy(runtime_env))
+        context = start_local_ray(runtime_env=copy.deepcopy(runtime_env), verbose=verbose)
     else:
         # An explicit address wins over RAY_ADDRESS; "auto" defers to it (ray.init's rules).
         with _local_only() if _is_loopback_only(target) else contextlib.nullcontext():
-            ray.init(address=target, runtime_env=copy.deepcopy(runtime_env))
+            context = ray.init(address=target, runtime_env=copy.deepcopy(runtime_env),
+                               logging_level=ray_log_level(verbose))
         logger.info("joined the Ray cluster at %s (%d nodes)", target,
                     sum(1 for node in ray.nodes() if node["Alive"]))
     _session_runtime_env = runtime_env
+    _show_dashboard(context, verbose)
     return True
+
+
+def _show_dashboard(context: Any, verbose: int) -> None:
+    """One line naming the dashboard of the Ray just started or joined (Ray's own start
+    lines, which name it too, print at verbose 2 only); none without a dashboard."""
+    url = getattr(context, "dashboard_url", None)
+    if url:
+        show(f"Ray dashboard: {url if '://' in url else 'http://' + url}", verbose)
 
 
 def running_ray_address() -> str | None:
@@ -184,28 +204,43 @@ def started_ray_here() -> bool:
     return ray.is_initialized() and node is not None and bool(getattr(node, "head", False))
 
 
-def start_local_ray(num_cpus: int | None = None,
-                    runtime_env: dict[str, Any] | None = None) -> None:
+def start_local_ray(num_cpus: int | None = None, runtime_env: dict[str, Any] | None = None,
+                    verbose: int = VERBOSE_DEFAULT) -> Any:
     """A new single-node Ray on this machine whose servers listen on loopback only.
 
     Ray's core servers bind every interface unless the node address is 127.0.0.1, and
     Ray rewrites 127.0.0.1 to the external address unless its local-only switch is
     off (`_local_only`). Token authentication is left as Ray sets it. Workers' output
-    is printed by this driver (Ray's `log_to_driver`), their tracebacks included.
+    is printed by this driver (Ray's `log_to_driver`), their tracebacks included. Below
+    verbose 2, Ray's INFO lines (its start) and its notice that token authentication is on
+    are left out. Returns ray.init's context.
     """
-    with _local_only():
-        ray.init(
-            # "local": always a new local Ray; a bare ray.init() would join any Ray
-            # cluster already running on this machine (someone else's, or a test's).
-            address=LOCAL_ADDRESS,
-            num_cpus=num_cpus,
-            _node_ip_address=LOCAL_NODE_IP,
-            # Trials hold this instead of a CPU, so N workers can use all N CPUs.
-            resources={DRIVER_RESOURCE: DRIVER_SLOTS_DEFAULT},
-            include_dashboard=True,
-            dashboard_host=LOCAL_NODE_IP,
-            runtime_env=runtime_env,
-        )
+    notice = logging.getLogger(TOKEN_NOTICE_LOGGER)
+    quiet = ray_log_level(verbose) != "INFO"
+    if quiet:
+        notice.addFilter(_drop_token_notice)
+    try:
+        with _local_only():
+            return ray.init(
+                # "local": always a new local Ray; a bare ray.init() would join any Ray
+                # cluster already running on this machine (someone else's, or a test's).
+                address=LOCAL_ADDRESS,
+                num_cpus=num_cpus,
+                _node_ip_address=LOCAL_NODE_IP,
+                # Trials hold this instead of a CPU, so N workers can use all N CPUs.
+                resources={DRIVER_RESOURCE: DRIVER_SLOTS_DEFAULT},
+                include_dashboard=True,
+                dashboard_host=LOCAL_NODE_IP,
+                runtime_env=runtime_env,
+                logging_level=ray_log_level(verbose),
+            )
+    finally:
+        notice.removeFilter(_drop_token_notice)
+
+
+def _drop_token_notice(record: logging.LogRecord) -> bool:
+    """A logging filter: False for Ray's notice that token authentication is on."""
+    return not record.getMessage().startswith(TOKEN_NOTICE)
 
 
 @contextlib.contextmanager
@@ -240,11 +275,11 @@ def _is_loopback_only(address: str) -> bool:
 
 
 @contextlib.contextmanager
-def ray_session(address: str | None = None,
-                runtime_env: dict[str, Any] | None = None) -> Iterator[None]:
-    """`ensure_ray(address, runtime_env)` for a block (one Ray for several searches or
-    trainings); disconnected on exit only if this block connected it."""
-    started = ensure_ray(address, runtime_env)
+def ray_session(address: str | None = None, runtime_env: dict[str, Any] | None = None,
+                verbose: int = VERBOSE_DEFAULT) -> Iterator[None]:
+    """`ensure_ray(address, runtime_env, verbose)` for a block (one Ray for several
+    searches or trainings); disconnected on exit only if this block connected it."""
+    started = ensure_ray(address, runtime_env, verbose)
     try:
         yield
     finally:

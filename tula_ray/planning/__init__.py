@@ -5,6 +5,7 @@
   estimates          the predicted table and the dense curve the policy chooses on;
   policy             min time, min cost, knee, weighted; ties within noise;
   plan               `build_plan` and the `Plan` it returns (JSON round trip, plots in plotting);
+  summary            the plan's summary as a person reads it: 100 columns, the rows that matter;
   synthetic          profiles drawn from known parameters (tests, examples, offline replays).
 
 Core: no Ray; above models, beside training.

@@ -33,6 +33,7 @@ from tula_ray.planning.estimates import (EpochCosts, add_epoch_times, add_estima
 from tula_ray.planning.noise_checks import choose_to_accuracy
 from tula_ray.planning.policy import Choice
 from tula_ray.planning.search_strategies import make_search_strategy, topology_options
+from tula_ray.planning.summary import compact_table, rows_that_matter, shown_rows_line, wrapped
 from tula_ray.profile_table import oom_local_batch, profile_frame, usable
 from tula_ray.space import SearchSpace
 
@@ -152,30 +153,30 @@ class Plan:
                     "measured: no profiled batch suits it)")
         return "training times: plain optimizer steps (no training strategy measured)"
 
-    def summary(self) -> str:
-        """A printable table of the candidates and the choice."""
-        columns = ["num_workers", "global_batch", "local_batch", "step_time_s",
-                   "measured_step_time_s", "epoch_time_s", "eval_time_s", "rel_uncertainty",
-                   "estimated_total_time_s", "estimated_cost_usd", "epochs_to_target",
-                   "time_to_accuracy_s", "peak_mem_bytes", "estimate", "feasible"]
-        shown = self.table[[c for c in columns if c in self.table]].copy()
-        shown["peak_mem_bytes"] = (shown["peak_mem_bytes"] / 2**20).round(1)
-        shown = shown.rename(columns={"peak_mem_bytes": "peak_mem_MiB"})
+    def summary(self, all_rows: bool = False) -> str:
+        """The candidates and the choice as a person reads them, in lines of at most 100
+        characters (`tula_ray.planning.summary`): a table of the figures that matter (N, B,
+        b, step, epoch and training times, time to the target, cost, peak memory, measured
+        or predicted, a note); of a plan of many candidates, only the choice, its ties and
+        the best of each N unless `all_rows`. Every column of every candidate is in
+        `table` and the plan's JSON."""
         c = self.choice
+        shown = self.table if all_rows else rows_that_matter(self.table, c, self.objective)
         loo = self.perf.loo_median_rel_error
         lines = [
-            shown.to_string(index=False, float_format=lambda v: f"{v:.4g}"),
+            compact_table(shown, c, self.objective),
+            "" if len(shown) == len(self.table)
+            else shown_rows_line(len(shown), len(self.table)),
             f"performance model: {self.strategy} search's fit, {self.perf.form} form, "
             f"{self.perf.num_profiles} profiles, leave-one-out error "
             + ("n/a" if loo is None else f"{loo:.1%}"),
             f"choice ({c.objective}): N={c.num_workers}, B={c.global_batch} "
             f"(b={c.local_batch}) - {c.reason}",
+            c.describe_ties(),
+            self.describe_strategy_cost(),
+            EpochCosts.from_profiles(self.profiles,
+                                     check_s=self.meta.get("workload_check_s")).describe(),
         ]
-        if c.ties:
-            lines.append(c.describe_ties())
-        lines.append(self.describe_strategy_cost())
-        lines.append(EpochCosts.from_profiles(
-            self.profiles, check_s=self.meta.get("workload_check_s")).describe())
         if "noise" in self.meta:
             noise = ProfiledNoise.from_dict(self.meta["noise"])
             lines.append(noise.describe(self.meta["reference_batch"]))
@@ -196,7 +197,7 @@ class Plan:
         if self.meta.get("errors"):
             lines.append(f"errors while profiling, each once:\n"
                          f"{describe_errors(self.meta['errors'])}")
-        return "\n".join(lines)
+        return wrapped(lines)
 
 
 def _frame_to_json(frame: pd.DataFrame) -> dict[str, Any]:

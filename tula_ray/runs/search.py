@@ -37,6 +37,7 @@ from tula_ray.space import MIN_BATCH_DEFAULT, SearchSpace
 from tula_ray.training.strategies import (TRAINING_STRATEGY_DEFAULT, plain_steps,
                                           portable_training_strategy, refusals)
 from tula_ray.training.strategy_base import TrainingStrategy
+from tula_ray.verbosity import VERBOSE_DEFAULT, ray_log_level
 from tula_ray.workloads import Workload, in_precision, portable_workload, resolve_workload
 
 logger = logging.getLogger(__name__)
@@ -74,6 +75,7 @@ def search(
     precision: str | None = None,
     reference_batch: int = REFERENCE_BATCH_DEFAULT,
     noise_scale: float | None = None,
+    verbose: int = VERBOSE_DEFAULT,
 ) -> Plan:
     """Profile candidates on Ray, fit the models, and return the Plan with the choice.
 
@@ -125,6 +127,13 @@ def search(
       (env_vars, e.g. NCCL_DEBUG), pip packages; see tula_ray.cluster.ensure_ray.
     On a multi-node cluster storage_path must be reachable from every node (a shared
     file system or a cloud URI); the search refuses otherwise, before any trial.
+    verbose: what the search prints (`tula_ray.verbosity`): 1 (the default) a line naming
+      the Ray dashboard, a line per worker group (the candidates done and left) and per
+      finished candidate (its step time, or its failure); 0 nothing but errors and
+      warnings; 2 everything Ray prints too (Ray's start, Tune's boxes, Ray Train's INFO
+      logs with each report's dict). Errors and warnings print at every level, and the
+      dashboard shows every trial at every level. A resumed search's Tune output is the
+      one it started with (Tune restores it with the experiment).
 
     Before any worker group starts, one Ray task with a worker's resources checks the
     workload where the workers run (`tula_ray.workloads.check`: its data, model, loss and
@@ -155,7 +164,7 @@ def search(
     resources = check_worker_request(resources_per_worker, provision_timeout_s)
     with cluster_for_run(request.cluster_sizes[-1], resources, address=address,
                          runtime_env=runtime_env, storage_path=request.storage_path,
-                         timeout_s=provision_timeout_s) as workers:
+                         timeout_s=provision_timeout_s, verbose=verbose) as workers:
         use_gpu = workers.use_gpu
         name = experiment_name(request.name, request.workload.name)
         saved_at = experiment_path(request.storage_path, name)
@@ -175,7 +184,7 @@ def search(
             probe_s = 0.0
         context = context_of(space, probe, device_bytes, use_gpu, probe_s, search_identity(request))
         searcher, path = _profile(request, space, use_gpu, device_bytes, probe,
-                                  workers, name, resume, context)
+                                  workers, name, resume, context, verbose)
         _raise_deciding_error(searcher, path)
         profiles = profile_frame(searcher.profiles)
         meta = {"probe_wall_s": probe_s, "workload_check_s": probe.check_s,
@@ -296,7 +305,7 @@ def _strategy_options(request: SearchRequest, space: SearchSpace, probe: MemoryP
 
 def _profile(request: SearchRequest, space: SearchSpace, use_gpu: bool, device_bytes: float,
              probe: MemoryProbe, workers: Workers, name: str, resume: bool,
-             context: dict[str, Any]) -> tuple[TulaSearcher, str]:
+             context: dict[str, Any], verbose: int) -> tuple[TulaSearcher, str]:
     """DESIGN step 3: one Tune trial per cluster size and round, one at a time (concurrent
     trials would share the CPUs or the network and distort each other's step times)."""
     # What every trial shares goes in the param space, which Tune merges into each
@@ -312,7 +321,9 @@ def _profile(request: SearchRequest, space: SearchSpace, use_gpu: bool, device_b
                  "epochs": request.epochs,
                  "training_strategy": None if request.training_strategy is None
                  else portable_training_strategy(request.training_strategy),
-                 "training_options": request.training_options}
+                 "training_options": request.training_options,
+                 # Ray Train's controller and workers log at this level (verbose 2: INFO)
+                 "train_log_level": ray_log_level(verbose)}
     # Above the memory probe's checked bound a candidate is infeasible: the plan says so,
     # and no worker group is launched to learn it again.
     grid = [c for c in space.candidates() if c.local_batch <= probe.max_local_batch]
@@ -320,4 +331,4 @@ def _profile(request: SearchRequest, space: SearchSpace, use_gpu: bool, device_b
                             _strategy_options(request, space, probe,
                                               workers.workers_per_node),
                             context=context)
-    return run_experiment(searcher, constants, request.storage_path, name, resume)
+    return run_experiment(searcher, constants, request.storage_path, name, resume, verbose)

@@ -10,25 +10,33 @@ the plan is built from the same rows an uninterrupted search would have had.
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
 from datetime import datetime
-from typing import Any
+from typing import Any, Iterator
 
 from ray import tune
 from ray.tune.search import Searcher
 
 from searchers import TulaSearcher
+from searchers.search_progress import SearchProgress
 from trainables.memory_probe import MemoryProbe
 from trainables.profiling_trial import trainable_with_resources
 from tula_ray.models.batch_limit import BatchLimit
 from tula_ray.models.memory import MemoryParams
 from tula_ray.space import SearchSpace
+from tula_ray.verbosity import tune_verbosity
 
 logger = logging.getLogger(__name__)
 
 # What a resumed search must share with the one it continues (else it is another search).
 SAME_SEARCH_KEYS = ("workload", "cluster_sizes", "min_batch", "max_batch", "strategy",
                     "strategy_options", "objective", "training_strategy", "training_options")
+# Ray Tune's switch between its output engines (documented in Tune's output guide). Its new
+# engine prints the experiment's box and paths even at verbose 0; its former one prints
+# nothing at 0 but errors and warnings.
+TUNE_NEW_OUTPUT_ENV = "RAY_AIR_NEW_OUTPUT"
 
 
 def experiment_name(name: str | None, workload_name: str) -> str:
@@ -86,9 +94,13 @@ def restore_context(context: dict[str, Any]) -> tuple[SearchSpace, MemoryProbe, 
 
 
 def run_experiment(searcher: TulaSearcher, constants: dict[str, Any], storage_path: str | None,
-                   name: str, resume: bool) -> tuple[TulaSearcher, str]:
+                   name: str, resume: bool, verbose: int) -> tuple[TulaSearcher, str]:
     """Run (or, with `resume` and a saved experiment, continue) the profiling trials.
-    Returns the searcher's final state and the experiment's path."""
+    Returns the searcher's final state and the experiment's path.
+
+    verbose (`tula_ray.verbosity`): Tune's boxes at 2, else tula-ray's progress lines
+    (`SearchProgress`). A restored experiment keeps the output it was started with (Tune
+    restores its run config, callbacks included)."""
     path = experiment_path(storage_path, name)
     restored = resume and tune.Tuner.can_restore(path)
     if restored:
@@ -110,14 +122,36 @@ def run_experiment(searcher: TulaSearcher, constants: dict[str, Any], storage_pa
                                         metric="step_time_s", mode="min",
                                         trial_name_creator=trial_name,
                                         trial_dirname_creator=trial_name),
-            run_config=tune.RunConfig(storage_path=storage_path, name=name, verbose=1),
+            run_config=tune.RunConfig(storage_path=storage_path, name=name,
+                                      verbose=tune_verbosity(verbose),
+                                      callbacks=[SearchProgress(searcher, verbose)]),
         )
-    results = tuner.fit()
+    with _tune_output(verbose):
+        results = tuner.fit()
     if not restored:
         return searcher, results.experiment_path
     # A restored Tuner drives its own copy of the searcher, not `searcher`; Tune saves
     # that copy with the experiment at its end: read its final state there.
     return saved_search(results.experiment_path) or searcher, results.experiment_path
+
+
+@contextlib.contextmanager
+def _tune_output(verbose: int) -> Iterator[None]:
+    """Below verbose 2, Tune's former output engine for the experiment (silent at Tune's
+    verbose 0: tula-ray's own lines replace it); its new one, with its boxes, at 2. The
+    variable is read when the experiment starts, and restored after it."""
+    if tune_verbosity(verbose) > 0:
+        yield
+        return
+    saved = os.environ.get(TUNE_NEW_OUTPUT_ENV)
+    os.environ[TUNE_NEW_OUTPUT_ENV] = "0"
+    try:
+        yield
+    finally:
+        if saved is None:
+            os.environ.pop(TUNE_NEW_OUTPUT_ENV, None)
+        else:
+            os.environ[TUNE_NEW_OUTPUT_ENV] = saved
 
 
 def trial_name(trial: Any) -> str:

@@ -22,6 +22,7 @@ from tula_ray.space import check_positive_ints
 from tula_ray.training.strategies import get_training_strategy
 from tula_ray.training.strategy_base import (TrainingStrategy, check_base_optimizer,
                                              check_option_names)
+from tula_ray.verbosity import check_verbose
 from tula_ray.workloads import Workload
 
 logger = logging.getLogger(__name__)
@@ -56,6 +57,7 @@ def check_search_arguments(a: dict[str, Any]) -> None:
     for label in ("storage_path", "name", "address"):
         check_text(label, a[label], optional=True)
     check_bool("resume", a["resume"])
+    check_verbose(a["verbose"])
     if a["resume"] and a["name"] is None:
         raise ValueError("resume=True needs name=: the name of the search to continue (with "
                          "the same storage_path); a search without a name gets a new one")

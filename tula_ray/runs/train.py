@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
-from ray.train import CheckpointConfig, FailureConfig, RunConfig
+from ray.train import CheckpointConfig, FailureConfig, LoggingConfig, RunConfig
 from ray.train.torch import TorchTrainer
 
 from trainables.training_loop import load_checkpoint_state, train_loop_per_worker
@@ -35,6 +35,7 @@ from tula_ray.planning.plan import Plan
 from tula_ray.runs.training_job import Job, checked_on_worker, dry_run, resolve_job
 from tula_ray.training.budget import BUDGETS
 from tula_ray.training.strategies import TRAINING_STRATEGY_DEFAULT, TrainingStrategy
+from tula_ray.verbosity import VERBOSE_DEFAULT, check_verbose, ray_log_level
 from tula_ray.workloads import Workload
 
 logger = logging.getLogger(__name__)
@@ -93,6 +94,7 @@ def train(
     runtime_env: dict[str, Any] | None = None,
     precision: str | None = None,
     budget: str = "epochs",
+    verbose: int = VERBOSE_DEFAULT,
 ) -> TrainResult:
     """Train the plan's chosen N and B as a Ray Train job and return the per-epoch metrics.
 
@@ -127,6 +129,10 @@ def train(
       at the strategy's reference batch (AGS-NS's small_batch, 32): between `epochs` and
       `epochs` x B / 32 epochs. A strategy without a gain trains its epochs (a note says so).
       A resumed run keeps its progress (the checkpoint holds it).
+    verbose: what the run prints (`tula_ray.verbosity`): 1 (the default) a line naming the
+      Ray dashboard and one per epoch (rank 0's loss, accuracy and seconds); 0 nothing but
+      errors and warnings; 2 Ray's start and Ray Train's INFO logs too (the workers'
+      set-up, each report's dict).
     Raises ValueError for a bad argument, before any worker starts; the workload is
     checked on one worker first (`tula_ray.search` says how), so its own code failing
     raises a `tula_ray.failures.UserCodeError` before the training job starts.
@@ -136,6 +142,7 @@ def train(
                      max_failures=max_failures, seed=seed, use_gpu=use_gpu, lr=lr,
                      address=address)
     check_choice("budget", budget, BUDGETS)
+    check_verbose(verbose)
     resources = check_worker_request(resources_per_worker, provision_timeout_s, use_gpu)
     check_runtime_env(runtime_env)
     plan = plan if isinstance(plan, Plan) else Plan.from_json(plan)
@@ -147,10 +154,10 @@ def train(
     try:
         with cluster_for_run(job.num_workers, resources, address=address,
                              runtime_env=runtime_env, use_gpu=use_gpu, storage_path=storage_path,
-                             timeout_s=provision_timeout_s) as workers:
+                             timeout_s=provision_timeout_s, verbose=verbose) as workers:
             job = checked_on_worker(job, workers)
             trainer = _trainer(job, storage_path, name, max_failures, seed, workers, lr,
-                               fail_at_epoch, marker_dir, budget)
+                               fail_at_epoch, marker_dir, budget, verbose)
             result = trainer.fit()
     finally:
         if marker_dir is not None:
@@ -185,11 +192,12 @@ def _check_fail_at_epoch(job: Job, fail_at_epoch: int | None) -> None:
 
 def _trainer(job: Job, storage_path: str | None, name: str | None, max_failures: int,
              seed: int, workers: Workers, lr: float | None, fail_at_epoch: int | None,
-             marker_dir: str | None, budget: str = "epochs") -> TorchTrainer:
+             marker_dir: str | None, budget: str = "epochs",
+             verbose: int = VERBOSE_DEFAULT) -> TorchTrainer:
     config: dict[str, Any] = {
         "workload": job.spec, "workload_options": job.options, "global_batch": job.global_batch,
         "epochs": job.epochs, "strategy": job.strategy, "strategy_options": job.strategy_options,
-        "seed": seed, "lr": lr, "budget": budget}
+        "seed": seed, "lr": lr, "budget": budget, "verbose": verbose}
     if fail_at_epoch is not None:
         config.update(fail_at_epoch=fail_at_epoch, fail_marker_dir=marker_dir)
     name = name or (f"tula-train-{job.workload.name}-{job.strategy_name}-N{job.num_workers}"
@@ -207,7 +215,8 @@ def _trainer(job: Job, storage_path: str | None, name: str | None, max_failures:
             name=name, storage_path=storage_path,
             failure_config=FailureConfig(max_failures=max_failures),
             # Keep every epoch's checkpoint: each carries that epoch's metrics row.
-            checkpoint_config=CheckpointConfig(num_to_keep=None)),
+            checkpoint_config=CheckpointConfig(num_to_keep=None),
+            logging_config=LoggingConfig(log_level=ray_log_level(verbose))),
     )
 
 
