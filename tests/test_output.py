@@ -127,7 +127,7 @@ def test_trains_line_per_epoch_names_its_loss_accuracy_and_seconds():
 
 
 def test_the_output_benchmark_counts_lines_the_widest_and_rays_own():
-    from benchmarks.demo_output import measure
+    from benchmarks.startup.demo_output import measure
 
     printed = "Ray dashboard: http://127.0.0.1:8265\n" + "x" * 120 + "\n(RayTrainWorker pid=7) hi\n"
     figures = measure(printed)
