@@ -24,6 +24,8 @@ packed (`tula_ray.cluster.scaling_config`); each row records the nodes it spanne
 
 from __future__ import annotations
 
+import functools
+
 import logging
 import math
 import os
@@ -79,9 +81,19 @@ PROFILING_START_RETRIES = 2
 PREEMPTION_WATCHER_ENV = "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER"
 
 
-def trainable_with_resources() -> Callable:
-    """`profile_cluster_size` wrapped with `trial_resources()`, ready for `tune.Tuner`."""
-    return tune.with_resources(profile_cluster_size, trial_resources())
+def trainable_with_resources(train_log_level: str | None = None) -> Callable:
+    """`profile_cluster_size` wrapped with `trial_resources()`, ready for `tune.Tuner`; its
+    trials' Ray Train logs at `train_log_level` (default WARNING: `tula_ray.verbosity`).
+    The level travels with the trainable, not in the param space, so that a search resumed
+    at another verbosity, or saved before there was one, restores the same params."""
+    if train_log_level is None:
+        return tune.with_resources(profile_cluster_size, trial_resources())
+
+    @functools.wraps(profile_cluster_size)
+    def at_log_level(config: dict[str, Any]) -> None:
+        profile_cluster_size({**config, "train_log_level": train_log_level})
+
+    return tune.with_resources(at_log_level, trial_resources())
 
 
 def batches_of(config: dict[str, Any]) -> list[int]:

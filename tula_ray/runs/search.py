@@ -37,7 +37,7 @@ from tula_ray.space import MIN_BATCH_DEFAULT, SearchSpace
 from tula_ray.training.strategies import (TRAINING_STRATEGY_DEFAULT, plain_steps,
                                           portable_training_strategy, refusals)
 from tula_ray.training.strategy_base import TrainingStrategy
-from tula_ray.verbosity import VERBOSE_DEFAULT, ray_log_level
+from tula_ray.verbosity import VERBOSE_DEFAULT
 from tula_ray.workloads import Workload, in_precision, portable_workload, resolve_workload
 
 logger = logging.getLogger(__name__)
@@ -321,9 +321,7 @@ def _profile(request: SearchRequest, space: SearchSpace, use_gpu: bool, device_b
                  "epochs": request.epochs,
                  "training_strategy": None if request.training_strategy is None
                  else portable_training_strategy(request.training_strategy),
-                 "training_options": request.training_options,
-                 # Ray Train's controller and workers log at this level (verbose 2: INFO)
-                 "train_log_level": ray_log_level(verbose)}
+                 "training_options": request.training_options}
     # Above the memory probe's checked bound a candidate is infeasible: the plan says so,
     # and no worker group is launched to learn it again.
     grid = [c for c in space.candidates() if c.local_batch <= probe.max_local_batch]

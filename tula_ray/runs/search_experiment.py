@@ -26,7 +26,7 @@ from trainables.profiling_trial import trainable_with_resources
 from tula_ray.models.batch_limit import BatchLimit
 from tula_ray.models.memory import MemoryParams
 from tula_ray.space import SearchSpace
-from tula_ray.verbosity import tune_verbosity
+from tula_ray.verbosity import ray_log_level, tune_verbosity
 
 logger = logging.getLogger(__name__)
 
@@ -102,17 +102,18 @@ def run_experiment(searcher: TulaSearcher, constants: dict[str, Any], storage_pa
     (`SearchProgress`). A restored experiment keeps the output it was started with (Tune
     restores its run config, callbacks included)."""
     path = experiment_path(storage_path, name)
+    level = ray_log_level(verbose)  # Ray Train's controller and workers (2: INFO)
     restored = resume and tune.Tuner.can_restore(path)
     if restored:
         logger.info("resuming the search saved at %s", path)
         # An interrupted trial is not rerun as it was: the searcher queues the batches it
         # had not finished (TulaSearcher.set_state), so no finished (N, B) runs twice.
-        tuner = tune.Tuner.restore(path, trainable=trainable_with_resources(),
+        tuner = tune.Tuner.restore(path, trainable=trainable_with_resources(level),
                                    resume_unfinished=False, resume_errored=False,
                                    param_space=constants)
     else:
         tuner = tune.Tuner(
-            trainable_with_resources(),
+            trainable_with_resources(level),
             param_space=constants,
             # One trial at a time: the searcher suggests nothing while one runs. Not Tune's
             # max_concurrent_trials: its ConcurrencyLimiter saves the running trial with the
