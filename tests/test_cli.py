@@ -132,7 +132,9 @@ def test_search_resume_needs_the_name_of_the_search_to_continue(tmp_path, capsys
     assert "resume=True needs name=" in error
 
 
-def test_search_resume_flag_continues_the_named_search(tmp_path, monkeypatch, capsys):
+@pytest.fixture
+def search_arguments(monkeypatch) -> dict:
+    """What `tula-ray search` passes to `tula_ray.search`, which stops there (ValueError)."""
     import functools
     import importlib
 
@@ -145,6 +147,11 @@ def test_search_resume_flag_continues_the_named_search(tmp_path, monkeypatch, ca
         raise ValueError("stopped here")
 
     monkeypatch.setattr(module, "search", fake_search)
+    return seen
+
+
+def test_search_resume_flag_continues_the_named_search(tmp_path, search_arguments, capsys):
+    seen = search_arguments
     config = tmp_path / "search.yaml"
     config.write_text("workload: fashion-mnist-cnn\nname: nightly\nstorage_path: /tmp/x\n")
     assert main(["search", str(config), "--resume"]) == 2
@@ -155,21 +162,10 @@ def test_search_resume_flag_continues_the_named_search(tmp_path, monkeypatch, ca
 
 
 def test_verbose_flag_is_searchs_verbose_2_and_warnings_print_in_100_columns(
-        tmp_path, monkeypatch, capsys):
-    import functools
-    import importlib
-
+        tmp_path, search_arguments, capsys):
     from tula_ray.cli.command import readable_warning
 
-    module = importlib.import_module("tula_ray.runs.search")
-    seen = {}
-
-    @functools.wraps(module.search)
-    def fake_search(**kwargs):
-        seen.update(kwargs)
-        raise ValueError("stopped here")
-
-    monkeypatch.setattr(module, "search", fake_search)
+    seen = search_arguments
     config = tmp_path / "search.yaml"
     config.write_text("workload: fashion-mnist-cnn\n")
     assert main(["--verbose", "search", str(config)]) == 2
