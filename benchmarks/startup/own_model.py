@@ -158,7 +158,7 @@ def plain_loop(epochs: int, train_size: int, batch: int = 32, seed: int = 0) -> 
 
 def run_driver(part: str, scratch: Path) -> dict:
     """The driver as a user runs it (`python driver.py`), in a fresh process: its result
-    line, its wall time, and how many lines it printed."""
+    line, its wall time, and what it printed besides (its lines, the widest)."""
     driver = scratch / "driver.py"
     driver.write_text(DRIVER)
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
@@ -171,8 +171,10 @@ def run_driver(part: str, scratch: Path) -> dict:
     if done.returncode or not lines:
         raise RuntimeError(f"{part} driver failed (rc {done.returncode}):\n{output[-4000:]}")
     result = json.loads(lines[-1][len("RESULT "):])
-    result.update(wall_s=wall, printed_lines=len(output.splitlines()),
-                  widest_line=max(len(line) for line in output.splitlines()))
+    # What tula-ray and Ray printed: the driver's own result line is this benchmark's.
+    printed = [line for line in output.splitlines() if not line.startswith("RESULT ")]
+    result.update(wall_s=wall, printed_lines=len(printed),
+                  widest_line=max(map(len, printed), default=0), printed="\n".join(printed))
     return result
 
 
@@ -226,6 +228,7 @@ def report(result: dict) -> str:
             f"{_goal(bool(reached) and reached[-1])}"
             + (f"; first reached after epoch {first}." if first else "."),
         ]
+        lines.append(f"  The choice's reason: {text['reason']}.")
         if text.get("noise_warning"):
             lines.append(f"  The plan warned: {text['noise_warning']}")
     limit = result.get("batch-limit")
@@ -243,4 +246,7 @@ def report(result: dict) -> str:
             lines.append(
                 f"- Batch limit ({BATCH_LIMIT}): refused after {limit['seconds']:.1f} s with "
                 f"{limit['error_type']}: {limit['error']}. Goal: {_goal(named and fast)}.")
+    if text and text.get("printed"):
+        lines += ["", "What the text classifier's driver printed (search, then train):", "",
+                  "```text", text["printed"], "```"]
     return "\n".join(lines) + "\n"
