@@ -31,6 +31,9 @@ from tula_ray.space import Candidate
 
 logger = logging.getLogger(__name__)
 
+# The search's Tune metric and mode, as every Tune searcher has them: the profiled step
+# time, minimised (the choice itself is the plan's policy's, not Tune's best trial).
+METRIC, MODE = "step_time_s", "min"
 MAX_ROUNDS = 1000  # a strategy that never stops is a bug; this keeps it from hanging a search
 
 
@@ -56,8 +59,8 @@ class TulaSearcher(Searcher):
         candidates: Iterable[Candidate],
         strategy: str = "partial",
         strategy_options: dict[str, Any] | None = None,
-        metric: str = "step_time_s",
-        mode: str = "min",
+        metric: str = METRIC,
+        mode: str = MODE,
         context: dict[str, Any] | None = None,
     ):
         super().__init__(metric=metric, mode=mode)

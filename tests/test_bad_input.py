@@ -21,6 +21,10 @@ from tula_ray.planning.plan import build_plan
 from tula_ray.space import SearchSpace
 from tula_ray.planning.synthetic import example_params, synthetic_profiles
 
+# build_plan's former keywords, which still work (tests/test_plan_context.py checks their
+# warning and that they build the same plan as a PlanContext)
+pytestmark = pytest.mark.filterwarnings("ignore:build_plan's keywords:FutureWarning")
+
 SETTINGS = settings(max_examples=100, deadline=None,
                     suppress_health_check=[HealthCheck.function_scoped_fixture])
 

@@ -11,6 +11,10 @@ from tula_ray.planning.plan import Plan
 from tula_ray.training.budget import BUDGETS
 from tula_ray.training.strategies import TRAINING_STRATEGY_DEFAULT
 
+# build_plan's former keywords, which still work (tests/test_plan_context.py checks their
+# warning and that they build the same plan as a PlanContext)
+pytestmark = pytest.mark.filterwarnings("ignore:build_plan's keywords:FutureWarning")
+
 
 def test_replay_synthetic_writes_a_plan_and_figures(tmp_path, capsys):
     assert main(["replay", "--synthetic", "--out", str(tmp_path)]) == 0

@@ -20,6 +20,10 @@ from tula_ray.planning.search_strategies import make_search_strategy
 from tula_ray.planning.synthetic import example_params, synthetic_profiles
 from tula_ray.space import SearchSpace
 
+# build_plan's former keywords, which still work (tests/test_plan_context.py checks their
+# warning and that they build the same plan as a PlanContext)
+pytestmark = pytest.mark.filterwarnings("ignore:build_plan's keywords:FutureWarning")
+
 SPACE = SearchSpace.build((1, 2, 4), min_batch=32, max_batch=512)
 
 

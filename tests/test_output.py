@@ -14,6 +14,10 @@ from tula_ray.planning.synthetic import example_params
 from tula_ray.space import SearchSpace, corners
 from tula_ray.verbosity import LINE_WIDTH, check_verbose, wrap
 
+# build_plan's former keywords, which still work (tests/test_plan_context.py checks their
+# warning and that they build the same plan as a PlanContext)
+pytestmark = pytest.mark.filterwarnings("ignore:build_plan's keywords:FutureWarning")
+
 SPACE = SearchSpace.build((1, 2), min_batch=32, max_batch=256)
 
 

@@ -7,6 +7,7 @@ import pytest
 from paper_profiles import paper_profiles as synthetic_profiles
 from result_checks import summary_words
 
+from tula_ray.planning.context import PlanContext
 from tula_ray.planning.plan import Plan, build_plan
 from tula_ray.planning.policy import TIE_BREAK_RULE
 from tula_ray.planning.synthetic import example_params
@@ -14,13 +15,17 @@ from tula_ray.space import SearchSpace, corners
 from tula_ray.verbosity import wrap
 
 SPACE = SearchSpace.build((1, 2), min_batch=32, max_batch=1024)
+# Most plans here are built with build_plan's former keywords, which still work
+# (tests/test_plan_context.py checks their warning and that they build the same plan).
+pytestmark = pytest.mark.filterwarnings("ignore:build_plan's keywords:FutureWarning")
 
 
 def make_plan(**kwargs):
     profiles = synthetic_profiles(corners(SPACE.candidates()), example_params(), seed=2)
-    options = dict(epochs=5, dataset_size=10000, strategy="partial", objective="knee")
+    options = dict(epochs=5, dataset_size=10000, objective="knee")
     options.update(kwargs)
-    return build_plan(SPACE, profiles, **options)
+    strategy, meta = options.pop("strategy", "partial"), options.pop("meta", None)
+    return build_plan(SPACE, profiles, PlanContext(**options), strategy=strategy, meta=meta)
 
 
 def test_every_candidate_is_predicted_and_measured_ones_are_marked():
@@ -439,8 +444,9 @@ def four_gpu_node_plan(pricing, sizes=(1, 2, 3, 4, 8)):
     pairs = [(n, b) for n in sizes for b in (96, 192, 384, 768)]
     space = SearchSpace.of_pairs([n for n, _ in pairs], [b for _, b in pairs])
     profiles = synthetic_profiles(space.candidates(), example_params(), seed=2)
-    return build_plan(space, profiles, epochs=5, dataset_size=10000, strategy="full",
-                      objective="cost", pricing=pricing, workers_per_node=4)
+    context = PlanContext(epochs=5, dataset_size=10000, objective="cost", pricing=pricing,
+                          workers_per_node=4)
+    return build_plan(space, profiles, context, strategy="full")
 
 
 def test_a_plan_on_4_gpu_nodes_prices_1_to_4_workers_as_one_node():

@@ -17,6 +17,10 @@ from tula_ray.training.measure import peak_memory_bytes
 from tula_ray.training.run import fit
 from tula_ray.workloads import Workload, in_precision, resolve_workload
 
+# build_plan's former keywords, which still work (tests/test_plan_context.py checks their
+# warning and that they build the same plan as a PlanContext)
+pytestmark = pytest.mark.filterwarnings("ignore:build_plan's keywords:FutureWarning")
+
 
 class SeesItsDtype(nn.Module):
     """A user's model that records what its layers computed in."""

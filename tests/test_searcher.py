@@ -296,20 +296,22 @@ def test_search_gives_the_adaptive_search_the_training_strategys_limits():
     from types import SimpleNamespace
 
     from tula_ray.models.pricing import parse_pricing
-    from tula_ray.runs.search import _strategy_options
+    from tula_ray.runs.search import _plan_context, _strategy_options
 
     space = SearchSpace.build((1, 2), min_batch=32, max_batch=256)
     request = SimpleNamespace(
         strategy="adaptive", strategy_options={}, objective="time_to_accuracy", epochs=2,
-        workload=SimpleNamespace(dataset_size=8192), pricing=parse_pricing("fixed"),
+        workload=SimpleNamespace(dataset_size=8192, name="custom"),
+        pricing=parse_pricing("fixed"),
         weight_time=0.5, collective="ring", reference_batch=64, noise_scale=250.0,
         training_strategy="ags", training_options={"small_batch": 64})
-    probe = SimpleNamespace(params=SimpleNamespace(to_dict=dict), max_local_batch=256)
-    options = _strategy_options(request, space, probe, workers_per_node=None)
+    probe = SimpleNamespace(params=None, max_local_batch=256)
+    context = _plan_context(request, space, probe, workers_per_node=None)
+    options = _strategy_options(request, context)
     json.dumps(options)
-    assert [tuple(p[:2]) for p in options["untrainable"]] == [(2, 128)]
-    assert options["plain_steps"] == [[1, 32], [1, 64], [2, 32], [2, 64]]
+    assert [tuple(p[:2]) for p in options["plan_context"]["untrainable"]] == [(2, 128)]
+    assert options["plan_context"]["plain_steps"] == [[1, 32], [1, 64], [2, 32], [2, 64]]
     strategy = make_search_strategy("adaptive", options)
-    assert set(strategy.context["untrainable"]) == {(2, 128)}
-    assert strategy.context["plain_steps"] == {(1, 32), (1, 64), (2, 32), (2, 64)}
-    assert strategy.context["noise_scale"] == 250.0  # the user's phi plans its rounds too
+    assert set(strategy.context.refused) == {(2, 128)}
+    assert strategy.context.plain_steps == {(1, 32), (1, 64), (2, 32), (2, 64)}
+    assert strategy.context.noise_scale == 250.0  # the user's phi plans its rounds too

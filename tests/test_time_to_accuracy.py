@@ -12,6 +12,7 @@ from result_checks import summary_words
 
 from tula_ray.planning.accuracy import (ProfiledNoise, epochs_to_target, profiled_noise,
                                         weighted_standard_error)
+from tula_ray.planning.context import PlanContext
 from tula_ray.planning.noise_checks import NoiseScaleWarning
 from tula_ray.planning.plan import ACCURACY_COLUMNS, Plan, build_plan
 from tula_ray.planning.policy import choose, find_knee
@@ -30,10 +31,11 @@ def profiles_with_noise(grad_sqr=1.0, grad_var=100.0, steps=4):
 
 
 def make_plan(profiles=None, **kwargs):
-    options = dict(epochs=EPOCHS, dataset_size=10000, strategy="full", objective="time",
-                   noise_calibration=1.0)
+    options = dict(epochs=EPOCHS, dataset_size=10000, objective="time", noise_calibration=1.0)
     options.update(kwargs)
-    return build_plan(SPACE, profiles_with_noise() if profiles is None else profiles, **options)
+    strategy, meta = options.pop("strategy", "full"), options.pop("meta", None)
+    return build_plan(SPACE, profiles_with_noise() if profiles is None else profiles,
+                      PlanContext(**options), strategy=strategy, meta=meta)
 
 
 def test_profiled_noise_pools_the_ok_rows_by_their_steps():

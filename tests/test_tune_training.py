@@ -24,6 +24,10 @@ from tula_ray.training.data import split_validation
 from tula_ray.training.strategies import TRAINING_STRATEGIES
 from tula_ray.workloads import Workload
 
+# build_plan's former keywords, which still work (tests/test_plan_context.py checks their
+# warning and that they build the same plan as a PlanContext)
+pytestmark = pytest.mark.filterwarnings("ignore:build_plan's keywords:FutureWarning")
+
 cloudpickle.register_pickle_by_value(sys.modules[__name__])  # Ray workers cannot import tests
 
 CHOSEN_N, CHOSEN_B = 2, 64

@@ -22,6 +22,7 @@ from tula_ray.models.compute_forms import register_compute_form
 from tula_ray.models.perf import register_collective
 from tula_ray.models.pricing import FixedRate, MemoryRate, Pricing, register_pricing
 from tula_ray.planning.noise_checks import NoiseScaleWarning
+from tula_ray.planning.context import PlanContext
 from tula_ray.planning.plan import Plan, build_plan
 from tula_ray.planning.policy import Choice
 from tula_ray.planning.search_strategies import register_search_strategy
@@ -45,8 +46,9 @@ _LAZY = {  # public name -> module that defines it (ray, or torch: heavy to impo
 # The extension points, one registration each (README "Extending tula-ray"): a search
 # strategy, a training strategy, a pricing, a compute form, a collective, a workload.
 __all__ = ["Candidate", "Choice", "FixedRate", "MemoryRate", "NoiseScaleWarning", "Plan",
-           "Pricing", "SearchSpace", "UserCodeError", "build_plan", "register_collective",
-           "register_compute_form", "register_pricing", "register_search_strategy", *_LAZY]
+           "PlanContext", "Pricing", "SearchSpace", "UserCodeError", "build_plan",
+           "register_collective", "register_compute_form", "register_pricing",
+           "register_search_strategy", *_LAZY]
 
 
 def __getattr__(name: str) -> Any:

@@ -71,6 +71,7 @@ def make_plan(settings: dict, quick: bool, index: int = 0):
     if path.exists() and not quick:
         return Plan.from_json(path)
     if quick:
+        from tula_ray.planning.context import PlanContext
         from tula_ray.planning.plan import build_plan
         from tula_ray.planning.synthetic import example_params, synthetic_profiles
         from tula_ray.space import SearchSpace
@@ -78,8 +79,9 @@ def make_plan(settings: dict, quick: bool, index: int = 0):
         space = SearchSpace((WORLD_SIZE,), settings["batches"])
         profiles = synthetic_profiles(space.candidates(), example_params()).assign(
             grad_sqr=1.0, grad_var=20.0, noise_steps=3)
-        plan = build_plan(space, profiles, epochs=1, dataset_size=settings["train_subset"],
-                          strategy="full", objective="time_to_accuracy")
+        context = PlanContext(epochs=1, dataset_size=settings["train_subset"],
+                              objective="time_to_accuracy")
+        plan = build_plan(space, profiles, context, strategy="full")
     else:
         import tula_ray
 
@@ -98,6 +100,7 @@ def replanned(plan, epochs: int, train_size: int, objective: str,
     """The plan re-made from its own profiles for `epochs` at the reference batch over the
     training split's size, by this tree's planning (its noise calibration included), with
     the user's `noise_scale` if given: what a user asking for that target would be given."""
+    from tula_ray.planning.context import PlanContext
     from tula_ray.planning.plan import build_plan
     from tula_ray.space import SearchSpace
 
@@ -105,10 +108,10 @@ def replanned(plan, epochs: int, train_size: int, objective: str,
 
     space = SearchSpace.of_pairs(plan.table["num_workers"], plan.table["global_batch"])
     pairs = [(c.num_workers, c.global_batch) for c in space.candidates()]
-    return build_plan(space, plan.profiles, epochs=max(1, epochs), dataset_size=train_size,
-                      strategy=plan.strategy, objective=objective,
-                      reference_batch=REFERENCE_BATCH, meta=plan.meta,
-                      plain_steps=plain_steps(STRATEGY, {}, pairs), noise_scale=noise_scale)
+    context = PlanContext(epochs=max(1, epochs), dataset_size=train_size, objective=objective,
+                          reference_batch=REFERENCE_BATCH, noise_scale=noise_scale,
+                          plain_steps=plain_steps(STRATEGY, {}, pairs))
+    return build_plan(space, plan.profiles, context, strategy=plan.strategy, meta=plan.meta)
 
 
 def judge(plan, truth: dict[int, dict[str, float]], train_size: int, held_out: int,

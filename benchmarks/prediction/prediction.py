@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -39,10 +40,11 @@ import pandas as pd
 from benchmarks.common import (RESULTS_DIR, Benchmark, cross_search_errors, provenance,
                                relative_errors, spread)
 from benchmarks.prediction.prediction_report import plot as plot_workload, report
-from benchmarks.prediction.replay import (KEY, OBJECTIVES, STRATEGIES, SearchContext, measured_at,
-                                          metric_of, regret, replay)
+from benchmarks.prediction.replay import (KEY, OBJECTIVES, STRATEGIES, measured_at, metric_of,
+                                          recorded_search, regret, replay)
 from tula_ray.models.pricing import (USD_PER_GB_HOUR_DEFAULT, USD_PER_NODE_HOUR_DEFAULT, FixedRate,
                               MemoryRate)
+from tula_ray.planning.context import PRICING_DEFAULT
 
 NAME = "prediction"
 SEARCH = dict(cluster_sizes=(1, 2), min_batch=32)  # the demo's grid (NOTES-ENV: 2 cores)
@@ -85,7 +87,7 @@ def _selection(full_plan) -> list[dict]:
     """Per objective and pricing: the oracle's pick and each strategy's (by replay)."""
     from tula_ray.planning.policy import choose
 
-    context, rows = SearchContext.of_plan(full_plan), []
+    (space, recorded), rows = recorded_search(full_plan), []
     for label, pricing in PRICINGS.items():
         oracle_table = measured_table(full_plan.table, pricing)
         indexed = oracle_table.set_index(KEY)
@@ -94,8 +96,9 @@ def _selection(full_plan) -> list[dict]:
             row = {"objective": objective, "pricing": label, "metric": metric,
                    "oracle": _measured_pick(indexed, choose(oracle_table, objective), metric)}
             for strategy in STRATEGIES:
-                plan, measured, rounds, reason = replay(context, full_plan.profiles, strategy,
-                                                        objective, pricing)
+                context = replace(recorded, objective=objective, pricing=pricing)
+                plan, measured, rounds, reason = replay(space, context, full_plan.profiles,
+                                                        strategy)
                 row[strategy] = {**_measured_pick(indexed, plan.choice, metric),
                                  "candidates": len(measured), "rounds": rounds,
                                  "stop_reason": reason}
@@ -110,8 +113,10 @@ def _accuracy(full_plan) -> tuple[pd.DataFrame, dict]:
     """Per-candidate predictions of both models against the measurements, and a summary."""
     from tula_ray.planning.search_strategies import make_search_strategy
 
-    partial, _, _, _ = replay(SearchContext.of_plan(full_plan), full_plan.profiles, "partial",
-                              full_plan.objective)
+    space, recorded = recorded_search(full_plan)
+    # the recorded search's objective, priced at the context's default (as before)
+    context = replace(recorded, objective=full_plan.objective, pricing=PRICING_DEFAULT)
+    partial, _, _, _ = replay(space, context, full_plan.profiles, "partial")
     table = full_plan.table.merge(
         partial.table[["num_workers", "global_batch", "step_time_s", "total_time_s"]],
         on=["num_workers", "global_batch"], suffixes=("_full", "_partial"))

@@ -4,106 +4,92 @@ choice is judged on a true table against the oracle's (`policy.choose` on that t
 
 Shared by the prediction benchmark (each strategy replayed on the measurements of a
 recorded full search: `replay`) and the strategy simulation (synthetic measurements fed
-to the search strategy in the Tune adapter's rounds): both plan with a `SearchContext`
-and judge with `regret`.
+to the search strategy in the Tune adapter's rounds): both plan over a candidate grid
+with the product's `PlanContext` (`planned`) and judge with `regret`.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
 
 if TYPE_CHECKING:
-    from tula_ray.models.memory import MemoryParams
+    from tula_ray.planning.context import PlanContext
     from tula_ray.planning.plan import Plan
     from tula_ray.planning.policy import Choice
-    from tula_ray.space import SearchSpace
+    from tula_ray.space import Candidate, SearchSpace
 
 STRATEGIES = ("full", "partial", "adaptive")  # the search strategies compared side by side
 OBJECTIVES = ("time", "cost", "knee")  # the objectives each strategy's choice is judged for
 KEY = ["num_workers", "global_batch"]  # a candidate's row in a table
 
 
-@dataclass(frozen=True)
-class SearchContext:
-    """What a search plans with besides its rows: the candidate grid, the training it
-    plans for (E epochs of D samples, eq. 4a), the memory bound and model, the collective
-    and the workload's name; `build_plan`'s defaults where a benchmark has none."""
+def recorded_search(plan: Plan) -> tuple[SearchSpace, PlanContext]:
+    """The grid (every N and B of its table) and the context a recorded search planned
+    with: the context the plan records (meta["plan_context"]), or, for a plan from before
+    it did (issue 42), its E and D, memory bound and model, collective and workload, the
+    rest at the context's defaults."""
+    from tula_ray.planning.context import PlanContext
+    from tula_ray.space import SearchSpace
 
-    space: SearchSpace
-    epochs: int
-    dataset_size: int
-    max_local_batch: int | None = None  # the memory probe's bound; None: no bound
-    collective: str = "ring"
-    memory: MemoryParams | None = None
-    workload: str = "custom"
-
-    @classmethod
-    def of_plan(cls, plan: Plan) -> SearchContext:
-        """The context a recorded search planned with: its grid (every N and B of its
-        table), its E and D, its memory bound and model, its collective and workload."""
-        from tula_ray.space import SearchSpace
-
-        table = plan.table
-        space = SearchSpace.of_pairs(table["num_workers"], table["global_batch"])
-        return cls(space, plan.epochs, plan.dataset_size, plan.meta.get("max_local_batch"),
-                   plan.perf.collective, plan.memory, plan.workload)
-
-    def grid(self) -> list:
-        """The candidates a search profiles: those within the memory bound."""
-        max_local = self.max_local_batch or np.inf
-        return [c for c in self.space.candidates() if c.local_batch <= max_local]
-
-    def strategy_options(self, strategy: str, objective: str, pricing) -> dict[str, Any]:
-        """`strategy`'s options with this context, for a strategy that plans as it goes."""
-        from tula_ray.models.pricing import pricing_to_dict
-        from tula_ray.planning.search_strategies import with_plan_context
-
-        return with_plan_context(
-            strategy, {}, objective=objective, epochs=self.epochs,
-            dataset_size=self.dataset_size, pricing=pricing_to_dict(pricing),
-            collective=self.collective,
-            memory=None if self.memory is None else self.memory.to_dict(),
-            max_local_batch=self.max_local_batch)
-
-    def plan(self, rows: pd.DataFrame, strategy: str, objective: str, pricing) -> Plan:
-        """The plan a `strategy` search that measured `rows` makes, for this objective and
-        pricing, through `build_plan` (the product's path)."""
-        from tula_ray.planning.plan import build_plan
-
-        return build_plan(self.space, rows, epochs=self.epochs, dataset_size=self.dataset_size,
-                          strategy=strategy, objective=objective, pricing=pricing,
-                          memory=self.memory, max_local_batch=self.max_local_batch,
-                          collective=self.collective, workload=self.workload)
+    table = plan.table
+    space = SearchSpace.of_pairs(table["num_workers"], table["global_batch"])
+    if "plan_context" in plan.meta:
+        return space, PlanContext.from_dict(plan.meta["plan_context"])
+    return space, PlanContext(epochs=plan.epochs, dataset_size=plan.dataset_size,
+                              max_local_batch=plan.meta.get("max_local_batch"),
+                              collective=plan.perf.collective, memory=plan.memory,
+                              workload=plan.workload)
 
 
-def replay(context: SearchContext, profiles: pd.DataFrame, strategy: str,
-           objective: str = "knee", pricing=None) -> tuple[Plan, pd.DataFrame, int, str]:
+def grid(space: SearchSpace, context: PlanContext) -> list[Candidate]:
+    """The candidates a search profiles: those within the context's memory bound."""
+    max_local = context.max_local_batch or np.inf
+    return [c for c in space.candidates() if c.local_batch <= max_local]
+
+
+def strategy_options(strategy: str, context: PlanContext) -> dict[str, Any]:
+    """`strategy`'s options as `search()` gives them: the cluster's G for a strategy that
+    takes it, the context for a strategy that plans as it goes."""
+    from tula_ray.planning.search_strategies import topology_options, with_plan_context
+
+    options = topology_options(strategy, {}, context.workers_per_node)
+    return with_plan_context(strategy, options, context)
+
+
+def planned(space: SearchSpace, context: PlanContext, rows: pd.DataFrame,
+            strategy: str) -> Plan:
+    """The plan a `strategy` search that measured `rows` makes with this context, through
+    `build_plan` (the product's path)."""
+    from tula_ray.planning.plan import build_plan
+
+    return build_plan(space, rows, context, strategy=strategy)
+
+
+def replay(space: SearchSpace, context: PlanContext, profiles: pd.DataFrame,
+           strategy: str) -> tuple[Plan, pd.DataFrame, int, str]:
     """Run `strategy`'s rounds against recorded measurements (`profiles`: a row for every
     candidate of the grid): it proposes, the recorded row for each proposed candidate is
-    handed back (with that round's number), until it is done. Returns (its plan, the rows
-    it measured, its rounds, why it stopped)."""
-    from tula_ray.models.pricing import FixedRate
+    handed back (with that round's number), until it is done; it plans with `context`
+    (its objective and pricing among it). Returns (its plan, the rows it measured, its
+    rounds, why it stopped)."""
     from tula_ray.profile_table import profile_frame
     from tula_ray.planning.search_strategies import make_search_strategy
 
-    pricing = pricing or FixedRate()
-    chooser = make_search_strategy(strategy, context.strategy_options(strategy, objective, pricing))
+    chooser = make_search_strategy(strategy, strategy_options(strategy, context))
     profiles = profile_frame(profiles.to_dict("records"))  # every column
     measured = profiles.set_index(KEY)
-    grid = context.grid()
+    candidates = grid(space, context)
     rows = profiles.iloc[0:0].copy()
     for round_ in range(1, 100):
-        proposal = chooser.propose(grid, rows)
+        proposal = chooser.propose(candidates, rows)
         if proposal.done:
             break
         picked = measured.loc[[(c.num_workers, c.global_batch) for c in proposal.candidates]]
         rows = pd.concat([rows, picked.reset_index().assign(round=round_)], ignore_index=True)
-    plan = context.plan(rows, strategy, objective, pricing)
-    return plan, rows, round_ - 1, proposal.reason
+    return planned(space, context, rows, strategy), rows, round_ - 1, proposal.reason
 
 
 def metric_of(objective: str) -> str:

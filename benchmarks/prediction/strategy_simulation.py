@@ -29,7 +29,9 @@ import numpy as np
 import pandas as pd
 
 from benchmarks.common import Benchmark, markdown_table
-from benchmarks.prediction.replay import OBJECTIVES, STRATEGIES, SearchContext, regret_on
+from benchmarks.prediction.replay import (OBJECTIVES, STRATEGIES, grid, planned, regret_on,
+                                          strategy_options)
+from tula_ray.planning.context import OBJECTIVE_DEFAULT, PRICING_DEFAULT
 
 NAME = "strategy_simulation"
 CLUSTER_SIZES = (2, 4, 8, 16)  # paper §IV-B
@@ -55,13 +57,15 @@ def true_step_s(n, b):
     return INTERCEPT_S + PER_SAMPLE_S * np.asarray(b, float) + SYNC_S * (1 - 1 / np.asarray(n, float))
 
 
-def _context(cluster_sizes, batch_sizes) -> SearchContext:
-    """The simulated searches' context: the grid, E and D, the memory probe's bound
-    (candidates above it are infeasible, not profiled)."""
+def _search(cluster_sizes, batch_sizes, objective: str, pricing):
+    """The simulated searches' grid and context: E and D, the memory probe's bound
+    (candidates above it are infeasible, not profiled), the objective and pricing."""
+    from tula_ray.planning.context import PlanContext
     from tula_ray.space import SearchSpace
 
-    return SearchContext(SearchSpace(tuple(cluster_sizes), tuple(batch_sizes)), EPOCHS, DATASET,
-                         MAX_LOCAL_BATCH)
+    return (SearchSpace(tuple(cluster_sizes), tuple(batch_sizes)),
+            PlanContext(epochs=EPOCHS, dataset_size=DATASET, max_local_batch=MAX_LOCAL_BATCH,
+                        objective=objective, pricing=pricing))
 
 
 def _truth_table(space, pricing):
@@ -79,17 +83,14 @@ def _truth_table(space, pricing):
 
 
 def simulate(strategy: str, cluster_sizes, batch_sizes, noise: float, seed: int,
-             objective: str = "knee", pricing=None) -> dict:
+             objective: str = OBJECTIVE_DEFAULT, pricing=PRICING_DEFAULT) -> dict:
     """One search: rows, launches, profiling seconds, and its plan."""
-    from tula_ray.models.pricing import FixedRate
     from tula_ray.planning.search_strategies import make_search_strategy
     from tula_ray.profile_table import profile_frame, profile_row
 
-    pricing = pricing or FixedRate()
-    context = _context(cluster_sizes, batch_sizes)
-    search = make_search_strategy(strategy,
-                                  context.strategy_options(strategy, objective, pricing))
-    candidates = sorted(set(context.grid()))
+    space, context = _search(cluster_sizes, batch_sizes, objective, pricing)
+    search = make_search_strategy(strategy, strategy_options(strategy, context))
+    candidates = sorted(set(grid(space, context)))
     rng = np.random.default_rng(seed)
     rows: dict[tuple[int, int], dict] = {}  # (N, B) -> profile row, in the order measured
     seconds, launches, rounds = 0.0, 0, 0
@@ -117,7 +118,7 @@ def simulate(strategy: str, cluster_sizes, batch_sizes, noise: float, seed: int,
                     "profile_wall_s": BATCH_OVERHEAD_S,
                     "peak_mem_bytes": STATIC_BYTES + BYTES_PER_SAMPLE * b / n})
     frame = profile_frame(rows.values())
-    plan = context.plan(frame, strategy, objective, pricing)
+    plan = planned(space, context, frame, strategy)
     return {"plan": plan, "launches": launches, "profiling_s": seconds,
             "candidates": len(frame), "rounds": rounds}
 
@@ -146,7 +147,8 @@ def run(quick: bool = False) -> dict:
                 for label, pricing in pricings.items():
                     if objective != "cost" and label == "memory":
                         continue  # time and knee do not depend on the pricing
-                    truth = _truth_table(_context(cluster_sizes, batches).space, pricing)
+                    space, _ = _search(cluster_sizes, batches, objective, pricing)
+                    truth = _truth_table(space, pricing)
                     runs = [simulate(strategy, cluster_sizes, batches, noise, seed, objective,
                                      pricing) for seed in range(seeds)]
                     regrets = [regret_on(truth, r["plan"].choice, objective) for r in runs]

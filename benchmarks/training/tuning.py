@@ -36,6 +36,7 @@ def tuning_plan(world_size: int, global_batch: int, train_subset: int, epochs: i
     """A plan whose choice is (world_size, global_batch) for the benchmark's CNN and
     subset: `tune_training` tunes at a plan's choice. Its step times are synthetic
     (`tula_ray.planning.synthetic`): tuning reads only the workload, its options, N, B and E."""
+    from tula_ray.planning.context import PlanContext
     from tula_ray.planning.plan import build_plan
     from tula_ray.planning.policy import Choice
     from tula_ray.space import SearchSpace
@@ -43,8 +44,8 @@ def tuning_plan(world_size: int, global_batch: int, train_subset: int, epochs: i
 
     space = SearchSpace((1, world_size), (32, global_batch))
     profiles = synthetic_profiles(space.candidates(), example_params())
-    plan = build_plan(space, profiles, epochs=epochs, dataset_size=train_subset,
-                      strategy="full", workload="fashion-mnist-cnn",
+    context = PlanContext(epochs=epochs, dataset_size=train_subset, workload="fashion-mnist-cnn")
+    plan = build_plan(space, profiles, context, strategy="full",
                       meta={"workload_options": {"train_subset": train_subset,
                                                  "subset_seed": 0}})
     return dataclasses.replace(plan, choice=Choice(

@@ -12,6 +12,7 @@ import pandas as pd
 
 from tula_ray.cli.options import (METRICS_FILE, REPLAY_DATASET_SIZE_DEFAULT,
                                   REPLAY_EPOCHS_DEFAULT, SHOWN_COLUMNS, TUNED_FILE)
+from tula_ray.planning.context import PlanContext
 from tula_ray.planning.plan import UNTRAINABLE, Plan, build_plan
 from tula_ray.space import SearchSpace
 from tula_ray.verbosity import EVERYTHING, PROGRESS, wrap
@@ -142,12 +143,12 @@ def run_replay(args: argparse.Namespace) -> None:
         profiles = pd.read_csv(args.profiles, keep_default_na=False, na_values=[""])
         workload, (epochs, dataset_size) = args.profiles.stem, _replay_sizes(args)
         space = SearchSpace.of_pairs(profiles["num_workers"], profiles["global_batch"])
-    plan = build_plan(space, profiles, epochs=epochs, dataset_size=dataset_size,
-                      strategy=args.search_strategy, objective=args.objective,
-                      pricing=args.pricing, reference_batch=args.reference_batch,
-                      noise_scale=args.noise_scale, workload=workload, meta=meta,
-                      untrainable=untrainable, plain_steps=plain,
-                      workers_per_node=workers_per_node)
+    context = PlanContext(epochs=epochs, dataset_size=dataset_size, objective=args.objective,
+                          pricing=args.pricing, reference_batch=args.reference_batch,
+                          noise_scale=args.noise_scale, workload=workload,
+                          untrainable=untrainable, plain_steps=plain,
+                          workers_per_node=workers_per_node)
+    plan = build_plan(space, profiles, context, strategy=args.search_strategy, meta=meta)
     write_plan(plan, args.out)
 
 

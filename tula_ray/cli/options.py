@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from tula_ray.planning.accuracy import REFERENCE_BATCH_DEFAULT
+from tula_ray.planning.context import OBJECTIVE_DEFAULT, PRICING_DEFAULT
 from tula_ray.planning.policy import OBJECTIVES
 from tula_ray.planning.search_strategies import SEARCH_STRATEGIES
 from tula_ray.precision import PRECISIONS
@@ -31,7 +32,7 @@ def add_plan_options(parser: argparse.ArgumentParser) -> None:
                              "(partial, the default), all (full), or the extremes and then "
                              "the choice and its contenders (adaptive); --mode is the former "
                              "name")
-    parser.add_argument("--objective", choices=OBJECTIVES, default="knee",
+    parser.add_argument("--objective", choices=OBJECTIVES, default=OBJECTIVE_DEFAULT,
                         help="what the choice minimises: training time or cost of the "
                              "plan's epochs (time, cost, knee, weighted), or to the "
                              "accuracy those epochs reach at --reference-batch "
@@ -44,7 +45,7 @@ def add_plan_options(parser: argparse.ArgumentParser) -> None:
                              "measured it on a model trained to it "
                              "(tula_ray.measure_noise_scale); default: the profiles' "
                              "(a barely trained model's)")
-    parser.add_argument("--pricing", default="fixed",
+    parser.add_argument("--pricing", default=PRICING_DEFAULT,
                         help="fixed[:USD_PER_NODE_HOUR] or memory[:USD_PER_GB_HOUR]; a "
                              "node is billed whole (ceil(N / G) nodes for N workers on "
                              "nodes of G), ':shared' last when nodes are shared with other "

@@ -51,6 +51,8 @@ from tula_ray.profile_table import usable
 logger = logging.getLogger(__name__)
 
 FORMS = ("auto", "additive", "overlap")
+FORM_DEFAULT = "auto"  # the additive form, or overlap where it predicts clearly better
+COLLECTIVE_DEFAULT = "ring"  # NCCL's and gloo's all-reduce of DDP's gradient buckets
 OVERLAP_P_BOUNDS = (1.0, 10.0)  # p = 1 is additive; p -> inf is perfect overlap (max)
 # The overlap form has one more parameter: keep it only when it predicts clearly
 # better out of sample, not when it merely fits the noise of one run.
@@ -289,8 +291,8 @@ def _enough_for_overlap(rows: pd.DataFrame, collective: str) -> bool:
 def fit(
     rows: pd.DataFrame,
     *,
-    collective: str = "ring",
-    form: str = "auto",
+    collective: str = COLLECTIVE_DEFAULT,
+    form: str = FORM_DEFAULT,
     strategy: str = "full",
     workers_per_node: int | None = None,
 ) -> PerfParams:

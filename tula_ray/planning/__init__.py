@@ -4,6 +4,7 @@
   adaptive_search    the adaptive strategy, which plans as it goes (registered here);
   estimates          the predicted table and the dense curve the policy chooses on;
   policy             min time, min cost, knee, weighted; ties within noise;
+  context            `PlanContext`: what a plan needs beyond its rows, checked once, its defaults;
   plan               `build_plan` and the `Plan` it returns (JSON round trip, plots in plotting);
   summary            the plan's summary as a person reads it: 100 columns, the rows that matter;
   synthetic          profiles drawn from known parameters (tests, examples, offline replays).

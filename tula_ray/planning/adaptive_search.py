@@ -8,13 +8,13 @@ strategy registered from its own module, as a user's would be.
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from typing import Any, Sequence
 
 import pandas as pd
 
 from tula_ray.arguments import check_int, check_number
-from tula_ray.models import memory as memory_model
-from tula_ray.planning.accuracy import REFERENCE_BATCH_DEFAULT
+from tula_ray.planning.context import PlanContext
 from tula_ray.planning.plan import build_plan
 from tula_ray.planning.policy import KNEE_OBJECTIVES
 from tula_ray.planning.search_strategies import (PartialSearch, Proposal, candidate_key,
@@ -23,6 +23,14 @@ from tula_ray.profile_table import usable
 from tula_ray.space import Candidate, SearchSpace
 
 ADAPTIVE_MAX_ROUNDS_DEFAULT = 4  # corners, then at most 3 rounds of contenders
+# The plan's context as a search saved it before PlanContext (issue 42): keywords of the
+# strategy's own, each a PlanContext field (workers_per_node is the corners' keyword too).
+SAVED_CONTEXT = ("objective", "epochs", "dataset_size", "pricing", "weight_time", "collective",
+                 "memory", "max_local_batch", "reference_batch", "noise_scale",
+                 "untrainable", "plain_steps")
+# The context of an adaptive search built without one (to say which rows a plan fits from):
+# its defaults before PlanContext, one epoch of one sample.
+CONTEXT_WITHOUT_SEARCH = {"epochs": 1, "dataset_size": 1}
 
 
 def search_progress(rows: pd.DataFrame) -> dict[str, float]:
@@ -43,43 +51,34 @@ class AdaptiveSearch:
     `Choice.ties`), refit, choose again. Done when the choice is measured and no
     unmeasured candidate ties it, or when a budget (rounds, launches, seconds) is spent.
 
-    The plan context (objective, pricing, epochs, dataset_size, ...) are options too, so
-    that the strategy, like the others, is rebuilt from JSON on restore; among them the
-    training strategy's `untrainable` ([N, B, why]: never chosen) and `plain_steps`
-    ([N, B]: no strategy cost), as the final plan has them. `middle` is partial search's:
-    False starts from the paper's four corners alone.
+    The plan's context (`PlanContext`: objective, pricing, epochs, dataset_size, ...) is
+    an option too, `plan_context`, as JSON, so that the strategy, like the others, is
+    rebuilt from JSON on restore; among it the training strategy's `untrainable` (never
+    chosen) and `plain_steps` (no strategy cost), as the final plan has them. A search
+    saved before (issue 42) holds the context as keywords of their own (`SAVED_CONTEXT`):
+    they are taken as before. `middle` is partial search's: False starts from the paper's
+    four corners alone; `workers_per_node` its corners' G, the context's where not given.
     """
 
     name = "adaptive"
-    needs_plan_context = True  # search() passes the plan's context in as options
+    needs_plan_context = True  # search() passes the plan's context in as `plan_context`
 
     def __init__(self, *, max_rounds: int = ADAPTIVE_MAX_ROUNDS_DEFAULT,
                  max_launches: int | None = None, max_seconds: float | None = None,
-                 objective: str = "knee", epochs: int = 1, dataset_size: int = 1,
-                 pricing: Any = "fixed", weight_time: float = 0.5, collective: str = "ring",
-                 memory: dict | None = None, max_local_batch: int | None = None,
-                 reference_batch: int = REFERENCE_BATCH_DEFAULT,
-                 noise_scale: float | None = None,
+                 plan_context: PlanContext | dict | None = None,
                  workers_per_node: int | None = None, middle: bool = True,
-                 untrainable: Sequence[Sequence] = (),
-                 plain_steps: Sequence[Sequence[int]] = ()) -> None:
+                 **saved_context: Any) -> None:
         for label, value in (("max_rounds", max_rounds), ("max_launches", max_launches)):
             check_int(label, value, minimum=1, optional=True)
         check_number("max_seconds", max_seconds, low=0.0, low_open=True, high=math.inf,
                      optional=True)
         self.max_rounds, self.max_launches, self.max_seconds = max_rounds, max_launches, max_seconds
-        self.context = dict(objective=objective, epochs=epochs, dataset_size=dataset_size,
-                            pricing=pricing, weight_time=weight_time, collective=collective,
-                            max_local_batch=max_local_batch, reference_batch=reference_batch,
-                            noise_scale=noise_scale, workers_per_node=workers_per_node,
-                            # what the final plan knows of the training strategy, so that
-                            # a round never chases a choice that plan could not make
-                            untrainable={(int(n), int(b)): str(why)
-                                         for n, b, why in untrainable},
-                            plain_steps={(int(n), int(b)) for n, b in plain_steps})
-        self.memory = memory
+        # the final plan's context, the training strategy's refusals among it, so that a
+        # round never chases a choice that plan could not make
+        self.context = _context(plan_context, saved_context, workers_per_node)
         # its first round is partial search's, middle batches included (middle=True)
-        self._corners = PartialSearch(workers_per_node=workers_per_node, middle=middle)
+        self._corners = PartialSearch(workers_per_node=self.context.workers_per_node,
+                                      middle=middle)
 
     def fit_rows(self, rows: pd.DataFrame) -> pd.DataFrame:
         return usable(rows)
@@ -100,13 +99,12 @@ class AdaptiveSearch:
             return Proposal(corners.candidates, "adaptive search, first round: " + corners.reason)
         space = SearchSpace.of_pairs([c.num_workers for c in grid],
                                      [c.global_batch for c in grid])
-        memory = None if self.memory is None else memory_model.MemoryParams.from_dict(self.memory)
-        plan = build_plan(space, rows, strategy=self.name, memory=memory, **self.context)
+        plan = build_plan(space, rows, self.context, strategy=self.name)
         choice = plan.choice
         open_keys = {candidate_key(c) for c in open_candidates(grid, rows)}
         wanted = [(choice.num_workers, choice.global_batch), *choice.ties,
-                  *_knee_neighbours(choice, grid, self.context["objective"])]
-        refused = self.context["untrainable"]  # never the plan's choice: not worth a launch
+                  *_knee_neighbours(choice, grid, self.context.objective)]
+        refused = self.context.refused  # never the plan's choice: not worth a launch
         todo = [Candidate(n, b) for n, b in dict.fromkeys(wanted)
                 if (n, b) in open_keys and (n, b) not in refused]
         named = f"N={choice.num_workers}, B={choice.global_batch}"
@@ -124,6 +122,29 @@ class AdaptiveSearch:
                                 f"{named} is {state}, {len(todo)} contenders left unmeasured")
         return Proposal(tuple(todo), f"adaptive search: the choice {named} and the "
                                      "unmeasured candidates that tie it within the uncertainty")
+
+
+def _context(plan_context: PlanContext | dict | None, saved: dict[str, Any],
+             workers_per_node: int | None) -> PlanContext:
+    """The strategy's plan context: `plan_context`, or a saved search's keywords, or (built
+    to say which rows to fit, or by a test) the former defaults, one epoch of one sample;
+    with the corners' G where the context has none."""
+    unknown = sorted(set(saved) - set(SAVED_CONTEXT))
+    if unknown:
+        raise TypeError(f"unexpected keyword argument {unknown[0]!r}")
+    if plan_context is not None and saved:
+        raise TypeError(f"plan_context and {sorted(saved)} both given: the context is one "
+                        "of them")
+    if isinstance(plan_context, PlanContext):
+        context = plan_context
+    else:
+        context = PlanContext.from_dict(plan_context or {**CONTEXT_WITHOUT_SEARCH, **saved})
+    if workers_per_node is None or context.workers_per_node == workers_per_node:
+        return context
+    if context.workers_per_node is not None:
+        raise ValueError(f"workers_per_node={workers_per_node} differs from the plan "
+                         f"context's {context.workers_per_node}: one cluster, one G")
+    return replace(context, workers_per_node=workers_per_node)
 
 
 def _knee_neighbours(choice, grid: Sequence[Candidate], objective: str) -> list[tuple[int, int]]:

@@ -15,18 +15,17 @@ import math
 import warnings
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Collection, Mapping
+from typing import Any, Mapping
 
 import numpy as np
 import pandas as pd
 
-from tula_ray.arguments import check_int
 from tula_ray.failures import describe_errors
 from tula_ray.models import memory as memory_model, perf
 from tula_ray.models.batch_limit import BatchLimit
-from tula_ray.models.pricing import NodeBilling, Pricing, parse_pricing, pricing_to_dict
-from tula_ray.planning.accuracy import (NOISE_CALIBRATION_DEFAULT, REFERENCE_BATCH_DEFAULT,
-                                        ProfiledNoise, add_time_to_accuracy, profiled_noise)
+from tula_ray.models.pricing import NodeBilling, pricing_to_dict
+from tula_ray.planning.accuracy import ProfiledNoise, add_time_to_accuracy, profiled_noise
+from tula_ray.planning.context import PlanContext
 from tula_ray.planning.estimates import (EpochCosts, add_epoch_times, add_estimates,
                                          add_uncertainty, dense_curve, predict_candidates,
                                          strategy_extra_by_n, through_measurements)
@@ -42,6 +41,7 @@ PLAN_FORMAT = 1
 ACCURACY_COLUMNS = ("noise_scale", "efficiency", "epochs_to_target", "time_to_accuracy_s",
                     "cost_to_accuracy_usd")
 UNTRAINABLE = "the training strategy cannot train it: "  # infeasible_reason's prefix
+KEYWORDS_REMOVED_IN = "0.3.0"  # build_plan's context as keywords (context= since issue 42)
 
 
 @dataclass
@@ -253,64 +253,38 @@ def _infeasible_reason(row: pd.Series, oom_local_batch: float, max_local_batch: 
 def build_plan(
     space: SearchSpace,
     profiles: pd.DataFrame,
+    context: PlanContext | None = None,
     *,
-    epochs: int,
-    dataset_size: int,
     strategy: str = "partial",
-    objective: str = "knee",
-    pricing: Pricing | str | dict = "fixed",
-    memory: memory_model.MemoryParams | None = None,
-    max_local_batch: int | None = None,
-    max_workers: int | None = None,
-    max_global_batch: int | None = None,
-    weight_time: float = 0.5,
-    collective: str = "ring",
-    form: str = "auto",
-    workload: str = "custom",
     meta: dict[str, Any] | None = None,
     mode: str | None = None,
-    untrainable: Mapping[tuple[int, int], str] | None = None,
-    plain_steps: Collection[tuple[int, int]] = (),
-    reference_batch: int = REFERENCE_BATCH_DEFAULT,
-    noise_calibration: float = NOISE_CALIBRATION_DEFAULT,
-    workers_per_node: int | None = None,
-    noise_scale: float | None = None,
+    **keywords: Any,
 ) -> Plan:
     """Fit, predict every candidate of `space`, apply constraints, choose (DESIGN step 4).
 
+    context: everything the plan needs beyond the space and the rows: the epochs and
+      dataset size it predicts, the objective and pricing, the memory bound, ... (see
+      `tula_ray.planning.context.PlanContext`, checked when built). `**keywords`, the
+      same values as keywords of build_plan (epochs=, dataset_size=, objective=, ...),
+      are its former, deprecated form (removed in tula-ray 0.3.0).
     strategy: the search strategy whose rows the model is fitted from (`fit_rows`: full,
       every usable row; partial, the corners), see tula_ray.planning.search_strategies.
     mode: the former name of `strategy` (deprecated).
-    untrainable: (N, B) -> why the training strategy the plan is for cannot train it
-      (`tula_ray.training.strategies.refusals`): marked `trainable` False, never chosen.
-    plain_steps: the (N, B) at which that strategy trains plain SGD steps
-      (`tula_ray.training.strategies.plain_steps`: AGS at B <= its reference batch): its
-      measured cost per step is not added there; marked in the table's `plain_steps`.
-    reference_batch: M0, the batch at which `epochs` reach the target accuracy; each
-      candidate's epochs to that accuracy scale with the profiled gradient noise
-      (`tula_ray.planning.accuracy`), times `noise_calibration`.
-    noise_scale: the gradient noise scale phi at the target accuracy, if you measured it
-      (`tula_ray.measure_noise_scale` on a model trained to the target): used instead of
-      the profiles' phi, which is measured on a barely trained model and so fits targets
-      reached early in training; None: the profiles'.
-    workers_per_node: G, the workers one node of the cluster holds: N > G spans nodes,
-      and its sync has a network level (`tula_ray.models.sync_levels`); partial search's
-      corners include the largest N <= G. None: one node holds every N. Every cost is in
-      whole nodes, ceil(N / G) (`tula_ray.models.pricing.billed_nodes`; N / G under a
-      pricing with `shared_nodes`); None: N nodes, one per worker.
+    meta: what the plan records beside (the search's timings, ...); the plan adds its
+      context (meta["plan_context"]), reference batch, workers per node and noise.
     """
     strategy = deprecated_mode(strategy, mode)
-    for name, value in (("epochs", epochs), ("dataset_size", dataset_size),
-                        ("reference_batch", reference_batch)):
-        check_int(name, value, minimum=1, numpy=True)
-    pricing = parse_pricing(pricing)
+    context = _context_of(context, keywords)
+    pricing, epochs, dataset_size = context.pricing, context.epochs, context.dataset_size
+    max_local_batch, max_workers = context.max_local_batch, context.max_workers
+    max_global_batch = context.max_global_batch
+    workers_per_node, reference_batch = context.workers_per_node, context.reference_batch
     profiles = profile_frame(profiles.to_dict("records"))
-    check_int("workers_per_node", workers_per_node, minimum=1, optional=True, numpy=True)
     rows = make_search_strategy(strategy, topology_options(strategy, None, workers_per_node)
                                 ).fit_rows(profiles)
-    params = perf.fit(rows, collective=collective, form=form, strategy=strategy,
-                      workers_per_node=workers_per_node)
-    memory = memory if memory is not None else fit_memory_from_profiles(profiles)
+    params = perf.fit(rows, collective=context.collective, form=context.form,
+                      strategy=strategy, workers_per_node=workers_per_node)
+    memory = context.memory if context.memory is not None else fit_memory_from_profiles(profiles)
     if memory is None and "memory" in pricing_to_dict(pricing)["kind"]:
         raise ValueError("memory-based pricing needs a memory model: profile at least two "
                          "local batch sizes with peak_mem_bytes, or pass memory=")
@@ -320,7 +294,7 @@ def build_plan(
     # evaluation, checkpoint, start-up: measured (the workload's check on a worker, which
     # `train` runs again before its launch, by the search's memory probe)
     costs = EpochCosts.from_profiles(profiles, check_s=(meta or {}).get("workload_check_s"))
-    plain_steps = {(int(n), int(b)) for n, b in plain_steps}
+    plain_steps = set(context.plain_steps)
     billing = NodeBilling(pricing, workers_per_node)  # every cost in whole nodes of G
     table = predict_candidates(grid, params, memory, billing, epochs, dataset_size,
                                strategy_extra=extra, costs=costs, plain_steps=plain_steps)
@@ -343,7 +317,7 @@ def build_plan(
     predicted_u = add_uncertainty(table, profiles, params)
 
     oom_bound = oom_local_batch(profiles)
-    untrainable = dict(untrainable or {})
+    untrainable = context.refused
     # drop_last: each epoch is D // B steps, and the rest of the samples is not seen
     table["steps_per_epoch"] = dataset_size // table["global_batch"]
     table["samples_dropped"] = dataset_size - table["steps_per_epoch"] * table["global_batch"]
@@ -359,7 +333,7 @@ def build_plan(
                           for n, b in zip(table["num_workers"], table["global_batch"])]
 
     estimates = add_estimates(table, billing)
-    noise = profiled_noise(profiles, noise_calibration, noise_scale)
+    noise = profiled_noise(profiles, context.noise_calibration, context.noise_scale)
     add_time_to_accuracy(estimates, noise, reference_batch, epochs, billing,
                          peak_column="estimated_peak_mem_bytes")
     for column in ACCURACY_COLUMNS:
@@ -373,18 +347,36 @@ def build_plan(
     dense = through_measurements(dense, table, billing)
     add_time_to_accuracy(dense, noise, reference_batch, epochs, billing)
     choice, noise_warning = choose_to_accuracy(
-        estimates, objective, noise, dataset_size, dense=dense, weight_time=weight_time,
-        uncertainty="rel_uncertainty", dense_uncertainty=predicted_u)
+        estimates, context.objective, noise, dataset_size, dense=dense,
+        weight_time=context.weight_time, uncertainty="rel_uncertainty",
+        dense_uncertainty=predicted_u)
     source = estimates.loc[(estimates["num_workers"] == choice.num_workers)
                            & (estimates["global_batch"] == choice.global_batch), "estimate"]
     choice = replace(choice, reason=f"{choice.reason}; the choice's own figures are "
                                     f"{source.iloc[0]}")
-    meta = {**dict(meta or {}), "reference_batch": reference_batch,
-            "workers_per_node": workers_per_node,
+    meta = {**dict(meta or {}), "plan_context": context.to_dict(),
+            "reference_batch": reference_batch, "workers_per_node": workers_per_node,
             "noise": noise.to_dict(), **({"noise_warning": noise_warning} if noise_warning
                                          else {})}
-    return Plan(workload, strategy, objective, epochs, dataset_size, profiles, params, memory,
-                pricing_to_dict(pricing), table, choice, meta)
+    return Plan(context.workload, strategy, context.objective, epochs, dataset_size, profiles,
+                params, memory, pricing_to_dict(pricing), table, choice, meta)
+
+
+def _context_of(context: PlanContext | None, keywords: dict[str, Any]) -> PlanContext:
+    """`context`, or the context of build_plan's former keywords, with a FutureWarning."""
+    if not keywords:
+        if context is None:
+            raise TypeError("build_plan needs context=PlanContext(epochs=..., "
+                            "dataset_size=..., ...): the training the plan predicts")
+        return context
+    if context is not None:
+        raise TypeError(f"build_plan takes context= or its keywords, not both: put "
+                        f"{sorted(keywords)} in the PlanContext")
+    warnings.warn("build_plan's keywords (epochs=, dataset_size=, objective=, ...) are "
+                  "deprecated and will be removed in tula-ray "
+                  f"{KEYWORDS_REMOVED_IN}: pass context=tula_ray.PlanContext(...) with the "
+                  "same keywords", FutureWarning, stacklevel=3)
+    return PlanContext(**keywords)
 
 
 def deprecated_mode(strategy: str, mode: str | None) -> str:

@@ -20,6 +20,8 @@ from dataclasses import asdict, dataclass, replace
 import numpy as np
 import pandas as pd
 
+from tula_ray.arguments import check_number
+
 OBJECTIVES = ("time", "cost", "knee", "weighted",
               "time_to_accuracy", "cost_to_accuracy", "knee_to_accuracy")
 # The table column each objective minimises; a knee objective's is the curve it bends.
@@ -106,11 +108,23 @@ def envelope(dense: pd.DataFrame, metric: str) -> pd.DataFrame:
     return best.sort_values("global_batch").reset_index(drop=True)
 
 
-def _check(objective: str, weight_time: float) -> None:
+def check_objective(objective: str) -> str:
+    """One of `OBJECTIVES` (the plan's context checks it with this, and `choose` again for
+    a caller that chooses on a table of its own)."""
     if objective not in OBJECTIVES:
         raise ValueError(f"objective {objective!r} is unknown; use one of {OBJECTIVES}")
-    if not 0.0 <= weight_time <= 1.0:
-        raise ValueError(f"weight_time={weight_time!r}; it must be within [0, 1]")
+    return objective
+
+
+def check_weight_time(weight_time: float) -> float:
+    """The weighted objective's share of time, within [0, 1]."""
+    return check_number("weight_time", weight_time, low=0.0, high=1.0,
+                        hint="the weighted objective's share of time, the rest cost's")
+
+
+def _check(objective: str, weight_time: float) -> None:
+    check_objective(objective)
+    check_weight_time(weight_time)
 
 
 def _feasible(table: pd.DataFrame) -> pd.DataFrame:

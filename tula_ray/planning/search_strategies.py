@@ -24,6 +24,7 @@ from typing import Any, Callable, Protocol, Sequence
 import pandas as pd
 
 from tula_ray.arguments import check_bool, check_int, check_text
+from tula_ray.planning.context import PlanContext
 from tula_ray.profile_table import STATUS_OK, oom_local_batch, usable
 from tula_ray.space import Candidate, corner_sizes, corners, middle
 
@@ -162,13 +163,13 @@ SEARCH_STRATEGIES: dict[str, Callable[..., SearchStrategy]] = {
 
 
 def with_plan_context(name: str, options: dict[str, Any] | None,
-                      **context: Any) -> dict[str, Any]:
-    """`options` for the strategy `name`, plus the plan's context (objective, epochs,
-    dataset_size, pricing, ... as JSON) when that strategy plans as it goes
-    (`needs_plan_context`, e.g. adaptive); the other strategies take no context."""
+                      context: PlanContext) -> dict[str, Any]:
+    """`options` for the strategy `name`, plus the plan's context as one JSON object
+    (`plan_context`) when that strategy plans as it goes (`needs_plan_context`, e.g.
+    adaptive); the other strategies take no context."""
     merged = dict(options or {})
     if getattr(SEARCH_STRATEGIES[name], "needs_plan_context", False):
-        merged.update(context)
+        merged["plan_context"] = context.to_dict()
     return merged
 
 

@@ -23,9 +23,12 @@ from tula_ray.cluster import (CPU_MEMORY_SHARE_DEFAULT, PROVISION_TIMEOUT_S_DEFA
                               check_worker_request, cluster_for_run, node_memory_bytes)
 from tula_ray.failures import UserCodeError
 from tula_ray.models import memory as memory_model
-from tula_ray.models.pricing import Pricing, parse_pricing, pricing_to_dict
+from tula_ray.models.perf import COLLECTIVE_DEFAULT
+from tula_ray.models.pricing import Pricing, parse_pricing
 from tula_ray.planning.accuracy import REFERENCE_BATCH_DEFAULT
+from tula_ray.planning.context import OBJECTIVE_DEFAULT, PRICING_DEFAULT, PlanContext
 from tula_ray.planning.plan import Plan, build_plan, deprecated_mode
+from tula_ray.planning.policy import WEIGHT_TIME_DEFAULT
 from tula_ray.planning.search_strategies import topology_options, with_plan_context
 from tula_ray.profile_table import STATUS_OK, profile_frame
 from tula_ray.runs.search_experiment import (check_same_search, context_of, experiment_name,
@@ -49,13 +52,13 @@ def search(
     cluster_sizes: Sequence[int] = (1, 2),
     min_batch: int = MIN_BATCH_DEFAULT,
     max_batch: int | None = None,
-    objective: str = "knee",
+    objective: str = OBJECTIVE_DEFAULT,
     strategy: str = "partial",
-    pricing: Pricing | str | dict = "fixed",
-    weight_time: float = 0.5,
+    pricing: Pricing | str | dict = PRICING_DEFAULT,
+    weight_time: float = WEIGHT_TIME_DEFAULT,
     device_memory_gb: float | None = None,
     headroom: float = memory_model.HEADROOM_DEFAULT,
-    collective: str = "ring",
+    collective: str = COLLECTIVE_DEFAULT,
     warmup_steps: int = WARMUP_STEPS_DEFAULT,
     measure_steps: int = MEASURE_STEPS_DEFAULT,
     storage_path: str | None = None,
@@ -182,9 +185,11 @@ def search(
             space, probe, device_bytes = restore_context(saved.context)
             probe.check_s = check_s
             probe_s = 0.0
-        context = context_of(space, probe, device_bytes, use_gpu, probe_s, search_identity(request))
-        searcher, path = _profile(request, space, use_gpu, device_bytes, probe,
-                                  workers, name, resume, context, verbose)
+        saved_context = context_of(space, probe, device_bytes, use_gpu, probe_s,
+                                   search_identity(request))
+        plan_context = _plan_context(request, space, probe, workers.workers_per_node)
+        searcher, path = _profile(request, space, plan_context, use_gpu, device_bytes, probe,
+                                  workers, name, resume, saved_context, verbose)
         _raise_deciding_error(searcher, path)
         profiles = profile_frame(searcher.profiles)
         meta = {"probe_wall_s": probe_s, "workload_check_s": probe.check_s,
@@ -203,16 +208,7 @@ def search(
                 "precision": request.workload.precision,
                 "training_strategy": request.training_strategy_name,
                 "training_options": json_options(request.training_options)}
-        workload = request.workload
-        untrainable, plain = _training_limits(request, space)
-        return build_plan(
-            space, profiles, epochs=request.epochs, dataset_size=workload.dataset_size,
-            strategy=request.strategy, objective=request.objective, pricing=request.pricing,
-            memory=probe.params, max_local_batch=probe.max_local_batch,
-            weight_time=request.weight_time, collective=request.collective,
-            workload=workload.name, meta=meta, untrainable=untrainable, plain_steps=plain,
-            reference_batch=request.reference_batch, noise_scale=request.noise_scale,
-            workers_per_node=workers.workers_per_node)
+        return build_plan(space, profiles, plan_context, strategy=request.strategy, meta=meta)
 
 
 def _checked(request: SearchRequest, workload: Workload) -> SearchRequest:
@@ -285,27 +281,34 @@ def _training_limits(request: SearchRequest, space: SearchSpace
             plain_steps(request.training_strategy, request.training_options, pairs))
 
 
-def _strategy_options(request: SearchRequest, space: SearchSpace, probe: MemoryProbe,
-                      workers_per_node: int | None) -> dict[str, Any]:
+def _plan_context(request: SearchRequest, space: SearchSpace, probe: MemoryProbe,
+                  workers_per_node: int | None) -> PlanContext:
+    """The plan's context, once the probe has bound the space: the user's objective,
+    pricing, ..., the probe's memory model and bound, the training strategy's limits and
+    the cluster's G; the adaptive search's rounds plan with it, and the final plan."""
+    untrainable, plain = _training_limits(request, space)
+    return PlanContext(
+        epochs=request.epochs, dataset_size=request.workload.dataset_size,
+        objective=request.objective, pricing=request.pricing, weight_time=request.weight_time,
+        collective=request.collective, memory=probe.params,
+        max_local_batch=probe.max_local_batch, reference_batch=request.reference_batch,
+        noise_scale=request.noise_scale, workers_per_node=workers_per_node,
+        untrainable=untrainable, plain_steps=plain, workload=request.workload.name)
+
+
+def _strategy_options(request: SearchRequest, context: PlanContext) -> dict[str, Any]:
     """The user's strategy options, plus the cluster's topology for a strategy that takes
     it (partial and adaptive) and the plan's context for one that plans as it goes
     (adaptive): all JSON, so the searcher's state stays JSON."""
-    options = topology_options(request.strategy, request.strategy_options, workers_per_node)
-    untrainable, plain = _training_limits(request, space)
-    return with_plan_context(
-        request.strategy, options, objective=request.objective,
-        epochs=request.epochs, dataset_size=request.workload.dataset_size,
-        pricing=pricing_to_dict(request.pricing), weight_time=request.weight_time,
-        collective=request.collective, memory=probe.params.to_dict(),
-        max_local_batch=probe.max_local_batch, reference_batch=request.reference_batch,
-        noise_scale=request.noise_scale,
-        untrainable=[[n, b, why] for (n, b), why in sorted(untrainable.items())],
-        plain_steps=[[n, b] for n, b in sorted(plain)])
+    options = topology_options(request.strategy, request.strategy_options,
+                               context.workers_per_node)
+    return with_plan_context(request.strategy, options, context)
 
 
-def _profile(request: SearchRequest, space: SearchSpace, use_gpu: bool, device_bytes: float,
-             probe: MemoryProbe, workers: Workers, name: str, resume: bool,
-             context: dict[str, Any], verbose: int) -> tuple[TulaSearcher, str]:
+def _profile(request: SearchRequest, space: SearchSpace, plan_context: PlanContext,
+             use_gpu: bool, device_bytes: float, probe: MemoryProbe, workers: Workers,
+             name: str, resume: bool, context: dict[str, Any], verbose: int
+             ) -> tuple[TulaSearcher, str]:
     """DESIGN step 3: one Tune trial per cluster size and round, one at a time (concurrent
     trials would share the CPUs or the network and distort each other's step times)."""
     # What every trial shares goes in the param space, which Tune merges into each
@@ -325,8 +328,6 @@ def _profile(request: SearchRequest, space: SearchSpace, use_gpu: bool, device_b
     # Above the memory probe's checked bound a candidate is infeasible: the plan says so,
     # and no worker group is launched to learn it again.
     grid = [c for c in space.candidates() if c.local_batch <= probe.max_local_batch]
-    searcher = TulaSearcher(grid, request.strategy,
-                            _strategy_options(request, space, probe,
-                                              workers.workers_per_node),
+    searcher = TulaSearcher(grid, request.strategy, _strategy_options(request, plan_context),
                             context=context)
     return run_experiment(searcher, constants, request.storage_path, name, resume, verbose)

@@ -21,6 +21,7 @@ from ray.tune.search import Searcher
 
 from searchers import TulaSearcher
 from searchers.search_progress import SearchProgress
+from searchers.tula_searcher import METRIC, MODE
 from trainables.memory_probe import MemoryProbe
 from trainables.profiling_trial import trainable_with_resources
 from tula_ray.models.batch_limit import BatchLimit
@@ -54,7 +55,7 @@ def saved_search(path: str) -> TulaSearcher | None:
     if not tune.Tuner.can_restore(path):
         return None
     searcher = TulaSearcher.__new__(TulaSearcher)
-    Searcher.__init__(searcher, metric="step_time_s", mode="min")
+    Searcher.__init__(searcher, metric=METRIC, mode=MODE)
     try:
         searcher.restore_from_dir(path)
     except (FileNotFoundError, RuntimeError):  # Tune saved the experiment, not yet the searcher
@@ -120,7 +121,7 @@ def run_experiment(searcher: TulaSearcher, constants: dict[str, Any], storage_pa
             # experiment and, restored, waits for that trial to end, which a trial
             # interrupted by a dead driver never does.
             tune_config=tune.TuneConfig(search_alg=searcher, num_samples=-1,
-                                        metric="step_time_s", mode="min",
+                                        metric=METRIC, mode=MODE,
                                         trial_name_creator=trial_name,
                                         trial_dirname_creator=trial_name),
             run_config=tune.RunConfig(storage_path=storage_path, name=name,

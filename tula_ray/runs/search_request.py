@@ -13,10 +13,8 @@ from typing import Any
 from tula_ray.arguments import (check_bool, check_choice, check_int, check_mapping, check_number,
                                 check_text, named_arguments)
 from tula_ray.cluster import check_runtime_env, check_worker_request
-from tula_ray.models.perf import COLLECTIVES
 from tula_ray.models.pricing import Pricing
-from tula_ray.planning.accuracy import REFERENCE_BATCH_DEFAULT, check_noise_scale
-from tula_ray.planning.policy import OBJECTIVES
+from tula_ray.planning.context import check_plan_values
 from tula_ray.planning.search_strategies import SEARCH_STRATEGIES, make_search_strategy
 from tula_ray.space import check_positive_ints
 from tula_ray.training.strategies import get_training_strategy
@@ -34,14 +32,11 @@ def check_search_arguments(a: dict[str, Any]) -> None:
         raise TypeError(f"cluster_sizes={a['cluster_sizes']!r}; it must be a list or tuple of "
                         "positive integers")
     check_positive_ints("cluster_sizes", a["cluster_sizes"])
-    check_choice("objective", a["objective"], OBJECTIVES)
     check_choice("strategy", a["strategy"], sorted(SEARCH_STRATEGIES))
     if a["mode"] is not None:  # the former name of `strategy`
         check_choice("mode", a["mode"], sorted(SEARCH_STRATEGIES))
     check_mapping("strategy_options", a["strategy_options"])
     check_number("measure_seconds", a["measure_seconds"], low=0.0)
-    check_choice("collective", a["collective"], sorted(COLLECTIVES))
-    check_number("weight_time", a["weight_time"], low=0.0, high=1.0)
     check_number("headroom", a["headroom"], low=0.0, high=1.0, high_open=True)
     check_number("device_memory_gb", a["device_memory_gb"], low=0.0, low_open=True,
                   optional=True)
@@ -50,8 +45,9 @@ def check_search_arguments(a: dict[str, Any]) -> None:
     check_int("warmup_steps", a["warmup_steps"], minimum=0)
     check_int("measure_steps", a["measure_steps"], minimum=1)
     check_int("epochs", a["epochs"], minimum=1, optional=True)
-    check_int("reference_batch", a["reference_batch"], minimum=1)
-    check_noise_scale(a["noise_scale"])
+    # the plan's context's checks (its epochs are the workload's when None)
+    check_plan_values(**{name: a[name] for name in ("objective", "collective", "weight_time",
+                                                    "reference_batch", "noise_scale")})
     check_mapping("workload_options", a["workload_options"])
     check_mapping("training_options", a["training_options"])
     for label in ("storage_path", "name", "address"):
@@ -115,8 +111,8 @@ class SearchRequest:
     provision_timeout_s: float
     training_strategy: str | TrainingStrategy | None
     training_options: dict[str, Any]
-    reference_batch: int = REFERENCE_BATCH_DEFAULT  # M0 of the plan's time to accuracy
-    noise_scale: float | None = None  # the user's phi at the target; None: the profiles'
+    reference_batch: int  # M0 of the plan's time to accuracy
+    noise_scale: float | None  # the user's phi at the target; None: the profiles'
 
     @property
     def training_strategy_name(self) -> str | None:
