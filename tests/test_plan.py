@@ -119,7 +119,7 @@ def test_memory_pricing_changes_costs_not_times():
 def test_bad_plan_inputs():
     with pytest.raises(ValueError, match="epochs=0"):
         make_plan(epochs=0)
-    with pytest.raises(ValueError, match="objective 'slow' is unknown"):
+    with pytest.raises(ValueError, match="objective='slow' is not allowed"):
         make_plan(objective="slow")
 
 

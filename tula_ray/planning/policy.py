@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass, replace
 import numpy as np
 import pandas as pd
 
-from tula_ray.arguments import check_number
+from tula_ray.arguments import check_choice, check_number
 
 OBJECTIVES = ("time", "cost", "knee", "weighted",
               "time_to_accuracy", "cost_to_accuracy", "knee_to_accuracy")
@@ -111,9 +111,7 @@ def envelope(dense: pd.DataFrame, metric: str) -> pd.DataFrame:
 def check_objective(objective: str) -> str:
     """One of `OBJECTIVES` (the plan's context checks it with this, and `choose` again for
     a caller that chooses on a table of its own)."""
-    if objective not in OBJECTIVES:
-        raise ValueError(f"objective {objective!r} is unknown; use one of {OBJECTIVES}")
-    return objective
+    return check_choice("objective", objective, OBJECTIVES)
 
 
 def check_weight_time(weight_time: float) -> float:
