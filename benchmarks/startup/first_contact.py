@@ -233,7 +233,7 @@ def report(result: dict) -> str:
                      "4 trials, no cause)",
                      f"{_seconds(driver['seconds'])}, cause named: {named}, trials started: "
                      f"{trials}", "yes" if driver["met"] else "no"])
-    lines = [f"## First contact (issue 22): a bare machine, a dataset the workers cannot read",
+    lines = ["## First contact (issue 22): a bare machine, a dataset the workers cannot read",
              "", f"`{result['command']}` at commit {result['commit']}, {result['date']}, "
              f"{result['machine']}. Each run is a fresh process with its own local Ray, one "
              "after the other; median [min, max] over the runs.", "",
