@@ -149,7 +149,7 @@ def test_a_models_own_batch_limit_bounds_the_search_below_it(ray_session, caplog
     started = time.monotonic()
     probe = probe_memory(taking_at_most(256), {}, min_local_batch=16, resources={"CPU": 1.0},
                          use_gpu=False)
-    with caplog.at_level(logging.WARNING, logger="trainables.memory_probe"):
+    with caplog.at_level(logging.WARNING, logger="tula_ray.planning.bounds"):
         bounded = check_max_local_batch(probe, ROOMY_DEVICE_BYTES, headroom=0.1,
                                         space=candidates, resources={"CPU": 1.0},
                                         use_gpu=False)

@@ -1,5 +1,7 @@
 """From profiles to a plan: which candidates to profile, what each would take, which to choose.
 
+  bounds             the search's bounds on B from the memory probe's measurements: the
+                     device budget, the cap, the bound check, the space up to the bound;
   search_strategies  the protocol and the registry of search strategies (full, partial);
   adaptive_search    the adaptive strategy, which plans as it goes (registered here);
   estimates          the predicted table and the dense curve the policy chooses on;

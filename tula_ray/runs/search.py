@@ -1,7 +1,9 @@
 """`tula_ray.search()`: memory probe -> bounded space -> Tune trials -> Plan (DESIGN "Data flow").
 
-The search entry point (Ray-facing); the models it feeds live in the core modules,
-cluster concerns in `tula_ray.cluster`. It never imports the training entry point.
+The search entry point (Ray-facing): it orchestrates. The bounds are decided in
+`tula_ray.planning.bounds`, the rounds in the search strategy (`searchers.TulaSearcher`
+over it), the plan in `tula_ray.planning.plan`; cluster concerns in `tula_ray.cluster`.
+It never imports the training entry point.
 """
 
 from __future__ import annotations
@@ -14,18 +16,18 @@ from typing import Any, Sequence
 import ray
 
 from searchers import TulaSearcher
-from trainables.memory_probe import (MemoryProbe, check_max_local_batch, probe_memory,
-                                     timed_check_workload)
+from trainables.memory_probe import check_max_local_batch, probe_memory, timed_check_workload
 from trainables.profiling_sweep import (MEASURE_SECONDS_DEFAULT, MEASURE_STEPS_DEFAULT,
                                         WARMUP_STEPS_DEFAULT)
-from tula_ray.arguments import named_arguments
 from tula_ray.cluster import (CPU_MEMORY_SHARE_DEFAULT, PROVISION_TIMEOUT_S_DEFAULT, Workers,
                               check_worker_request, cluster_for_run, node_memory_bytes)
 from tula_ray.failures import UserCodeError
 from tula_ray.models import memory as memory_model
 from tula_ray.models.perf import COLLECTIVE_DEFAULT
-from tula_ray.models.pricing import Pricing, parse_pricing
+from tula_ray.models.pricing import Pricing
 from tula_ray.planning.accuracy import REFERENCE_BATCH_DEFAULT
+from tula_ray.planning.bounds import (MemoryProbe, SearchBounds, bounded_space, candidate_space,
+                                      memory_budget_bytes, probe_min_local_batch)
 from tula_ray.planning.context import OBJECTIVE_DEFAULT, PRICING_DEFAULT, PlanContext
 from tula_ray.planning.plan import Plan, build_plan, deprecated_mode
 from tula_ray.planning.policy import WEIGHT_TIME_DEFAULT
@@ -34,14 +36,15 @@ from tula_ray.profile_table import STATUS_OK, profile_frame
 from tula_ray.runs.search_experiment import (check_same_search, context_of, experiment_name,
                                              experiment_path, restore_context, run_experiment,
                                              saved_search)
-from tula_ray.runs.search_request import (SearchRequest, check_dataset_size, check_request,
-                                          check_search_arguments, json_options, search_identity)
+from tula_ray.runs.search_request import (SearchRequest, check_dataset_size,
+                                          check_search_arguments, json_options, search_identity,
+                                          search_request)
 from tula_ray.space import MIN_BATCH_DEFAULT, SearchSpace
 from tula_ray.training.strategies import (TRAINING_STRATEGY_DEFAULT, plain_steps,
                                           portable_training_strategy, refusals)
 from tula_ray.training.strategy_base import TrainingStrategy
 from tula_ray.verbosity import VERBOSE_DEFAULT
-from tula_ray.workloads import Workload, in_precision, portable_workload, resolve_workload
+from tula_ray.workloads import Workload, portable_workload
 
 logger = logging.getLogger(__name__)
 
@@ -148,67 +151,75 @@ def search(
     far kept in its experiment. `plan.meta["errors"]` lists each distinct error once.
     """
     check_search_arguments(locals())
-    strategy = deprecated_mode(strategy, mode)
-    options = dict(workload_options or {})
-    # The workload is completed (shapes, dtype, size) by a check where the workers run,
-    # once Ray is up: the driver may lack the data the workers read.
-    resolved = named_arguments(resolve_workload, "workload", "workload_options")(
-        workload, options)
-    spec, sent_options, resolved = in_precision(workload, options, resolved, precision)
-    request = SearchRequest(
-        spec, sent_options, resolved, tuple(sorted(set(cluster_sizes))),
-        min_batch, max_batch, objective, strategy, dict(strategy_options or {}),
-        named_arguments(parse_pricing, "pricing")(pricing), weight_time,
-        device_memory_gb, headroom, collective, warmup_steps, measure_steps, storage_path, name,
-        resolved.epochs if epochs is None else epochs, measure_seconds, provision_timeout_s,
-        training_strategy, dict(training_options or {}), reference_batch=reference_batch,
-        noise_scale=noise_scale)
-    check_request(request)
+    strategy = deprecated_mode(strategy, mode)  # here: its warning names the caller's line
+    request = search_request(locals())  # every argument, by name, into one checked value
     resources = check_worker_request(resources_per_worker, provision_timeout_s)
     with cluster_for_run(request.cluster_sizes[-1], resources, address=address,
                          runtime_env=runtime_env, storage_path=request.storage_path,
                          timeout_s=provision_timeout_s, verbose=verbose) as workers:
-        use_gpu = workers.use_gpu
         name = experiment_name(request.name, request.workload.name)
         saved_at = experiment_path(request.storage_path, name)
         saved = saved_search(saved_at) if resume else None
         started = time.perf_counter()
-        if saved is None:
-            request, space, probe, device_bytes = _bounded_space(request, workers.resources,
-                                                                 use_gpu)
+        if saved is None:  # 1-2. probe, bound
+            request, bounds = _probe_and_bound(request, workers)
             probe_s = time.perf_counter() - started
         else:
-            check_same_search(saved.context.get("request", {}), search_identity(request), saved_at)
-            checked, check_s = timed_check_workload(
-                request.spec, request.options, resources=workers.resources, use_gpu=use_gpu)
-            request = _checked(request, checked)
-            space, probe, device_bytes = restore_context(saved.context)
-            probe.check_s = check_s
+            request, bounds = _restored(request, saved, saved_at, workers)
             probe_s = 0.0
-        saved_context = context_of(space, probe, device_bytes, use_gpu, probe_s,
-                                   search_identity(request))
-        plan_context = _plan_context(request, space, probe, workers.workers_per_node)
-        searcher, path = _profile(request, space, plan_context, use_gpu, device_bytes, probe,
-                                  workers, name, resume, saved_context, verbose)
+        plan_context = _plan_context(request, bounds.space, bounds.probe,
+                                     workers.workers_per_node)
+        # 3. the rounds of profiling trials
+        saved_context = context_of(bounds, workers.use_gpu, probe_s, search_identity(request))
+        searcher, path = _profile(request, bounds, plan_context, workers, name, resume,
+                                  saved_context, verbose)
         _raise_deciding_error(searcher, path)
+        # 4. the plan
         profiles = profile_frame(searcher.profiles)
-        meta = {"probe_wall_s": probe_s, "workload_check_s": probe.check_s,
-                "profiling_wall_s": time.perf_counter() - started - probe_s,
-                "trials": len(searcher.sweeps), "launches": len(searcher.sweeps),
-                "rounds": searcher.rounds, "stop_reason": searcher.stop_reason,
-                "sweeps": searcher.sweeps, "candidates_profiled": len(profiles),
-                "device_memory_bytes": device_bytes,
-                "max_local_batch": probe.max_local_batch, "use_gpu": use_gpu,
-                "ray_version": ray.__version__, "experiment_path": path,
-                "resumed": saved is not None,
-                "memory_probe": probe.rows, "errors": searcher.errors,
-                "batch_limit": None if probe.batch_limit is None
-                else probe.batch_limit.to_dict(),
-                "workload_options": json_options(options),
-                "precision": request.workload.precision,
-                "training_strategy": request.training_strategy_name,
-                "training_options": json_options(request.training_options)}
-        return build_plan(space, profiles, plan_context, strategy=request.strategy, meta=meta)
+        timings = {"probe_wall_s": probe_s,
+                   "profiling_wall_s": time.perf_counter() - started - probe_s}
+        meta = _meta(request, bounds, searcher, path, workers.use_gpu, saved is not None,
+                     timings)
+        return build_plan(bounds.space, profiles, plan_context, strategy=request.strategy,
+                          meta=meta)
+
+
+def _probe_and_bound(request: SearchRequest, workers: Workers
+                     ) -> tuple[SearchRequest, SearchBounds]:
+    """DESIGN steps 1-2: the workload checked and the memory probe run on one worker
+    (Ray), then the bounds (`tula_ray.planning.bounds`): one device's budget, the
+    candidates up to the cap, the bound checked on the worker, the space up to it.
+    Returns the request with its workload completed."""
+    sizes, use_gpu = request.cluster_sizes, workers.use_gpu
+    probe = probe_memory(request.spec, request.options,
+                         min_local_batch=probe_min_local_batch(request.min_batch, sizes),
+                         resources=workers.resources, use_gpu=use_gpu)
+    request = _checked(request, probe.workload)
+    device_bytes = memory_budget_bytes(
+        probe, declared_gb=request.device_memory_gb, num_workers=sizes[-1], use_gpu=use_gpu,
+        cpu_share_bytes=CPU_MEMORY_SHARE_DEFAULT * node_memory_bytes())
+    candidates = candidate_space(sizes, min_batch=request.min_batch,
+                                 max_batch=request.max_batch,
+                                 dataset_size=request.workload.dataset_size)
+    probe = check_max_local_batch(probe, device_bytes, headroom=request.headroom,
+                                  space=candidates, resources=workers.resources,
+                                  use_gpu=use_gpu)
+    space = bounded_space(candidates, probe.max_local_batch, min_batch=request.min_batch,
+                          device_bytes=device_bytes, headroom=request.headroom)
+    return request, SearchBounds(space, probe, device_bytes)
+
+
+def _restored(request: SearchRequest, saved: TulaSearcher, saved_at: str, workers: Workers
+              ) -> tuple[SearchRequest, SearchBounds]:
+    """A saved search's bounds (no memory probe runs again), once its arguments match the
+    saved ones, with the workload checked on a worker (timed: what `train` waits for)."""
+    check_same_search(saved.context.get("request", {}), search_identity(request), saved_at)
+    checked, check_s = timed_check_workload(
+        request.spec, request.options, resources=workers.resources, use_gpu=workers.use_gpu)
+    request = _checked(request, checked)
+    bounds = restore_context(saved.context)
+    bounds.probe.check_s = check_s
+    return request, bounds
 
 
 def _checked(request: SearchRequest, workload: Workload) -> SearchRequest:
@@ -218,6 +229,28 @@ def _checked(request: SearchRequest, workload: Workload) -> SearchRequest:
     request = replace(request, workload=workload, spec=spec, options=options)
     check_dataset_size(request)
     return request
+
+
+def _meta(request: SearchRequest, bounds: SearchBounds, searcher: TulaSearcher, path: str,
+          use_gpu: bool, resumed: bool, timings: dict[str, float]) -> dict[str, Any]:
+    """What the plan records of its search besides its context: the wall times, the
+    launches and rounds, the memory probe, the errors, and what `train` takes from it."""
+    probe = bounds.probe
+    return {"probe_wall_s": timings["probe_wall_s"], "workload_check_s": probe.check_s,
+            "profiling_wall_s": timings["profiling_wall_s"],
+            "trials": len(searcher.sweeps), "launches": len(searcher.sweeps),
+            "rounds": searcher.rounds, "stop_reason": searcher.stop_reason,
+            "sweeps": searcher.sweeps, "candidates_profiled": len(searcher.profiles),
+            "device_memory_bytes": bounds.device_memory_bytes,
+            "max_local_batch": probe.max_local_batch, "use_gpu": use_gpu,
+            "ray_version": ray.__version__, "experiment_path": path,
+            "resumed": resumed,
+            "memory_probe": probe.rows, "errors": searcher.errors,
+            "batch_limit": None if probe.batch_limit is None else probe.batch_limit.to_dict(),
+            "workload_options": json_options(request.workload_options),
+            "precision": request.workload.precision,
+            "training_strategy": request.training_strategy_name,
+            "training_options": json_options(request.training_options)}
 
 
 def _raise_deciding_error(searcher: TulaSearcher, path: str) -> None:
@@ -232,41 +265,6 @@ def _raise_deciding_error(searcher: TulaSearcher, path: str) -> None:
         f"{fatal['error']} (on {where}); the search stopped: this error would end every "
         f"candidate the same way. Its {len(searcher.profiles)} rows so far ({kept} ok) are "
         f"kept in the experiment at {path}", fatal["traceback"])
-
-
-def _bounded_space(request: SearchRequest, resources: dict[str, float], use_gpu: bool
-                   ) -> tuple[SearchRequest, SearchSpace, MemoryProbe, float]:
-    """DESIGN step 1-2: the workload checked and the memory probe run on one worker bound
-    B; the space up to it. Returns the request with the workload completed."""
-    sizes = request.cluster_sizes
-    probe = probe_memory(request.spec, request.options,
-                         min_local_batch=max(1, request.min_batch // sizes[-1]),
-                         resources=resources, use_gpu=use_gpu)
-    request = _checked(request, probe.workload)
-    if request.device_memory_gb is not None:
-        device_bytes = request.device_memory_gb * 1e9
-    else:
-        device_bytes = (probe.device_memory_bytes
-                        or CPU_MEMORY_SHARE_DEFAULT * node_memory_bytes())
-    # What the probe (one process, no DDP) cannot see: the CUDA context, DDP's gradient
-    # buckets and NCCL's buffers. Budgeted for the largest N, so it holds for every N.
-    device_bytes = memory_model.device_budget_bytes(
-        device_bytes, grad_bytes=probe.static.grad_bytes, num_workers=sizes[-1],
-        in_use_bytes=probe.device_in_use_bytes, nccl=use_gpu)
-    largest = min(request.max_batch or request.workload.dataset_size, request.workload.dataset_size)
-    # Nothing above the largest candidate's local batch (its largest B over N_min) is measured.
-    candidates = SearchSpace.build(sizes, min_batch=request.min_batch, max_batch=largest)
-    probe = check_max_local_batch(probe, device_bytes, headroom=request.headroom,
-                                  space=candidates, resources=resources, use_gpu=use_gpu)
-    max_local = probe.max_local_batch
-    bound = min(max_local * sizes[-1], largest)
-    if bound < request.min_batch:
-        raise ValueError(
-            f"min_batch={request.min_batch} does not fit: the memory model allows at most a "
-            f"local batch of {max_local} ({device_bytes / 1e9:.3g} GB device memory, headroom "
-            f"{request.headroom:.0%}), so B <= {bound}; lower min_batch or declare more memory")
-    space = candidates.bounded(max_local, largest)
-    return request, space, probe, device_bytes
 
 
 def _training_limits(request: SearchRequest, space: SearchSpace
@@ -305,29 +303,36 @@ def _strategy_options(request: SearchRequest, context: PlanContext) -> dict[str,
     return with_plan_context(request.strategy, options, context)
 
 
-def _profile(request: SearchRequest, space: SearchSpace, plan_context: PlanContext,
-             use_gpu: bool, device_bytes: float, probe: MemoryProbe, workers: Workers,
-             name: str, resume: bool, context: dict[str, Any], verbose: int
+def _trial_constants(request: SearchRequest, bounds: SearchBounds, workers: Workers
+                     ) -> dict[str, Any]:
+    """What every trial shares: it goes in the param space, which Tune merges into each
+    suggested config (as for Ray's own searchers), so the searcher's state stays JSON.
+    Its keys are those a saved search restores with (tests/test_resume_ray.py)."""
+    return {"workload": request.spec, "workload_options": request.options,
+            "use_gpu": workers.use_gpu, "warmup_steps": request.warmup_steps,
+            "measure_steps": request.measure_steps,
+            "measure_seconds": request.measure_seconds,
+            "device_memory_bytes": bounds.device_memory_bytes,
+            "resources_per_worker": workers.resources,
+            # N <= G workers are placed on one node, as `train` places them (topology)
+            "workers_per_node": workers.workers_per_node,
+            "provision_timeout_s": request.provision_timeout_s,
+            "epochs": request.epochs,
+            "training_strategy": None if request.training_strategy is None
+            else portable_training_strategy(request.training_strategy),
+            "training_options": request.training_options}
+
+
+def _profile(request: SearchRequest, bounds: SearchBounds, plan_context: PlanContext,
+             workers: Workers, name: str, resume: bool, context: dict[str, Any], verbose: int
              ) -> tuple[TulaSearcher, str]:
     """DESIGN step 3: one Tune trial per cluster size and round, one at a time (concurrent
     trials would share the CPUs or the network and distort each other's step times)."""
-    # What every trial shares goes in the param space, which Tune merges into each
-    # suggested config (as for Ray's own searchers): the searcher's state stays JSON.
-    constants = {"workload": request.spec, "workload_options": request.options,
-                 "use_gpu": use_gpu, "warmup_steps": request.warmup_steps,
-                 "measure_steps": request.measure_steps,
-                 "measure_seconds": request.measure_seconds, "device_memory_bytes": device_bytes,
-                 "resources_per_worker": workers.resources,
-                 # N <= G workers are placed on one node, as `train` places them (topology)
-                 "workers_per_node": workers.workers_per_node,
-                 "provision_timeout_s": request.provision_timeout_s,
-                 "epochs": request.epochs,
-                 "training_strategy": None if request.training_strategy is None
-                 else portable_training_strategy(request.training_strategy),
-                 "training_options": request.training_options}
     # Above the memory probe's checked bound a candidate is infeasible: the plan says so,
     # and no worker group is launched to learn it again.
-    grid = [c for c in space.candidates() if c.local_batch <= probe.max_local_batch]
+    grid = [c for c in bounds.space.candidates()
+            if c.local_batch <= bounds.probe.max_local_batch]
     searcher = TulaSearcher(grid, request.strategy, _strategy_options(request, plan_context),
                             context=context)
-    return run_experiment(searcher, constants, request.storage_path, name, resume, verbose)
+    return run_experiment(searcher, _trial_constants(request, bounds, workers),
+                          request.storage_path, name, resume, verbose)

@@ -22,10 +22,10 @@ from ray.tune.search import Searcher
 from searchers import TulaSearcher
 from searchers.search_progress import SearchProgress
 from searchers.tula_searcher import METRIC, MODE
-from trainables.memory_probe import MemoryProbe
 from trainables.profiling_trial import trainable_with_resources
 from tula_ray.models.batch_limit import BatchLimit
 from tula_ray.models.memory import MemoryParams
+from tula_ray.planning.bounds import MemoryProbe, SearchBounds
 from tula_ray.space import SearchSpace
 from tula_ray.verbosity import ray_log_level, tune_verbosity
 
@@ -74,24 +74,25 @@ def check_same_search(saved: dict[str, Any], request: dict[str, Any], path: str)
                          "new name= to start another search")
 
 
-def context_of(space: SearchSpace, probe: MemoryProbe, device_bytes: float,
-               use_gpu: bool, probe_s: float, request: dict[str, Any]) -> dict[str, Any]:
+def context_of(bounds: SearchBounds, use_gpu: bool, probe_s: float,
+               request: dict[str, Any]) -> dict[str, Any]:
     """What a resumed search needs besides the rows, as JSON: the probe's result and grid."""
+    space, probe = bounds.space, bounds.probe
     return {"request": request, "space": [list(space.cluster_sizes), list(space.batch_sizes)],
             "memory": probe.params.to_dict(), "max_local_batch": probe.max_local_batch,
             "batch_limit": None if probe.batch_limit is None else probe.batch_limit.to_dict(),
-            "memory_probe": probe.rows, "device_memory_bytes": device_bytes,
+            "memory_probe": probe.rows, "device_memory_bytes": bounds.device_memory_bytes,
             "use_gpu": use_gpu, "probe_wall_s": probe_s}
 
 
-def restore_context(context: dict[str, Any]) -> tuple[SearchSpace, MemoryProbe, float]:
-    """(space, probe, device bytes) of a saved search: no memory probe runs again."""
+def restore_context(context: dict[str, Any]) -> SearchBounds:
+    """The bounds of a saved search (space, probe, device bytes): no memory probe runs again."""
     space = SearchSpace(tuple(context["space"][0]), tuple(context["space"][1]))
     limit = context.get("batch_limit")  # absent from a search saved before it was kept
     probe = MemoryProbe(MemoryParams.from_dict(context["memory"]), context["memory_probe"],
                         max_local_batch=context["max_local_batch"],
                         batch_limit=None if limit is None else BatchLimit.from_dict(limit))
-    return space, probe, float(context["device_memory_bytes"])
+    return SearchBounds(space, probe, float(context["device_memory_bytes"]))
 
 
 def run_experiment(searcher: TulaSearcher, constants: dict[str, Any], storage_path: str | None,

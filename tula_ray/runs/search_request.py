@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Mapping
 
 from tula_ray.arguments import (check_bool, check_choice, check_int, check_mapping, check_number,
                                 check_text, named_arguments)
 from tula_ray.cluster import check_runtime_env, check_worker_request
-from tula_ray.models.pricing import Pricing
+from tula_ray.models.pricing import Pricing, parse_pricing
 from tula_ray.planning.context import check_plan_values
 from tula_ray.planning.search_strategies import SEARCH_STRATEGIES, make_search_strategy
 from tula_ray.space import check_positive_ints
@@ -21,7 +21,7 @@ from tula_ray.training.strategies import get_training_strategy
 from tula_ray.training.strategy_base import (TrainingStrategy, check_base_optimizer,
                                              check_option_names)
 from tula_ray.verbosity import check_verbose
-from tula_ray.workloads import Workload
+from tula_ray.workloads import Workload, in_precision, resolve_workload
 
 logger = logging.getLogger(__name__)
 
@@ -89,7 +89,8 @@ class SearchRequest:
     """The user's arguments to `search`, validated, as one value."""
 
     spec: str | Workload  # what workers rebuild the workload from (a name, or the object)
-    options: dict[str, Any]
+    options: dict[str, Any]  # ... and its options (a built-in's, its precision included)
+    workload_options: dict[str, Any]  # the options as the user gave them: the plan's record
     workload: Workload  # completed by the check on a worker (`_checked`)
     cluster_sizes: tuple[int, ...]
     min_batch: int
@@ -118,6 +119,34 @@ class SearchRequest:
     def training_strategy_name(self) -> str | None:
         strategy = self.training_strategy
         return strategy.name if isinstance(strategy, TrainingStrategy) else strategy
+
+
+def search_request(a: Mapping[str, Any]) -> SearchRequest:
+    """`search`'s arguments (its locals, checked by `check_search_arguments`, the strategy
+    its own once `mode` is resolved) as one request, checked (`check_request`)."""
+    options = dict(a["workload_options"] or {})
+    # The workload is completed (shapes, dtype, size) by a check where the workers run,
+    # once Ray is up: the driver may lack the data the workers read.
+    resolved = named_arguments(resolve_workload, "workload", "workload_options")(
+        a["workload"], options)
+    spec, sent_options, resolved = in_precision(a["workload"], options, resolved,
+                                                a["precision"])
+    request = SearchRequest(
+        spec=spec, options=sent_options, workload_options=options, workload=resolved,
+        cluster_sizes=tuple(sorted(set(a["cluster_sizes"]))),
+        min_batch=a["min_batch"], max_batch=a["max_batch"], objective=a["objective"],
+        strategy=a["strategy"], strategy_options=dict(a["strategy_options"] or {}),
+        pricing=named_arguments(parse_pricing, "pricing")(a["pricing"]),
+        weight_time=a["weight_time"], device_memory_gb=a["device_memory_gb"],
+        headroom=a["headroom"], collective=a["collective"], warmup_steps=a["warmup_steps"],
+        measure_steps=a["measure_steps"], storage_path=a["storage_path"], name=a["name"],
+        epochs=resolved.epochs if a["epochs"] is None else a["epochs"],
+        measure_seconds=a["measure_seconds"], provision_timeout_s=a["provision_timeout_s"],
+        training_strategy=a["training_strategy"],
+        training_options=dict(a["training_options"] or {}),
+        reference_batch=a["reference_batch"], noise_scale=a["noise_scale"])
+    check_request(request)
+    return request
 
 
 def json_options(options: dict[str, Any]) -> dict[str, Any]:
