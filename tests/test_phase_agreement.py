@@ -100,9 +100,9 @@ def _profile_rank(rank: int, directory: str, phase: str, when: str) -> None:
                          torch.randint(0, 3, (256,), generator=generator))
     workload = Workload("mine-phases", model_fn=_SecondModelRunsOut(rank, when == "model_fn"),
                         train_dataset_fn=lambda: data, test_dataset_fn=lambda: data)
-    config = {"workload": workload, "global_batches": [32, 64], "warmup_steps": 2,
+    config = {"workload": workload, "warmup_steps": 2,
               "measure_steps": 2, "measure_seconds": 0.05, "training_strategy": "lbt"}
-    sweep = Sweep(config, dist.get_world_size())
+    sweep = Sweep(config, dist.get_world_size(), first_batch=32)
     if phase and when != "model_fn":
         _inject(sweep, rank, phase, when)
     started = time.perf_counter()

@@ -19,6 +19,7 @@ from tula_ray.cluster import (GPU_WORKER, Workers, can_place, groups_that_fit,
 from tula_ray.cluster.placement import bundles_fit, holds_placed
 from tula_ray.models.topology import (PACK, STRICT_PACK, node_bundles, nodes_for,
                                       placement_strategy, worker_bundles)
+from tula_ray.space import ProfileGrid
 
 HEAD = {"CPU": 0.0, "train_driver": 4.0}  # cluster.yaml's head: no worker fits on it
 ONE_GPU = {"CPU": 8.0, "GPU": 1.0}  # cluster.yaml's gpu_worker
@@ -232,6 +233,9 @@ def test_a_profiling_trial_places_n_as_training_will(monkeypatch, num_workers, p
     scaling = built["scaling_config"]
     assert (scaling.num_workers, scaling.placement_strategy) == (num_workers, strategy)
     assert "workers_per_node" not in built["train_loop_config"]  # the trial's, not the loop's
+    # the batches go to the loop typed, read from the trial config once
+    assert built["train_loop_config"]["profile_grid"] == ProfileGrid(num_workers, (32,))
+    assert "global_batches" not in built["train_loop_config"]
 
 
 def test_a_trial_that_cannot_place_n_on_one_node_says_so(monkeypatch):

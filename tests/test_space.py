@@ -3,8 +3,8 @@ from hypothesis import given, strategies as st
 
 import math
 
-from tula_ray.space import (Candidate, SearchSpace, corners, geometric, middle,
-                            powers_of_two)
+from tula_ray.space import (Candidate, ProfileGrid, SearchSpace, check_batch_in_dataset,
+                            corners, geometric, middle, powers_of_two)
 
 
 def test_defaults_are_powers_of_two_and_geometric_batches():
@@ -78,3 +78,19 @@ def test_geometric_ladder(low, span, growth):
 def test_powers_of_two_include_bounds(low, span):
     values = powers_of_two(low, low + span)
     assert values[0] == low and values[-1] == low + span
+
+
+def test_a_trial_configs_batches_are_read_once_into_a_profile_grid():
+    """The JSON a trial config carries (what the searcher suggests and Tune stores)."""
+    grid = ProfileGrid.of_config({"num_workers": 2, "global_batches": [256, 64], "round": 1})
+    assert grid == ProfileGrid(2, (64, 256)) and grid.first_batch == 64
+    assert ProfileGrid.of_config({"num_workers": "4", "global_batch": 128}) == ProfileGrid(
+        4, (128,))
+
+
+def test_a_batch_larger_than_the_dataset_is_named_with_it():
+    check_batch_in_dataset("global_batch", 512, "mine", 512)  # one step per epoch: fine
+    check_batch_in_dataset("global_batch", 4096, "mine", None)  # size not known yet
+    with pytest.raises(ValueError, match=r"^min_batch=64 is larger than the dataset of mine "
+                                         r"\(32 samples\); more data$"):
+        check_batch_in_dataset("min_batch", 64, "mine", 32, hint="; more data")

@@ -58,17 +58,21 @@ from trainables.profiling_sweep import Sweep
 from tula_ray.failures import is_out_of_memory, workload_code
 from tula_ray.profile_table import (FAILURE_OOM, MAX_ERROR_CHARS, STATUS_OK, STATUS_OOM,
                                     profile_row)
+from tula_ray.space import ProfileGrid
 from tula_ray.verbosity import set_worker_log_level
 
 logger = logging.getLogger(__name__)
 
+# The loop config's key of what the trial profiles (`ProfileGrid`, read once by the trial).
+PROFILE_GRID_KEY = "profile_grid"
+
 
 def profile_loop_per_worker(config: dict[str, Any]) -> None:
-    """Ray Train loop: profile each of `config["global_batches"]` on this worker group,
-    smallest first, and report one row per batch.
+    """Ray Train loop: profile each batch of `config[PROFILE_GRID_KEY]` on this worker
+    group, smallest first, and report one row per batch.
 
-    config: workload (name or Workload), workload_options, global_batches (or one
-    global_batch), warmup_steps, warmup_seconds, measure_steps, measure_seconds,
+    config: workload (name or Workload), workload_options, profile_grid (the trial's
+    `ProfileGrid`), warmup_steps, warmup_seconds, measure_steps, measure_seconds,
     device_memory_bytes
     (optional: a peak above it is "oom"), measure_memory (default True), seed,
     round, trial_started_at (time.time() when the trial started: the launch's wall time),
@@ -78,9 +82,9 @@ def profile_loop_per_worker(config: dict[str, Any]) -> None:
     context = ray.train.get_context()
     world_size = context.get_world_size()
     launch_s = time.time() - float(config.get("trial_started_at", time.time()))
-    batches = sorted(int(b) for b in config.get("global_batches", [config.get("global_batch")]))
-    sweep = Sweep(config, world_size)
-    for global_batch in batches:
+    grid: ProfileGrid = config[PROFILE_GRID_KEY]
+    sweep = Sweep(config, world_size, grid.first_batch)
+    for global_batch in grid.global_batches:
         row = profile_batch(sweep, global_batch, launch_s)
         ray.train.report(row)  # every worker reports (a barrier); rank 0's row is kept
         if row["status"] == STATUS_OOM:

@@ -21,6 +21,7 @@ from tula_ray.failures import workload_code
 from tula_ray.models.memory import gradient_bytes, over_budget
 from tula_ray.precision import set_math_mode
 from tula_ray.profile_table import FAILURE_OOM, STATUS_OK, STATUS_OOM
+from tula_ray.space import check_batch_in_dataset
 from tula_ray.training.batches import tensor_source, training_batches
 from tula_ray.training.data import evaluation_batch, loader_options
 from tula_ray.training.epoch_costs import checkpoint_s, evaluation_s
@@ -67,10 +68,12 @@ def agree_first_step_fits(step: Callable[[], list[float]], device: torch.device,
 
 
 class Sweep:
-    """What a worker group builds once and reuses for every batch: workload, model, data."""
+    """What a worker group builds once and reuses for every batch: workload, model, data.
+    first_batch: the smallest B it profiles (its trial's `ProfileGrid.first_batch`), where
+    it also times the epoch's costs and the training strategy."""
 
-    def __init__(self, config: dict[str, Any], world_size: int) -> None:
-        self.config, self.world_size = config, world_size
+    def __init__(self, config: dict[str, Any], world_size: int, first_batch: int) -> None:
+        self.config, self.world_size, self.first_batch = config, world_size, first_batch
         self.rank = ray.train.get_context().get_world_rank()
         self.warmup = int(config.get("warmup_steps", WARMUP_STEPS_DEFAULT))
         self.measure = int(config.get("measure_steps", MEASURE_STEPS_DEFAULT))
@@ -113,8 +116,6 @@ class Sweep:
         self.plain = StrategySetup("plain", self.optimizer)
         self.plain.set_precision(self.workload.precision, self.device)
         self.autocast = self.plain.autocast
-        self.first_batch = min(int(b) for b in config.get(
-            "global_batches", [config.get("global_batch")]))
         self.strategy_batch, self.strategy_options = strategy_batch(
             config, world_size, self.first_batch, len(self.dataset))  # type: ignore[arg-type]
         self.distributed = isinstance(self.model, torch.nn.parallel.DistributedDataParallel)
@@ -190,9 +191,8 @@ class Sweep:
                                                         else self.nccl_buffer_bytes)}
 
         limit = config.get("device_memory_bytes")
-        if len(self.dataset) < global_batch:  # type: ignore[arg-type]
-            raise ValueError(f"global_batch={global_batch} is larger than the dataset of "
-                             f"{self.workload.name} ({len(self.dataset)} samples)")  # type: ignore[arg-type]
+        check_batch_in_dataset("global_batch", global_batch, self.workload.name,
+                               len(self.dataset))  # type: ignore[arg-type]
         batches = self.batches(local_batch)
         tally = EpochTally(self.model, self.plain, self.loss_fn, device)
         agree = self.agreement.run

@@ -25,13 +25,13 @@ packed (`tula_ray.cluster.scaling_config`); each row records the nodes it spanne
 from __future__ import annotations
 
 import functools
-
 import logging
 import math
 import os
 import sys
 import time
 import traceback
+from dataclasses import replace
 from typing import Any, Callable
 
 from ray import tune
@@ -39,7 +39,7 @@ from ray.train import FailureConfig, LoggingConfig, RunConfig
 from ray.train.torch import TorchConfig, TorchTrainer
 from ray.tune.integration.ray_train import TuneReportCallback
 
-from trainables.profiling_loop import profile_loop_per_worker
+from trainables.profiling_loop import PROFILE_GRID_KEY, profile_loop_per_worker
 from tula_ray.cluster import (alive_node_resources, can_place, scaling_config, trial_resources,
                               worker_shape, workers_that_fit)
 from tula_ray.failures import (FAILURE_INFRASTRUCTURE, FAILURE_OOM, FAILURE_USER_CODE,
@@ -47,6 +47,7 @@ from tula_ray.failures import (FAILURE_INFRASTRUCTURE, FAILURE_OOM, FAILURE_USER
 from tula_ray.models.topology import STRICT_PACK, placement_strategy
 from tula_ray.profile_table import (LAUNCH_TOTAL_KEY, STATUS_ERROR, STATUS_OOM, TRACEBACK_KEY,
                                     profile_row)
+from tula_ray.space import ProfileGrid, check_batch_in_dataset
 from tula_ray.verbosity import VERBOSE_DEFAULT, ray_log_level
 from tula_ray.workloads import resolve_workload
 
@@ -57,6 +58,8 @@ logger = logging.getLogger(__name__)
 # put there by the search): N <= G is placed on one node, as `train` will place it.
 TRIAL_KEYS = ("num_workers", "use_gpu", "resources_per_worker", "storage_path",
               "provision_timeout_s", "workers_per_node")
+# ... and the batches, which the loop takes as the trial's ProfileGrid (PROFILE_GRID_KEY).
+GRID_KEYS = ("global_batches", "global_batch")
 # How long a trial waits for a lost node to come back (an autoscaler replacing it) before
 # its cluster size is recorded as not placeable; the search's provision_timeout_s if shorter.
 LOST_NODE_WAIT_S = 60.0
@@ -96,18 +99,12 @@ def trainable_with_resources(train_log_level: str | None = None) -> Callable:
     return tune.with_resources(at_log_level, trial_resources())
 
 
-def batches_of(config: dict[str, Any]) -> list[int]:
-    """The global batches a trial config asks for, smallest first (`global_batches`, or
-    one `global_batch`)."""
-    batches = config.get("global_batches")
-    if batches is None:
-        batches = [config["global_batch"]]
-    return sorted(int(b) for b in batches)
-
-
-def build_trainer(config: dict[str, Any], callbacks: list | None = None) -> TorchTrainer:
+def build_trainer(config: dict[str, Any], grid: ProfileGrid | None = None,
+                  callbacks: list | None = None) -> TorchTrainer:
     """The TorchTrainer that runs `profile_loop_per_worker` for one cluster size.
 
+    grid: what it profiles (N and its batches); default the config's (num_workers,
+    global_batches: `ProfileGrid.of_config`). The loop takes it typed.
     config: num_workers, global_batches, workload, workload_options, use_gpu
     (default: the cluster has GPUs), resources_per_worker (one worker's, as in Ray's
     ScalingConfig; default `tula_ray.cluster.worker_shape`'s one device), workers_per_node
@@ -117,14 +114,16 @@ def build_trainer(config: dict[str, Any], callbacks: list | None = None) -> Torc
     device_memory_bytes, storage_path (default: Ray's, ~/ray_results), train_log_level
     (Ray Train's logs, default WARNING: `tula_ray.verbosity`), and the loop's other keys.
     """
-    num_workers = int(config["num_workers"])
+    grid = grid or ProfileGrid.of_config(config)
+    num_workers = grid.num_workers
     resources = worker_shape(config.get("resources_per_worker"), use_gpu=config.get("use_gpu"))
-    loop_config = {k: v for k, v in config.items() if k not in TRIAL_KEYS}
+    loop_config = {k: v for k, v in config.items() if k not in TRIAL_KEYS + GRID_KEYS}
+    loop_config[PROFILE_GRID_KEY] = grid
     loop_config["cpus_per_worker"] = resources.get("CPU", 0.0)  # reported with the row
     # Ray Train's controller and workers log at it (`tula_ray.verbosity`); the loop too
     loop_config["train_log_level"] = config.get("train_log_level",
                                                 ray_log_level(VERBOSE_DEFAULT))
-    name = f"profile-N{num_workers}-B{'-'.join(str(b) for b in batches_of(config))}"
+    name = f"profile-N{num_workers}-B{'-'.join(str(b) for b in grid.global_batches)}"
     return TorchTrainer(
         profile_loop_per_worker,
         train_loop_config=loop_config,
@@ -151,9 +150,10 @@ def profile_cluster_size(config: dict[str, Any]) -> None:
     started_at = time.time()
     os.environ.setdefault(PREEMPTION_WATCHER_ENV, "0")
     _quiet_termination()
-    num_workers = int(config["num_workers"])
+    grid = ProfileGrid.of_config(config)  # the one place the config's batches are read
+    num_workers = grid.num_workers
     runnable = []
-    for global_batch in batches_of(config):
+    for global_batch in grid.global_batches:
         problem = _infeasible(num_workers, global_batch, config)
         if problem:  # no need to start N workers to learn this
             tune.report(profile_row(num_workers, global_batch, error=problem,
@@ -170,10 +170,11 @@ def profile_cluster_size(config: dict[str, Any]) -> None:
                                     failure=FAILURE_INFRASTRUCTURE))
         return
     # The Train run is stored inside its Tune trial unless the config names a place.
-    config = {**config, "global_batches": runnable, "trial_started_at": started_at,
+    config = {**config, "trial_started_at": started_at,
               "storage_path": config.get("storage_path") or tune.get_context().get_trial_dir()}
     try:
-        build_trainer(config, callbacks=[TuneReportCallback()]).fit()
+        build_trainer(config, replace(grid, global_batches=tuple(runnable)),
+                      callbacks=[TuneReportCallback()]).fit()
     except Exception as exc:  # noqa: BLE001 - any failure is a row, never a crash
         failure, message, trace = describe_failure(exc)
         status = STATUS_OOM if failure == FAILURE_OOM else STATUS_ERROR
@@ -287,8 +288,9 @@ def _infeasible(num_workers: int, global_batch: int, config: dict[str, Any]) -> 
         workload = resolve_workload(config.get("workload"), config.get("workload_options"))
     except (ValueError, TypeError) as exc:
         return f"{type(exc).__name__}: {exc}"
-    if workload.train_size is not None and global_batch > workload.train_size:
-        return (f"global_batch={global_batch} is larger than the dataset of {workload.name} "
-                f"({workload.train_size} samples)")
+    try:  # a built-in's size is known without its data
+        check_batch_in_dataset("global_batch", global_batch, workload.name, workload.train_size)
+    except ValueError as exc:
+        return str(exc)
     return ""
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Iterable, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
 from tula_ray.arguments import check_int
 
@@ -36,6 +36,39 @@ class Candidate:
             "global_batch": self.global_batch,
             "local_batch": self.local_batch,
         }
+
+
+@dataclass(frozen=True)
+class ProfileGrid:
+    """What one profiling trial profiles: one cluster size N at its global batches, smallest
+    first. The trial config carries it as JSON (`num_workers`, and `global_batches` or one
+    `global_batch`: what the searcher suggests and Tune stores); `of_config` reads it
+    there once, and the trial, its worker loop and its sweep take it typed."""
+
+    num_workers: int
+    global_batches: tuple[int, ...]
+
+    @classmethod
+    def of_config(cls, config: Mapping[str, Any]) -> "ProfileGrid":
+        batches = config.get("global_batches")
+        if batches is None:
+            batches = [config["global_batch"]]
+        return cls(int(config["num_workers"]), tuple(sorted(int(b) for b in batches)))
+
+    @property
+    def first_batch(self) -> int:
+        """The smallest B: where the sweep also times the epoch's costs and the strategy."""
+        return self.global_batches[0]
+
+
+def check_batch_in_dataset(label: str, batch: int, dataset: str, dataset_size: int | None,
+                           hint: str = "") -> None:
+    """A global batch (or min_batch) needs at least as many samples as it takes: the one
+    check of B against the dataset, wherever its size becomes known (the search's request,
+    a profiling trial, its sweep, `train`'s job). None: the size is not known yet."""
+    if dataset_size is not None and batch > dataset_size:
+        raise ValueError(f"{label}={batch} is larger than the dataset of {dataset} "
+                         f"({dataset_size} samples){hint}")
 
 
 def check_positive_ints(name: str, values: Iterable[int]) -> tuple[int, ...]:

@@ -16,7 +16,7 @@ from tula_ray.cluster import check_runtime_env, check_worker_request
 from tula_ray.models.pricing import Pricing, parse_pricing
 from tula_ray.planning.context import check_plan_values
 from tula_ray.planning.search_strategies import SEARCH_STRATEGIES, make_search_strategy
-from tula_ray.space import check_positive_ints
+from tula_ray.space import check_batch_in_dataset, check_positive_ints
 from tula_ray.training.strategies import get_training_strategy
 from tula_ray.training.strategy_base import (TrainingStrategy, check_base_optimizer,
                                              check_option_names)
@@ -79,9 +79,7 @@ def check_request(r: "SearchRequest") -> None:
 
 def check_dataset_size(r: "SearchRequest") -> None:
     """What depends on the training set's size, once the check on a worker knows it."""
-    if r.min_batch > r.workload.dataset_size:
-        raise ValueError(f"min_batch={r.min_batch} is larger than the dataset of "
-                         f"{r.workload.name} ({r.workload.dataset_size} samples)")
+    check_batch_in_dataset("min_batch", r.min_batch, r.workload.name, r.workload.dataset_size)
 
 
 @dataclass(frozen=True)

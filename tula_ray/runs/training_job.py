@@ -17,6 +17,7 @@ from trainables.memory_probe import check_workload
 from tula_ray.arguments import check_int, named_arguments
 from tula_ray.cluster import Workers
 from tula_ray.planning.plan import Plan
+from tula_ray.space import check_batch_in_dataset
 from tula_ray.training.strategies import (StrategySetup, TrainingStrategy, build_strategy,
                                           get_training_strategy, logger as strategies_logger,
                                           portable_training_strategy)
@@ -123,10 +124,10 @@ def _default_epochs(plan: Plan, workload: Workload, options: dict[str, Any], bud
 
 
 def check_batch_fits(global_batch: int, workload: Workload) -> None:
-    if global_batch > workload.dataset_size:
-        raise ValueError(f"the plan's global batch B={global_batch} is larger than the "
-                         f"training set of {workload.name} ({workload.dataset_size} samples); "
-                         "pass workload_options with a larger train_subset or fake_size")
+    """The plan's B against the workload trained (`space.check_batch_in_dataset`)."""
+    check_batch_in_dataset("the plan's global batch B", global_batch, workload.name,
+                           workload.dataset_size, hint="; pass workload_options with a "
+                           "larger train_subset or fake_size")
 
 
 def checked_on_worker(job: Job, workers: Workers) -> Job:
