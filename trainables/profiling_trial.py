@@ -150,18 +150,10 @@ def profile_cluster_size(config: dict[str, Any]) -> None:
     started_at = time.time()
     os.environ.setdefault(PREEMPTION_WATCHER_ENV, "0")
     _quiet_termination()
-    grid = ProfileGrid.of_config(config)  # the one place the config's batches are read
-    num_workers = grid.num_workers
-    runnable = []
-    for global_batch in grid.global_batches:
-        problem = _infeasible(num_workers, global_batch, config)
-        if problem:  # no need to start N workers to learn this
-            tune.report(profile_row(num_workers, global_batch, error=problem,
-                                    failure=FAILURE_INFRASTRUCTURE))
-        else:
-            runnable.append(global_batch)
-    if not runnable:
+    grid = _runnable(ProfileGrid.of_config(config), config)  # its batches, read once here
+    if not grid.global_batches:
         return
+    num_workers, runnable = grid.num_workers, list(grid.global_batches)
     missing = _cannot_place(num_workers, config)
     if missing:  # a node lost since the search started: record it, go on with other N
         logger.warning("cluster size N=%d not profiled: %s", num_workers, missing)
@@ -173,8 +165,7 @@ def profile_cluster_size(config: dict[str, Any]) -> None:
     config = {**config, "trial_started_at": started_at,
               "storage_path": config.get("storage_path") or tune.get_context().get_trial_dir()}
     try:
-        build_trainer(config, replace(grid, global_batches=tuple(runnable)),
-                      callbacks=[TuneReportCallback()]).fit()
+        build_trainer(config, grid, callbacks=[TuneReportCallback()]).fit()
     except Exception as exc:  # noqa: BLE001 - any failure is a row, never a crash
         failure, message, trace = describe_failure(exc)
         status = STATUS_OOM if failure == FAILURE_OOM else STATUS_ERROR
@@ -189,6 +180,20 @@ def profile_cluster_size(config: dict[str, Any]) -> None:
         # what a `train` job of this N waits for beyond its epochs, once the searcher has
         # taken the candidates' own time off (the search metric, NaN: no candidate).
         tune.report({LAUNCH_TOTAL_KEY: time.time() - started_at, "step_time_s": math.nan})
+
+
+def _runnable(grid: ProfileGrid, config: dict[str, Any]) -> ProfileGrid:
+    """The grid of the batches that can run, a row reported for each that cannot (found
+    without starting workers: no need to start N workers to learn it)."""
+    runnable = []
+    for global_batch in grid.global_batches:
+        problem = _infeasible(grid.num_workers, global_batch, config)
+        if problem:
+            tune.report(profile_row(grid.num_workers, global_batch, error=problem,
+                                    failure=FAILURE_INFRASTRUCTURE))
+        else:
+            runnable.append(global_batch)
+    return replace(grid, global_batches=tuple(runnable))
 
 
 def _quiet_termination() -> None:
