@@ -24,8 +24,6 @@ KNOWN_OVER = {
     "tula_ray/planning/plan.py:build_plan": "87 lines",
     "trainables/profiling_sweep.py:__init__": "50 lines",
     "trainables/profiling_sweep.py:profile": "110 lines",
-    "trainables/strategy_cost.py:measure_strategy_extra_s": "46 lines",
-    "trainables/training_loop.py:train_loop_per_worker": "46 lines",
 }
 
 

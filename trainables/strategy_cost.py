@@ -14,6 +14,7 @@ import math
 from typing import Any
 
 import ray.train.torch
+import torch
 
 from tula_ray.distributed import max_over_ranks
 from tula_ray.training.epochs import EpochTally
@@ -73,20 +74,7 @@ def measure_strategy_extra_s(sweep: Any) -> float:
     model = agree("strategy: second model",
                   lambda: sweep.workload.model_fn().to(sweep.device))
 
-    def strategy_setup():
-        wrapped = ray.train.torch.prepare_model(model)
-        wrapped.train()
-        setup = build_strategy(
-            get_training_strategy(sweep.config["training_strategy"]), wrapped,
-            global_batch=global_batch,
-            steps_per_epoch=max(1, len(sweep.dataset) // global_batch),  # type: ignore[arg-type]
-            epochs=int(sweep.config.get("epochs") or sweep.workload.epochs),
-            options=sweep.strategy_options, optimizer_fn=sweep.workload.optimizer_fn)
-        setup.set_precision(sweep.workload.precision, sweep.device)  # as `train` sets it
-        setup.start_epoch(0)
-        return EpochTally(wrapped, setup, sweep.loss_fn, sweep.device)
-
-    tally = agree("strategy: setup", strategy_setup)
+    tally = agree("strategy: setup", lambda: _strategy_tally(sweep, model, global_batch))
     # The strategy's first step builds the optimizer's state: untimed. Each block's first
     # step after the other model's is untimed too (`sweep.transition`: BatchNorm's
     # buffers broadcast then, as in the sweep's own alternating blocks).
@@ -105,3 +93,19 @@ def measure_strategy_extra_s(sweep: Any) -> float:
     strategy_mean, plain_mean = max_over_ranks(
         [mean_step_s(seconds), mean_step_s(plain_s)], sweep.device)
     return strategy_mean - plain_mean
+
+
+def _strategy_tally(sweep: Any, model: torch.nn.Module, global_batch: int) -> EpochTally:
+    """The strategy's steps on `model` (the second model), wrapped as `train` wraps it
+    (DDP), with the strategy's optimizer and hooks at `global_batch`, in its precision."""
+    wrapped = ray.train.torch.prepare_model(model)
+    wrapped.train()
+    setup = build_strategy(
+        get_training_strategy(sweep.config["training_strategy"]), wrapped,
+        global_batch=global_batch,
+        steps_per_epoch=max(1, len(sweep.dataset) // global_batch),  # type: ignore[arg-type]
+        epochs=int(sweep.config.get("epochs") or sweep.workload.epochs),
+        options=sweep.strategy_options, optimizer_fn=sweep.workload.optimizer_fn)
+    setup.set_precision(sweep.workload.precision, sweep.device)  # as `train` sets it
+    setup.start_epoch(0)
+    return EpochTally(wrapped, setup, sweep.loss_fn, sweep.device)

@@ -26,7 +26,7 @@ import torch
 
 from tula_ray.training.checkpoints import checkpoint_state, restore_state
 from tula_ray.training.run import prepare_run
-from tula_ray.training.strategy_base import describe_optimizer
+from tula_ray.training.strategy_base import StrategySetup, describe_optimizer
 from tula_ray.verbosity import QUIET, ray_log_level, set_worker_log_level, show
 from tula_ray.workloads import resolve_workload
 
@@ -84,14 +84,7 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
     keep_checkpoints = bool(config.get("checkpoint", True))
     model, setup, device = run.model, run.setup, run.device
 
-    start_epoch, resumed_from = 0, NOT_RESUMED
-    checkpoint = ray.train.get_checkpoint()
-    if checkpoint is not None:
-        with checkpoint.as_directory() as directory:
-            state = load_checkpoint_state(directory, map_location=device)
-        start_epoch = restore_state(state, model, setup)
-        resumed_from = start_epoch - 1
-        logger.info("rank %d resumes after epoch %d from %s", rank, resumed_from, checkpoint.path)
+    start_epoch, resumed_from = _resume_point(model, setup, device, rank)
 
     fixed = {"num_workers": world_size, "global_batch": global_batch,
              "local_batch": global_batch // world_size, "strategy": setup.name,
@@ -108,6 +101,21 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
             show(epoch_line(row, planned), config.get("verbose", QUIET))
         _report(row, checkpoint_state(model, setup, epoch)
                 if rank == 0 and keep_checkpoints else None, epoch)
+
+
+def _resume_point(model: torch.nn.Module, setup: StrategySetup, device: torch.device, rank: int
+                  ) -> tuple[int, int]:
+    """(the first epoch to train, the epoch resumed after): from the checkpoint Ray Train
+    restarted the run with, its state restored into `model` and `setup`; else
+    (0, NOT_RESUMED)."""
+    checkpoint = ray.train.get_checkpoint()
+    if checkpoint is None:
+        return 0, NOT_RESUMED
+    with checkpoint.as_directory() as directory:
+        state = load_checkpoint_state(directory, map_location=device)
+    start_epoch = restore_state(state, model, setup)
+    logger.info("rank %d resumes after epoch %d from %s", rank, start_epoch - 1, checkpoint.path)
+    return start_epoch, start_epoch - 1
 
 
 def epoch_line(row: dict[str, Any], epochs: int | None) -> str:
