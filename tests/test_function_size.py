@@ -20,7 +20,6 @@ MAX_PRIVATE_PARAMETERS = 8
 KNOWN_OVER = {
     "tula_ray/runs/train.py:_check_arguments": "10 parameters",
     "tula_ray/runs/train.py:_trainer": "11 parameters",
-    "tula_ray/runs/training_job.py:resolve_job": "49 lines",
     "tula_ray/planning/plan.py:build_plan": "87 lines",
     "trainables/profiling_sweep.py:__init__": "50 lines",
     "trainables/profiling_sweep.py:profile": "110 lines",

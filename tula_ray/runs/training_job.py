@@ -61,28 +61,7 @@ def resolve_job(plan: Plan, strategy: str | TrainingStrategy, workload: str | Wo
     or under the "scale-invariant" budget the plan's `epochs`: that budget counts them at
     the reference batch, as the plan's `epochs` are."""
     resolved_strategy = get_training_strategy(strategy)
-    if workload is None:
-        spec = plan.workload
-        options = dict(plan.meta.get(PLAN_OPTIONS_KEY) or {})
-        if workload_options is not None:
-            options.update(workload_options)
-        try:
-            resolved = resolve_workload(spec, options)
-        except (ValueError, TypeError) as exc:
-            if workload_options:  # the options the user added are what failed
-                raise type(exc)(f"workload_options={workload_options!r}: {exc}") from exc
-            if isinstance(exc, TypeError):
-                raise
-            raise ValueError(
-                f"the plan does not record a workload this run can rebuild (it names "
-                f"{spec!r}: {exc}); pass workload= (a built-in name or a "
-                f"tula_ray.workloads.Workload)") from exc
-    else:
-        spec, options = workload, dict(workload_options or {})
-        resolved = named_arguments(resolve_workload, "workload", "workload_options")(spec, options)
-        if resolved.name != plan.workload:
-            logger.warning("training %s although the plan was made for %s: its (N, B) "
-                           "choice may not fit this workload", resolved.name, plan.workload)
+    spec, options, resolved = _workload_of(plan, workload, workload_options)
     # Optional for a search, which times an evaluation pass only when there is one.
     if resolved.test_dataset_fn is None:
         raise ValueError(f"workload {resolved.name!r} has no test_dataset_fn: tula_ray.train "
@@ -109,6 +88,36 @@ def resolve_job(plan: Plan, strategy: str | TrainingStrategy, workload: str | Wo
     spec, options, resolved = in_precision(spec, options, resolved, precision)
     return Job(spec, options, resolved, n, b, epochs, portable_training_strategy(strategy),
                strategy_options, tuple(notes))
+
+
+def _workload_of(plan: Plan, workload: str | Workload | None,
+                 workload_options: dict[str, Any] | None
+                 ) -> tuple[str | Workload, dict[str, Any], Workload]:
+    """(spec, options, resolved) of the workload trained: the plan's, rebuilt from what it
+    records (the user's workload_options added), unless one is given."""
+    if workload is None:
+        spec = plan.workload
+        options = dict(plan.meta.get(PLAN_OPTIONS_KEY) or {})
+        if workload_options is not None:
+            options.update(workload_options)
+        try:
+            resolved = resolve_workload(spec, options)
+        except (ValueError, TypeError) as exc:
+            if workload_options:  # the options the user added are what failed
+                raise type(exc)(f"workload_options={workload_options!r}: {exc}") from exc
+            if isinstance(exc, TypeError):
+                raise
+            raise ValueError(
+                f"the plan does not record a workload this run can rebuild (it names "
+                f"{spec!r}: {exc}); pass workload= (a built-in name or a "
+                f"tula_ray.workloads.Workload)") from exc
+    else:
+        spec, options = workload, dict(workload_options or {})
+        resolved = named_arguments(resolve_workload, "workload", "workload_options")(spec, options)
+        if resolved.name != plan.workload:
+            logger.warning("training %s although the plan was made for %s: its (N, B) "
+                           "choice may not fit this workload", resolved.name, plan.workload)
+    return spec, options, resolved
 
 
 def _default_epochs(plan: Plan, workload: Workload, options: dict[str, Any], budget: str) -> int:
