@@ -20,6 +20,7 @@ from tula_ray.cluster.placement import bundles_fit, holds_placed
 from tula_ray.models.topology import (PACK, STRICT_PACK, node_bundles, nodes_for,
                                       placement_strategy, worker_bundles)
 from tula_ray.space import ProfileGrid
+from tula_ray.verbosity import VERBOSE_DEFAULT
 
 HEAD = {"CPU": 0.0, "train_driver": 4.0}  # cluster.yaml's head: no worker fits on it
 ONE_GPU = {"CPU": 8.0, "GPU": 1.0}  # cluster.yaml's gpu_worker
@@ -262,11 +263,13 @@ def test_train_and_tuning_trials_place_n_as_it_was_profiled(monkeypatch):
     built = _captured_trainer(monkeypatch, train)
     job = Job("fashion-mnist-cnn", {}, resolve_workload("fashion-mnist-cnn"), 4, 128, 1,
               "lbt", {}, ())
-    train._trainer(job, None, "run", 0, 0, Workers({"CPU": 1.0}, False, False, 4), None,
-                   None, None)
+    config = train._loop_config(job, seed=0, lr=None, budget="epochs",
+                                verbose=VERBOSE_DEFAULT, fail_at_epoch=None, marker_dir=None)
+    train._trainer(job, config, Workers({"CPU": 1.0}, False, False, 4), storage_path=None,
+                   name="run", max_failures=0)
     assert built["scaling_config"].placement_strategy == STRICT_PACK
-    train._trainer(job, None, "run", 0, 0, Workers({"CPU": 1.0}, False, False, 2), None,
-                   None, None)
+    train._trainer(job, config, Workers({"CPU": 1.0}, False, False, 2), storage_path=None,
+                   name="run", max_failures=0)
     assert built["scaling_config"].placement_strategy == PACK
 
     built = _captured_trainer(monkeypatch, tuning_trial)

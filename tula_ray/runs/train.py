@@ -20,7 +20,7 @@ import tempfile
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 import pandas as pd
 from ray.train import CheckpointConfig, FailureConfig, LoggingConfig, RunConfig
@@ -137,10 +137,7 @@ def train(
     checked on one worker first (`tula_ray.search` says how), so its own code failing
     raises a `tula_ray.failures.UserCodeError` before the training job starts.
     """
-    _check_arguments(workload_options=workload_options, epochs=epochs,
-                     strategy_options=strategy_options, storage_path=storage_path, name=name,
-                     max_failures=max_failures, seed=seed, use_gpu=use_gpu, lr=lr,
-                     address=address)
+    _check_arguments(locals())
     check_choice("budget", budget, BUDGETS)
     check_verbose(verbose)
     resources = check_worker_request(resources_per_worker, provision_timeout_s, use_gpu)
@@ -156,8 +153,10 @@ def train(
                              runtime_env=runtime_env, use_gpu=use_gpu, storage_path=storage_path,
                              timeout_s=provision_timeout_s, verbose=verbose) as workers:
             job = checked_on_worker(job, workers)
-            trainer = _trainer(job, storage_path, name, max_failures, seed, workers, lr,
-                               fail_at_epoch, marker_dir, budget, verbose)
+            config = _loop_config(job, seed=seed, lr=lr, budget=budget, verbose=verbose,
+                                  fail_at_epoch=fail_at_epoch, marker_dir=marker_dir)
+            trainer = _trainer(job, config, workers, storage_path=storage_path, name=name,
+                               max_failures=max_failures, verbose=verbose)
             result = trainer.fit()
     finally:
         if marker_dir is not None:
@@ -169,19 +168,18 @@ def train(
                        job.global_batch, job.strategy_name, list(job.notes))
 
 
-def _check_arguments(*, workload_options: Any, epochs: Any, strategy_options: Any,
-                     storage_path: Any, name: Any, max_failures: Any, seed: Any, use_gpu: Any,
-                     lr: Any, address: Any) -> None:
-    """The plain arguments' types and ranges, before anything is built (issue 13, item 4)."""
-    check_mapping("workload_options", workload_options)
-    check_mapping("strategy_options", strategy_options)
-    check_int("epochs", epochs, minimum=1, optional=True)
-    for label, value in (("storage_path", storage_path), ("name", name), ("address", address)):
-        check_text(label, value, optional=True)
-    check_int("max_failures", max_failures, minimum=UNLIMITED_FAILURES)  # -1: no limit
-    check_int("seed", seed)
-    check_bool("use_gpu", use_gpu, optional=True)
-    check_number("lr", lr, low=0.0, low_open=True, optional=True)
+def _check_arguments(a: Mapping[str, Any]) -> None:
+    """The plain arguments' types and ranges (`train`'s, by name), before anything is built
+    (issue 13, item 4)."""
+    check_mapping("workload_options", a["workload_options"])
+    check_mapping("strategy_options", a["strategy_options"])
+    check_int("epochs", a["epochs"], minimum=1, optional=True)
+    for label in ("storage_path", "name", "address"):
+        check_text(label, a[label], optional=True)
+    check_int("max_failures", a["max_failures"], minimum=UNLIMITED_FAILURES)  # -1: no limit
+    check_int("seed", a["seed"])
+    check_bool("use_gpu", a["use_gpu"], optional=True)
+    check_number("lr", a["lr"], low=0.0, low_open=True, optional=True)
 
 
 def _check_fail_at_epoch(job: Job, fail_at_epoch: int | None) -> None:
@@ -190,16 +188,24 @@ def _check_fail_at_epoch(job: Job, fail_at_epoch: int | None) -> None:
                          f"{job.epochs}) for a run of {job.epochs} epochs")
 
 
-def _trainer(job: Job, storage_path: str | None, name: str | None, max_failures: int,
-             seed: int, workers: Workers, lr: float | None, fail_at_epoch: int | None,
-             marker_dir: str | None, budget: str = "epochs",
-             verbose: int = VERBOSE_DEFAULT) -> TorchTrainer:
+def _loop_config(job: Job, *, seed: int, lr: float | None, budget: str, verbose: int,
+                 fail_at_epoch: int | None, marker_dir: str | None) -> dict[str, Any]:
+    """What each worker's loop (`trainables.training_loop`) is given: the job, its seed, LR,
+    budget and verbosity, and (tests only) the epoch where rank 0 fails once."""
     config: dict[str, Any] = {
         "workload": job.spec, "workload_options": job.options, "global_batch": job.global_batch,
         "epochs": job.epochs, "strategy": job.strategy, "strategy_options": job.strategy_options,
         "seed": seed, "lr": lr, "budget": budget, "verbose": verbose}
     if fail_at_epoch is not None:
         config.update(fail_at_epoch=fail_at_epoch, fail_marker_dir=marker_dir)
+    return config
+
+
+def _trainer(job: Job, config: dict[str, Any], workers: Workers, *, storage_path: str | None,
+             name: str | None, max_failures: int, verbose: int = VERBOSE_DEFAULT
+             ) -> TorchTrainer:
+    """The TorchTrainer of `job` running the training loop on `config`, placed as the
+    search profiled N, one checkpoint kept per epoch."""
     name = name or (f"tula-train-{job.workload.name}-{job.strategy_name}-N{job.num_workers}"
                     f"-B{job.global_batch}-{datetime.now():%Y%m%d-%H%M%S}")
     logger.info("training %s with %s at N=%d, B=%d for %d epochs (run %s)", job.workload.name,
