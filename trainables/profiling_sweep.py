@@ -87,14 +87,7 @@ class Sweep:
         self.workload = resolve_workload(config["workload"], config.get("workload_options"))
         self.seed = int(config.get("seed", SEED_DEFAULT))
         torch.manual_seed(self.seed)
-        name = self.workload.name
-        started = time.perf_counter()
-        with workload_code(name, "train_dataset_fn()"):
-            self.dataset = self.workload.train_dataset_fn()
-            # Placed once (on the GPU when it fits): every batch of the sweep gathers from it.
-            self.source = tensor_source(self.dataset, self.device,
-                                        on_device=self.workload.data_on_device)
-        self.data_load_s = time.perf_counter() - started
+        self._load_data()
         # NCCL's buffers, made by the group's first collective (the communicator is
         # lazy): measured here, before the model, for the row's memory check.
         self.nccl_buffer_bytes = collective_buffer_bytes(
@@ -102,6 +95,29 @@ class Sweep:
         # Every phase of a batch ends with the workers' agreement (its own gloo group).
         self.agreement = PhaseAgreement(self.device)
         self.num_nodes = nodes_spanned(self.agreement.group)
+        self._build_training()
+        self.strategy_batch, self.strategy_options = strategy_batch(
+            config, world_size, self.first_batch, len(self.dataset))  # type: ignore[arg-type]
+        self.distributed = isinstance(self.model, torch.nn.parallel.DistributedDataParallel)
+        # With buffers (BatchNorm), DDP broadcasts them in the forward after a synced step.
+        self.transition = int(self.distributed and any(True for _ in self.model.buffers()))
+        # DDP's gradient buckets, which CUDA's peak counts and the budget took off apart.
+        self.bucket_bytes = float(gradient_bytes(self.model)) if self.distributed else 0.0
+
+    def _load_data(self) -> None:
+        """The training set, placed once (on the GPU when it fits): every batch of the sweep
+        gathers from it; and the seconds it took (the row's data_load_s)."""
+        started = time.perf_counter()
+        with workload_code(self.workload.name, "train_dataset_fn()"):
+            self.dataset = self.workload.train_dataset_fn()
+            self.source = tensor_source(self.dataset, self.device,
+                                        on_device=self.workload.data_on_device)
+        self.data_load_s = time.perf_counter() - started
+
+    def _build_training(self) -> None:
+        """The model (DDP-wrapped), optimizer and loss, in the workload's precision, and the
+        plain step `train` takes; each of the workload's functions named if it fails."""
+        name = self.workload.name
         with workload_code(name, "model_fn()"):
             model = self.workload.model_fn()
         self.model = ray.train.torch.prepare_model(model)
@@ -116,13 +132,6 @@ class Sweep:
         self.plain = StrategySetup("plain", self.optimizer)
         self.plain.set_precision(self.workload.precision, self.device)
         self.autocast = self.plain.autocast
-        self.strategy_batch, self.strategy_options = strategy_batch(
-            config, world_size, self.first_batch, len(self.dataset))  # type: ignore[arg-type]
-        self.distributed = isinstance(self.model, torch.nn.parallel.DistributedDataParallel)
-        # With buffers (BatchNorm), DDP broadcasts them in the forward after a synced step.
-        self.transition = int(self.distributed and any(True for _ in self.model.buffers()))
-        # DDP's gradient buckets, which CUDA's peak counts and the budget took off apart.
-        self.bucket_bytes = float(gradient_bytes(self.model)) if self.distributed else 0.0
 
     def batches(self, local_batch: int) -> Iterator:
         """This rank's batches at `local_batch`, forever: the data path `train` takes
