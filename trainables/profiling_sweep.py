@@ -186,25 +186,16 @@ class Sweep:
     def profile(self, global_batch: int) -> dict[str, Any]:
         """One batch's row fields; every phase ends with the workers' agreement
         (`self.agreement`): a failure on any worker raises on every worker, with its class."""
-        world_size, device, config = self.world_size, self.device, self.config
+        world_size, device = self.world_size, self.device
         if global_batch % world_size:
             raise ValueError(f"global_batch={global_batch} is not divisible by num_workers="
                              f"{world_size}; B must be a multiple of N")
         local_batch = global_batch // world_size
-        # Diagnostics beside the profile fields: per-worker compute speed depends on them.
-        result: dict[str, Any] = {"torch_threads": torch.get_num_threads(),
-                                  "device": device.type, "data_load_s": self.data_load_s,
-                                  "precision": self.workload.precision, **self.math_mode,
-                                  "cpus_per_worker": config.get("cpus_per_worker", math.nan),
-                                  "nccl_buffer_bytes": (math.nan if self.nccl_buffer_bytes is None
-                                                        else self.nccl_buffer_bytes)}
-
-        limit = config.get("device_memory_bytes")
+        result = self._diagnostics()
         check_batch_in_dataset("global_batch", global_batch, self.workload.name,
                                len(self.dataset))  # type: ignore[arg-type]
         batches = self.batches(local_batch)
         tally = EpochTally(self.model, self.plain, self.loss_fn, device)
-        agree = self.agreement.run
 
         def run_step() -> None:
             tally.step(*next(batches))
@@ -215,15 +206,55 @@ class Sweep:
         # all-reduce would leave its peers waiting in it until the process-group timeout.
         warm = agree_first_step_fits(lambda: time_block(1, run_step, device), device,
                                      self.no_sync(), self.agreement)
-        if device.type != "cuda" and config.get("measure_memory", True):
-            peak, seconds = agree("memory step", lambda: self._cpu_peak(batches))
-            (peak,) = max_over_ranks([peak], device)
-            warm.append(seconds)
-            result.update(peak_mem_bytes=peak, memory_source="memtracker")
-            # MemTracker watches the bare module: no DDP bucket in its peak.
-            error = "" if limit is None else over_budget(peak, float(limit))
-            if error:
-                return {**result, "status": STATUS_OOM, "failure": FAILURE_OOM, "error": error}
+        error = self._cpu_memory_step(batches, warm, result)
+        if error:
+            return {**result, "status": STATUS_OOM, "failure": FAILURE_OOM, "error": error}
+        warm_s = self._settle(run_step, warm)
+        # 2-3. Compute-only and synced steps, in alternating blocks.
+        compute, step = self._timed_steps(run_step, warm_s)
+        # The training steps' peak, read before the untimed phases below: the noise's
+        # flat gradients and the strategy phase's second model are no step of `train`.
+        training_peak = float(torch.cuda.max_memory_allocated(device)) \
+            if device.type == "cuda" else math.nan
+        # 4. The gradient noise at this batch, untimed.
+        result.update(self._noise_fields(batches, warm_s))
+        if global_batch == self.first_batch:
+            result.update(self.epoch_costs(local_batch))
+            if self.strategy_batch is not None:  # its phases agree in `strategy_cost`
+                result["strategy_extra_s"] = measure_strategy_extra_s(self)
+            reset_peak_memory(device)  # the strategy's second model is gone: not the next row's
+        result.update(self._step_fields(global_batch, compute, step, warm, training_peak))
+        return result
+
+    def _diagnostics(self) -> dict[str, Any]:
+        """Fields beside the profile's: per-worker compute speed depends on them."""
+        return {"torch_threads": torch.get_num_threads(),
+                "device": self.device.type, "data_load_s": self.data_load_s,
+                "precision": self.workload.precision, **self.math_mode,
+                "cpus_per_worker": self.config.get("cpus_per_worker", math.nan),
+                "nccl_buffer_bytes": (math.nan if self.nccl_buffer_bytes is None
+                                      else self.nccl_buffer_bytes)}
+
+    def _cpu_memory_step(self, batches: Iterator, warm: list[float],
+                         result: dict[str, Any]) -> str:
+        """Off CUDA (unless measure_memory is False): one step under MemTracker
+        (`_cpu_peak`), its seconds added to `warm`, the largest rank's peak to `result`;
+        the error when that peak is over device_memory_bytes, else ""."""
+        device, limit = self.device, self.config.get("device_memory_bytes")
+        if device.type == "cuda" or not self.config.get("measure_memory", True):
+            return ""
+        peak, seconds = self.agreement.run("memory step", lambda: self._cpu_peak(batches))
+        (peak,) = max_over_ranks([peak], device)
+        warm.append(seconds)
+        result.update(peak_mem_bytes=peak, memory_source="memtracker")
+        # MemTracker watches the bare module: no DDP bucket in its peak.
+        return "" if limit is None else over_budget(peak, float(limit))
+
+    def _settle(self, run_step: Callable[[], None], warm: list[float]) -> float:
+        """The rest of the warm-up, its steps' seconds added to `warm`: `no_sync` steps until
+        warmup_steps ran and warmup_seconds passed, then DDP's first synced steps. Returns
+        the last settled step's seconds, the slowest rank's: what the timed steps count on."""
+        agree, device = self.agreement.run, self.device
         # No collective under no_sync: each worker may warm up for its own count of steps.
         settled = agree("warm-up", lambda: warm_up(
             run_step, device, min_steps=max(self.warmup - len(warm), 1),
@@ -236,9 +267,16 @@ class Sweep:
             warm += agree("first synced steps", lambda: time_block(2, run_step, device))
         # The step count comes from an untracked step (MemTracker slows the one it watches).
         (warm_s,) = max_over_ranks([settled[-1]], device)
+        return warm_s
+
+    def _timed_steps(self, run_step: Callable[[], None], warm_s: float
+                     ) -> tuple[list[float], list[float]]:
+        """Phases 2-3: (compute, synced) step seconds, compute-only steps (`no_sync`) and
+        synced ones in alternating blocks, as many as fit `measure_seconds` after a
+        `warm_s` step; without DDP one list, the steps being the same."""
+        agree, device = self.agreement.run, self.device
         steps = measured_step_count(warm_s, self.measure, self.budget_s,
                                     max_measure_steps(device))
-        # 2-3. Compute-only and synced steps, in alternating blocks.
         blocks = min(ALTERNATING_BLOCKS, steps) if self.distributed else 1
         per_block = math.ceil(steps / blocks)
         compute: list[float] = []
@@ -249,27 +287,26 @@ class Sweep:
             if self.distributed:
                 step += agree("synced steps", lambda: time_block(
                     per_block, run_step, device, transition=self.transition))
-        if not self.distributed:
-            step = compute
-        # The training steps' peak, read before the untimed phases below: the noise's
-        # flat gradients and the strategy phase's second model are no step of `train`.
-        training_peak = float(torch.cuda.max_memory_allocated(device)) \
-            if device.type == "cuda" else math.nan
-        # 4. The gradient noise at this batch, untimed: pairs of a b- and a B-sample
-        # gradient of the same weights (the same count on every worker: it all-reduces).
-        noise = agree("gradient noise", lambda: measure_gradient_noise(
+        return compute, (step if self.distributed else compute)
+
+    def _noise_fields(self, batches: Iterator, warm_s: float) -> dict[str, Any]:
+        """Phase 4, untimed: the gradient noise at this batch from pairs of a b- and a
+        B-sample gradient of the same weights (the same count on every worker: it
+        all-reduces), as the row's grad_sqr, grad_var and noise_steps."""
+        device = self.device
+        noise = self.agreement.run("gradient noise", lambda: measure_gradient_noise(
             self.model, self.plain, self.loss_fn, batches,
             measured_step_count(warm_s, NOISE_MIN_STEPS, NOISE_SECONDS,
                                 max_measure_steps(device)),
-            world_size=world_size if self.distributed else 1, no_sync=self.no_sync))
+            world_size=self.world_size if self.distributed else 1, no_sync=self.no_sync))
         grad_sqr, grad_var = noise.estimate()
-        result.update(grad_sqr=grad_sqr, grad_var=grad_var, noise_steps=noise.steps)
+        return {"grad_sqr": grad_sqr, "grad_var": grad_var, "noise_steps": noise.steps}
 
-        if global_batch == self.first_batch:
-            result.update(self.epoch_costs(local_batch))
-            if self.strategy_batch is not None:  # its phases agree in `strategy_cost`
-                result["strategy_extra_s"] = measure_strategy_extra_s(self)
-            reset_peak_memory(device)  # the strategy's second model is gone: not the next row's
+    def _step_fields(self, global_batch: int, compute: list[float], step: list[float],
+                     warm: list[float], training_peak: float) -> dict[str, Any]:
+        """The row's timing fields, each the slowest rank's; on CUDA its peak too, checked
+        against device_memory_bytes (status "oom" when over)."""
+        device, limit = self.device, self.config.get("device_memory_bytes")
         medians = [mean_step_s(compute), mean_step_s(step), step_spread(step),
                    sum(compute) + (sum(step) if self.distributed else 0.0), sum(warm)]
         if device.type == "cuda":
@@ -280,22 +317,22 @@ class Sweep:
         # one when the collective is cheap; sync cannot be negative, so the whole step
         # is then compute and the row stays consistent: step = compute + sync.
         compute_s = min(compute_s, step_s)
-        result.update(
+        fields = dict(
             compute_time_s=compute_s, step_time_s=step_s, sync_time_s=step_s - compute_s,
             samples_per_s=global_batch / step_s, step_time_spread=spread,
             warmup_steps=len(warm), measure_steps=len(step), timed_wall_s=timed_s,
             warmup_wall_s=warm_s, data_path=self.data_path,
             status=STATUS_OK, error="")
         if device.type == "cuda":
-            result.update(peak_mem_bytes=reduced[5], memory_source="cuda")
+            fields.update(peak_mem_bytes=reduced[5], memory_source="cuda")
             # The user may declare a device smaller than this GPU. The budget took DDP's
             # buckets and NCCL's buffers off apart: each is counted once (`over_budget`).
             error = "" if limit is None else over_budget(
                 reduced[5], float(limit), bucket_bytes=self.bucket_bytes,
                 nccl_buffer_bytes=self.nccl_buffer_bytes)
             if error:
-                result.update(status=STATUS_OOM, failure=FAILURE_OOM, error=error)
-        return result
+                fields.update(status=STATUS_OOM, failure=FAILURE_OOM, error=error)
+        return fields
 
 
 def nodes_spanned(process_group: Any = None) -> int:
