@@ -12,8 +12,9 @@ import pandas as pd
 
 from tula_ray.cli.options import (METRICS_FILE, REPLAY_DATASET_SIZE_DEFAULT,
                                   REPLAY_EPOCHS_DEFAULT, SHOWN_COLUMNS, TUNED_FILE)
+from tula_ray.planning.candidates import UNTRAINABLE
 from tula_ray.planning.context import PlanContext
-from tula_ray.planning.plan import UNTRAINABLE, Plan, build_plan
+from tula_ray.planning.plan import Plan, build_plan
 from tula_ray.space import SearchSpace
 from tula_ray.verbosity import EVERYTHING, PROGRESS, wrap
 

@@ -5,6 +5,7 @@
   search_strategies  the protocol and the registry of search strategies (full, partial);
   adaptive_search    the adaptive strategy, which plans as it goes (registered here);
   estimates          the predicted table and the dense curve the policy chooses on;
+  candidates         the plan's table: predicted, measured beside it, which it may choose;
   policy             min time, min cost, knee, weighted; ties within noise;
   context            `PlanContext`: what a plan needs beyond its rows, checked once, its defaults;
   plan               `build_plan` and the `Plan` it returns (JSON round trip, plots in plotting);

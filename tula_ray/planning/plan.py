@@ -3,9 +3,10 @@
 `build_plan` is the whole modelling pipeline after profiling (DESIGN step 4):
 fit the performance model (full or partial), predict step time, training time
 (eq. 4a), peak memory (eq. 3) and cost (eq. 4b) for every (N, B) of the space,
-apply the constraints, and let the policy choose on the estimates
-(`tula_ray.planning.estimates`: measured where profiled, predicted elsewhere). It needs no
-cluster, so a plan can be re-made offline from recorded profiles.
+apply the constraints (the table of candidates: `tula_ray.planning.candidates`), and let
+the policy choose on the estimates (`tula_ray.planning.estimates`: measured where
+profiled, predicted elsewhere). It needs no cluster, so a plan can be re-made offline
+from recorded profiles.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import math
 import warnings
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -25,22 +26,21 @@ from tula_ray.models import memory as memory_model, perf
 from tula_ray.models.batch_limit import BatchLimit
 from tula_ray.models.pricing import NodeBilling, pricing_to_dict
 from tula_ray.planning.accuracy import ProfiledNoise, add_time_to_accuracy, profiled_noise
+from tula_ray.planning.candidates import add_feasibility, candidate_table
 from tula_ray.planning.context import PlanContext
-from tula_ray.planning.estimates import (EpochCosts, add_epoch_times, add_estimates,
-                                         add_uncertainty, dense_curve, predict_candidates,
-                                         strategy_extra_by_n, through_measurements)
+from tula_ray.planning.estimates import (EpochCosts, add_estimates, add_uncertainty,
+                                         dense_curve, strategy_extra_by_n, through_measurements)
 from tula_ray.planning.noise_checks import choose_to_accuracy
 from tula_ray.planning.policy import Choice
 from tula_ray.planning.search_strategies import make_search_strategy, topology_options
 from tula_ray.planning.summary import compact_table, rows_that_matter, shown_rows_line, wrapped
-from tula_ray.profile_table import oom_local_batch, profile_frame, usable
+from tula_ray.profile_table import profile_frame, usable
 from tula_ray.space import SearchSpace
 
 PLAN_FORMAT = 1
 # What the plan says of each candidate's way to the target accuracy (issue 25)
 ACCURACY_COLUMNS = ("noise_scale", "efficiency", "epochs_to_target", "time_to_accuracy_s",
                     "cost_to_accuracy_usd")
-UNTRAINABLE = "the training strategy cannot train it: "  # infeasible_reason's prefix
 KEYWORDS_REMOVED_IN = "0.3.0"  # build_plan's context as keywords (context= since issue 42)
 
 
@@ -224,32 +224,6 @@ def fit_memory_from_profiles(profiles: pd.DataFrame) -> memory_model.MemoryParam
     return memory_model.fit(rows["local_batch"], rows["peak_mem_bytes"])
 
 
-def _infeasible_reason(row: pd.Series, oom_local_batch: float, max_local_batch: int | None,
-                       max_workers: int | None, max_global_batch: int | None,
-                       untrainable: Mapping[tuple[int, int], str], dataset_size: int,
-                       batch_limit: BatchLimit | None = None) -> str:
-    refused = untrainable.get((int(row["num_workers"]), int(row["global_batch"])))
-    if refused:
-        return f"{UNTRAINABLE}{refused}"
-    if row["global_batch"] > dataset_size / 2:
-        return (f"B above half the training set: {int(row['steps_per_epoch'])} step(s) per "
-                f"epoch, {int(row['samples_dropped'])} of {dataset_size} samples dropped "
-                "every epoch")
-    if row["status"] == "error":
-        return "profiling crashed"
-    if row["local_batch"] >= oom_local_batch:
-        return "out of memory when profiled"
-    if batch_limit is not None and row["local_batch"] >= batch_limit.local_batch:
-        return batch_limit.reason()
-    if max_local_batch is not None and row["local_batch"] > max_local_batch:
-        return f"local batch above the memory bound {max_local_batch}"
-    if max_workers is not None and row["num_workers"] > max_workers:
-        return f"more than max_workers={max_workers}"
-    if max_global_batch is not None and row["global_batch"] > max_global_batch:
-        return f"above max_batch={max_global_batch}"
-    return ""
-
-
 def build_plan(
     space: SearchSpace,
     profiles: pd.DataFrame,
@@ -275,91 +249,73 @@ def build_plan(
     """
     strategy = deprecated_mode(strategy, mode)
     context = _context_of(context, keywords)
-    pricing, epochs, dataset_size = context.pricing, context.epochs, context.dataset_size
-    max_local_batch, max_workers = context.max_local_batch, context.max_workers
-    max_global_batch = context.max_global_batch
-    workers_per_node, reference_batch = context.workers_per_node, context.reference_batch
     profiles = profile_frame(profiles.to_dict("records"))
+    params, memory = _fitted_models(profiles, context, strategy)
+    extra = strategy_extra_by_n(profiles)  # the training strategy's measured cost per step
+    # evaluation, checkpoint, start-up: measured (the workload's check on a worker, which
+    # `train` runs again before its launch, by the search's memory probe)
+    costs = EpochCosts.from_profiles(profiles, check_s=(meta or {}).get("workload_check_s"))
+    billing = NodeBilling(context.pricing, context.workers_per_node)  # costs in whole nodes
+    table = candidate_table(space, profiles, params, memory, billing, costs, extra, context)
+    predicted_u = add_uncertainty(table, profiles, params)
+    # The model's own limit, found by the search's memory probe (meta["batch_limit"]).
+    limit = (meta or {}).get("batch_limit")
+    oom_bound = add_feasibility(table, profiles, context,
+                                None if limit is None else BatchLimit.from_dict(limit))
+    estimates = add_estimates(table, billing)
+    noise = profiled_noise(profiles, context.noise_calibration, context.noise_scale)
+    add_time_to_accuracy(estimates, noise, context.reference_batch, context.epochs, billing,
+                         peak_column="estimated_peak_mem_bytes")
+    for column in ACCURACY_COLUMNS:
+        table[column] = estimates[column]
+    half_data = context.dataset_size // 2  # the knee's curve stops where the candidates do
+    dense = dense_curve(space, params, memory, billing, context.epochs, context.dataset_size,
+                        oom_bound, context.max_local_batch, context.max_workers,
+                        half_data if context.max_global_batch is None
+                        else min(context.max_global_batch, half_data),
+                        extra, costs, set(context.plain_steps))
+    dense = through_measurements(dense, table, billing)
+    add_time_to_accuracy(dense, noise, context.reference_batch, context.epochs, billing)
+    choice, noise_warning = _choose(estimates, noise, dense, predicted_u, context)
+    meta = {**dict(meta or {}), "plan_context": context.to_dict(),
+            "reference_batch": context.reference_batch,
+            "workers_per_node": context.workers_per_node, "noise": noise.to_dict(),
+            **({"noise_warning": noise_warning} if noise_warning else {})}
+    return Plan(context.workload, strategy, context.objective, context.epochs,
+                context.dataset_size, profiles, params, memory, pricing_to_dict(context.pricing),
+                table, choice, meta)
+
+
+def _fitted_models(profiles: pd.DataFrame, context: PlanContext, strategy: str
+                   ) -> tuple[perf.PerfParams, memory_model.MemoryParams | None]:
+    """Eq. 2 fitted on the rows the search strategy fits from (full: every usable row;
+    partial: the corners), and eq. 3: the context's (the memory probe's), else the
+    profiles' own peaks; memory-based pricing needs one."""
+    workers_per_node = context.workers_per_node
     rows = make_search_strategy(strategy, topology_options(strategy, None, workers_per_node)
                                 ).fit_rows(profiles)
     params = perf.fit(rows, collective=context.collective, form=context.form,
                       strategy=strategy, workers_per_node=workers_per_node)
     memory = context.memory if context.memory is not None else fit_memory_from_profiles(profiles)
-    if memory is None and "memory" in pricing_to_dict(pricing)["kind"]:
+    if memory is None and "memory" in pricing_to_dict(context.pricing)["kind"]:
         raise ValueError("memory-based pricing needs a memory model: profile at least two "
                          "local batch sizes with peak_mem_bytes, or pass memory=")
+    return params, memory
 
-    grid = pd.DataFrame([c.as_dict() for c in space.candidates()])
-    extra = strategy_extra_by_n(profiles)  # the training strategy's measured cost per step
-    # evaluation, checkpoint, start-up: measured (the workload's check on a worker, which
-    # `train` runs again before its launch, by the search's memory probe)
-    costs = EpochCosts.from_profiles(profiles, check_s=(meta or {}).get("workload_check_s"))
-    plain_steps = set(context.plain_steps)
-    billing = NodeBilling(pricing, workers_per_node)  # every cost in whole nodes of G
-    table = predict_candidates(grid, params, memory, billing, epochs, dataset_size,
-                               strategy_extra=extra, costs=costs, plain_steps=plain_steps)
-    table["plain_steps"] = [(int(n), int(b)) in plain_steps
-                            for n, b in zip(table["num_workers"], table["global_batch"])]
-    measured = profiles.rename(columns={
-        "step_time_s": "measured_step_time_s", "peak_mem_bytes": "measured_peak_mem_bytes",
-        "compute_time_s": "measured_compute_time_s", "sync_time_s": "measured_sync_time_s"})
-    keep = ["num_workers", "global_batch", "measured_step_time_s", "measured_compute_time_s",
-            "measured_sync_time_s", "measured_peak_mem_bytes", "status", "error"]
-    table = table.merge(measured[keep], on=["num_workers", "global_batch"], how="left")
-    table["source"] = np.where(table["status"].isna(), "predicted", "measured")
-    table["status"] = table["status"].fillna("")
-    table["error"] = table["error"].fillna("")
-    add_epoch_times(table, "measured_step_time_s", epochs, dataset_size, costs,
-                    prefix="measured_")
-    table["step_time_rel_error"] = (
-        (table["step_time_s"] - table["measured_step_time_s"]).abs()
-        / table["measured_step_time_s"])
-    predicted_u = add_uncertainty(table, profiles, params)
 
-    oom_bound = oom_local_batch(profiles)
-    untrainable = context.refused
-    # drop_last: each epoch is D // B steps, and the rest of the samples is not seen
-    table["steps_per_epoch"] = dataset_size // table["global_batch"]
-    table["samples_dropped"] = dataset_size - table["steps_per_epoch"] * table["global_batch"]
-    # The model's own limit, found by the search's memory probe (meta["batch_limit"]).
-    limit = (meta or {}).get("batch_limit")
-    batch_limit = None if limit is None else BatchLimit.from_dict(limit)
-    reasons = [_infeasible_reason(row, oom_bound, max_local_batch, max_workers, max_global_batch,
-                                  untrainable, dataset_size, batch_limit)
-               for _, row in table.iterrows()]
-    table["infeasible_reason"] = reasons
-    table["feasible"] = table["infeasible_reason"] == ""
-    table["trainable"] = [(int(n), int(b)) not in untrainable
-                          for n, b in zip(table["num_workers"], table["global_batch"])]
-
-    estimates = add_estimates(table, billing)
-    noise = profiled_noise(profiles, context.noise_calibration, context.noise_scale)
-    add_time_to_accuracy(estimates, noise, reference_batch, epochs, billing,
-                         peak_column="estimated_peak_mem_bytes")
-    for column in ACCURACY_COLUMNS:
-        table[column] = estimates[column]
-    half_data = dataset_size // 2  # the knee's curve stops where the candidates do
-    dense = dense_curve(space, params, memory, billing, epochs, dataset_size,
-                         oom_bound, max_local_batch, max_workers,
-                         half_data if max_global_batch is None else min(max_global_batch,
-                                                                        half_data),
-                         extra, costs, plain_steps)
-    dense = through_measurements(dense, table, billing)
-    add_time_to_accuracy(dense, noise, reference_batch, epochs, billing)
+def _choose(estimates: pd.DataFrame, noise: ProfiledNoise, dense: pd.DataFrame,
+            predicted_u: Any, context: PlanContext) -> tuple[Choice, str | None]:
+    """The policy's choice on the estimates and the dense curve (with the noise checks'
+    warning, if any), its reason naming where the choice's own figures come from."""
     choice, noise_warning = choose_to_accuracy(
-        estimates, context.objective, noise, dataset_size, dense=dense,
+        estimates, context.objective, noise, context.dataset_size, dense=dense,
         weight_time=context.weight_time, uncertainty="rel_uncertainty",
         dense_uncertainty=predicted_u)
     source = estimates.loc[(estimates["num_workers"] == choice.num_workers)
                            & (estimates["global_batch"] == choice.global_batch), "estimate"]
     choice = replace(choice, reason=f"{choice.reason}; the choice's own figures are "
                                     f"{source.iloc[0]}")
-    meta = {**dict(meta or {}), "plan_context": context.to_dict(),
-            "reference_batch": reference_batch, "workers_per_node": workers_per_node,
-            "noise": noise.to_dict(), **({"noise_warning": noise_warning} if noise_warning
-                                         else {})}
-    return Plan(context.workload, strategy, context.objective, epochs, dataset_size, profiles,
-                params, memory, pricing_to_dict(pricing), table, choice, meta)
+    return choice, noise_warning
 
 
 def _context_of(context: PlanContext | None, keywords: dict[str, Any]) -> PlanContext:
