@@ -21,7 +21,7 @@ import numpy as np
 import pandas as pd
 
 from tula_ray.planning.accuracy import ProfiledNoise
-from tula_ray.planning.policy import Choice, choose
+from tula_ray.planning.policy import ACCURACY_OBJECTIVES, Choice, choose
 
 # Every candidate's efficiency E(B) within this of 1: the objective "to accuracy" ranks
 # the candidates as the per-epoch one does.
@@ -53,7 +53,7 @@ def noise_problems(noise: ProfiledNoise, efficiency: pd.Series, dataset_size: in
     if np.isfinite(phi) and phi > dataset_size:
         problems.append(f"phi = {phi:.4g} exceeds the training set ({dataset_size} "
                         "samples)")
-    if objective.endswith("_to_accuracy") and collapsed(efficiency):
+    if objective in ACCURACY_OBJECTIVES and collapsed(efficiency):
         problems.append(f"every candidate's efficiency is within {COLLAPSE_TOLERANCE:.0%} "
                         f"of 1: {objective} ranks them as the per-epoch objective does")
     return problems
@@ -77,7 +77,7 @@ def fallback_objective(objective: str, noise: ProfiledNoise,
     """The objective to choose by instead of `objective`, or None to keep it: a "to
     accuracy" objective with a phi of the profiles' that has no signal, or has collapsed
     to the per-epoch ranking (a phi the user gave is the user's to keep)."""
-    if not objective.endswith("_to_accuracy") or not np.isnan(noise.given):
+    if objective not in ACCURACY_OBJECTIVES or not np.isnan(noise.given):
         return None
     unusable = noise.steps > 0 and (not noise.has_signal or collapsed(efficiency))
     return FALLBACK_OBJECTIVE if unusable else None

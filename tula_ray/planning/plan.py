@@ -31,7 +31,7 @@ from tula_ray.planning.context import PlanContext
 from tula_ray.planning.estimates import (EpochCosts, add_estimates, add_uncertainty,
                                          dense_curve, strategy_extra_by_n, through_measurements)
 from tula_ray.planning.noise_checks import choose_to_accuracy
-from tula_ray.planning.policy import Choice
+from tula_ray.planning.policy import ACCURACY_OBJECTIVES, Choice
 from tula_ray.planning.search_strategies import make_search_strategy, topology_options
 from tula_ray.planning.summary import compact_table, rows_that_matter, shown_rows_line, wrapped
 from tula_ray.profile_table import profile_frame, usable
@@ -73,7 +73,7 @@ class Plan:
         """The epochs `train` runs by default (issue 41, item 3): under an objective to an
         accuracy, the choice's `epochs_to_target` rounded up, the epochs its time to accuracy
         counts; under any other, the plan's `epochs`, those its total time counts."""
-        if self.objective.endswith("_to_accuracy") and "epochs_to_target" in self.table:
+        if self.objective in ACCURACY_OBJECTIVES and "epochs_to_target" in self.table:
             to_target = float(self.chosen["epochs_to_target"])
             if np.isfinite(to_target):
                 # a hair under a whole epoch is that epoch, not one more

@@ -30,6 +30,9 @@ OBJECTIVE_METRICS = {"time": "total_time_s", "cost": "cost_usd", "knee": "total_
                      "cost_to_accuracy": "cost_to_accuracy_usd",
                      "knee_to_accuracy": "time_to_accuracy_s"}
 KNEE_OBJECTIVES = ("knee", "knee_to_accuracy")
+# Objectives to the accuracy the plan's epochs reach at the reference batch (issue 25),
+# ranked on each candidate's epochs to that target rather than on the plan's epochs.
+ACCURACY_OBJECTIVES = ("time_to_accuracy", "cost_to_accuracy", "knee_to_accuracy")
 WEIGHT_TIME_DEFAULT = 0.5  # "weighted": equal say to time and cost
 # When Kneedle finds no knee (e.g. a curve that never flattens, or rises), we
 # take the smallest batch whose time is within this fraction of the best one:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from tula_ray.planning.policy import Choice
+from tula_ray.planning.policy import ACCURACY_OBJECTIVES, Choice
 from tula_ray.verbosity import LINE_WIDTH, wrap
 
 # A plan of at most this many candidates prints them all; a larger one prints the choice,
@@ -22,7 +22,7 @@ NOTE_WIDTH = 24  # the last column's words: the choice, a tie, the best of its N
 def _objective_column(objective: str) -> str:
     """The column a candidate is best by for `objective` (the knee's curve is time's)."""
     cost = objective in COST_OBJECTIVES
-    if objective.endswith("_to_accuracy"):
+    if objective in ACCURACY_OBJECTIVES:
         return "cost_to_accuracy_usd" if cost else "time_to_accuracy_s"
     return "estimated_cost_usd" if cost else "estimated_total_time_s"
 
