@@ -79,6 +79,17 @@ class TulaSearcher(Searcher):
         self._stop_reason = ""
         self._errors: list[dict[str, Any]] = []  # one per distinct error (tula_ray.failures)
 
+    @classmethod
+    def from_experiment(cls, path: str, metric: str = METRIC, mode: str = MODE
+                        ) -> "TulaSearcher":
+        """The searcher as last saved with the Tune experiment at `path`: its candidates,
+        strategy, rows, queue and context all come from the saved state (`set_state`).
+        Raises FileNotFoundError (or Tune's RuntimeError) when no searcher is saved there."""
+        searcher = cls.__new__(cls)  # every attribute comes from the state, none from __init__
+        Searcher.__init__(searcher, metric=metric, mode=mode)
+        searcher.restore_from_dir(path)
+        return searcher
+
     # --- what to profile next -------------------------------------------------
 
     def _frame(self) -> pd.DataFrame:

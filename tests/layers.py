@@ -111,3 +111,64 @@ def project_imports(path: Path, module: str, known: dict[str, Path]) -> set[str]
         if name and name != module:
             result.add(name)
     return result
+
+
+def _is_private(name: str) -> bool:
+    return name.startswith("_") and not name.startswith("__")
+
+
+def _resolved(node: ast.ImportFrom, module: str, is_package: bool) -> str:
+    """The absolute module name of a `from ... import`, relative imports resolved."""
+    base = node.module or ""
+    if not node.level:
+        return base
+    anchor = module.split(".") if is_package else module.split(".")[:-1]
+    anchor = anchor[: len(anchor) - (node.level - 1)]
+    return ".".join(anchor + ([base] if base else []))
+
+
+def _dotted(node: ast.expr) -> str | None:
+    """`a.b.c` of a chain of attributes over a name, else None."""
+    if isinstance(node, ast.Name):
+        return node.id
+    if isinstance(node, ast.Attribute):
+        inner = _dotted(node.value)
+        return None if inner is None else f"{inner}.{node.attr}"
+    return None
+
+
+def private_imports(source: str, module: str, known: dict[str, Path] | set[str],
+                    is_package: bool = False) -> list[str]:
+    """Where `source` (the module `module`) reaches another project module's private name
+    (`_name`, not `__dunder__`): `from x import _name`, or `x._name` of a module it
+    imported (`import x`, `import a.x as x`, `from a import x`). One line per finding,
+    "line N: x._name"; a module's own private names are its business, and other
+    packages' (ray._private, ...) are not the project's to rename."""
+    tree = ast.parse(source)
+    bound: dict[str, str] = {}  # a local name -> the project module it names
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.asname and alias.name in known:
+                    bound[alias.asname] = alias.name
+                elif not alias.asname:
+                    bound[alias.name.split(".")[0]] = alias.name.split(".")[0]
+        elif isinstance(node, ast.ImportFrom):
+            base = _resolved(node, module, is_package)
+            for alias in node.names:
+                target = f"{base}.{alias.name}"
+                if target in known:  # a submodule imported by name
+                    bound[alias.asname or alias.name] = target
+                elif base in known and base != module and _is_private(alias.name):
+                    found.append(f"line {node.lineno}: from {base} import {alias.name}")
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and _is_private(node.attr):
+            dotted = _dotted(node.value)
+            if dotted is None or dotted.split(".")[0] not in bound:
+                continue
+            head, _, rest = dotted.partition(".")
+            target = ".".join(filter(None, [bound[head], rest]))
+            if target in known and target != module:
+                found.append(f"line {node.lineno}: {target}.{node.attr}")
+    return found

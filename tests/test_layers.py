@@ -8,7 +8,8 @@ import functools
 
 import pytest
 
-from layers import LAYERS, NOT_FOR_BENCHMARKS, modules, place, project_imports
+from layers import (LAYERS, NOT_FOR_BENCHMARKS, modules, place, private_imports,
+                    project_imports)
 
 MAX_MODULE_LINES = 400
 
@@ -99,3 +100,30 @@ def test_the_check_sees_a_violation():
     training, accuracy = place("benchmarks.training.tuning"), place("benchmarks.accuracy.replay")
     assert training[0] == accuracy[0] and training[1] != accuracy[1]
     assert place("benchmarks.common.results")[0] > training[0]
+
+
+@pytest.mark.parametrize("module", sorted(KNOWN))
+def test_no_module_imports_another_modules_private_name(module):
+    """A name with a leading underscore is its module's own: another module that needs it
+    needs a public name (issue 42, step 5)."""
+    path = KNOWN[module]
+    found = private_imports(path.read_text(), module, KNOWN, path.name == "__init__.py")
+    assert not found, (f"{module} uses another module's private name ({'; '.join(found)}): "
+                       "give the name a public spelling in its module, and use that")
+
+
+def test_the_private_name_check_sees_a_violation():
+    """Guard against a check that cannot fail: each form it looks for, and what it lets be."""
+    known = {"pkg", "pkg.a", "pkg.b"}
+
+    def found(source: str, module: str = "pkg.b") -> list[str]:
+        return private_imports(source, module, known)
+
+    assert found("from pkg.a import _hidden\n") == ["line 1: from pkg.a import _hidden"]
+    assert found("from .a import public, _hidden\n") == ["line 1: from pkg.a import _hidden"]
+    assert found("import pkg.a\npkg.a._hidden()\n") == ["line 2: pkg.a._hidden"]
+    assert found("import pkg.a as a\na._hidden\n") == ["line 2: pkg.a._hidden"]
+    assert found("from pkg import a\nx = a._hidden\n") == ["line 2: pkg.a._hidden"]
+    assert not found("from pkg.a import public, __version__\nimport ray\nray._private\n")
+    assert not found("def f(self):\n    return self._own\n_mine = 1\nprint(_mine)\n")
+    assert not found("from pkg.b import _mine\n")  # its own name, however it spells it

@@ -19,7 +19,7 @@ import statistics
 from typing import Any
 
 from benchmarks.common import Benchmark, markdown_table, recorded_runs
-from benchmarks.training.generalization import _worker
+from benchmarks.training.generalization import run_on_rank
 from benchmarks.training.generalization_runs import (EPOCHS, LARGE_BATCHES, REFERENCE_BATCH, SEEDS,
                                                      TRAIN_SUBSET, WORLD_SIZE)
 
@@ -58,7 +58,7 @@ def run(quick: bool = False, seeds: int | None = None) -> dict:
     if seeds is not None:
         settings = {**settings, "seeds": tuple(settings["seeds"][:seeds])}
     benchmark = Benchmark(NAME, quick)
-    recorded = recorded_runs(_worker, plan_runs(**settings), benchmark.log(), run_key,
+    recorded = recorded_runs(run_on_rank, plan_runs(**settings), benchmark.log(), run_key,
                              WORLD_SIZE)
     return benchmark.record({"quick": quick, "settings": settings,
                              "rows": summarize(recorded, settings["epochs"])}, report,

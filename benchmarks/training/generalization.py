@@ -81,7 +81,9 @@ def _test_images(count: int):
     return TensorDataset(images[:count], labels[:count])
 
 
-def _worker(rank: int, runs: list[dict], out: str) -> None:
+def run_on_rank(rank: int, runs: list[dict], out: str) -> None:
+    """One gloo process's part of `runs` (`spawn_gloo`'s target): each run in turn, rank 0
+    appending its result, with its wall time, to the JSON lines at `out`."""
     for run in runs:
         started = time.perf_counter()
         result = _run_one(run, rank)
@@ -112,4 +114,4 @@ def _run_missing(quick: bool, batches: tuple[int, ...], recipe_only: bool) -> No
     todo = [r for r in runs if run_key(r) not in done
             and not (recipe_only and "tuned_at" in r)]
     if todo:
-        spawn_gloo(_worker, WORLD_SIZE, todo, str(log))
+        spawn_gloo(run_on_rank, WORLD_SIZE, todo, str(log))

@@ -42,10 +42,10 @@ from scipy.optimize import least_squares
 from tula_ray.models.compute_forms import (ComputeCurve, Curve, curve_from_dict,  # noqa: F401
                                            curve_to_dict, fit_compute_curve)
 from tula_ray.models.sync_levels import (COLLECTIVE_HOPS, COLLECTIVES,  # noqa: F401
-                                         SyncFit, _collective, exposed_sync_s, fit_sync_levels,
-                                         level_terms, packed_nodes, parameter_server_units,
-                                         register_collective, ring_allreduce_hops,
-                                         ring_allreduce_units, rows_nodes)
+                                         SyncFit, collective_units, exposed_sync_s,
+                                         fit_sync_levels, level_terms, packed_nodes,
+                                         parameter_server_units, register_collective,
+                                         ring_allreduce_hops, ring_allreduce_units, rows_nodes)
 from tula_ray.profile_table import usable
 
 logger = logging.getLogger(__name__)
@@ -142,7 +142,7 @@ def predict_sync_s(params: PerfParams, num_workers, local_batch=0.0,
     if num_nodes is None:
         num_nodes = packed_nodes(n, params.workers_per_node)
     levels = level_sync_s(params, n, num_nodes)
-    units = _collective(params.collective)(n)
+    units = collective_units(params.collective)(n)
     return exposed_sync_s(levels, units, params.sync_per_unit_per_sample_s, local_batch)
 
 
@@ -214,7 +214,7 @@ def _fit_overlap(params: PerfParams, rows: pd.DataFrame) -> PerfParams:
     k = rows_nodes(rows, params.workers_per_node)
     measured = rows["step_time_s"].to_numpy(float)
     compute = predict_compute_s(params, n, b)
-    units = _collective(params.collective)(n)
+    units = collective_units(params.collective)(n)
     if not (level_sync_s(params, n, k) > 0).any():  # nothing to scale: start from a trace
         params = replace(params, sync_per_unit_s=1e-6, inter_sync_per_unit_s=None)
     # theta[0] is the node level's per-unit time (the paper's one coefficient on one node),
@@ -284,7 +284,7 @@ def _loo_error(rows: pd.DataFrame, collective: str, form: str, strategy: str,
 
 
 def _enough_for_overlap(rows: pd.DataFrame, collective: str) -> bool:
-    units = _collective(collective)(rows["num_workers"].to_numpy(float))
+    units = collective_units(collective)(rows["num_workers"].to_numpy(float))
     return int((units > 0).sum()) >= 5  # three parameters, plus points left to judge them
 
 
@@ -308,7 +308,7 @@ def fit(
     """
     if form not in FORMS:
         raise ValueError(f"form {form!r} is not allowed; use one of {FORMS}")
-    _collective(collective)
+    collective_units(collective)
     rows = usable(rows)
     candidates = [form] if form != "auto" else ["additive"]
     if form == "auto" and _enough_for_overlap(rows, collective):

@@ -80,7 +80,9 @@ def _hops(name: str, num_workers: np.ndarray) -> np.ndarray:
     return np.zeros_like(n) if hops is None else hops(n)
 
 
-def _collective(name: str) -> Callable[[np.ndarray], np.ndarray]:
+def collective_units(name: str) -> Callable[[np.ndarray], np.ndarray]:
+    """The registered collective `name`'s units of traffic per N (`COLLECTIVES`); an
+    unknown name raises, naming the known ones."""
     if name not in COLLECTIVES:
         raise ValueError(f"collective {name!r} is unknown; known: {sorted(COLLECTIVES)}")
     return COLLECTIVES[name]
@@ -112,7 +114,7 @@ def level_terms(collective: str, num_workers, num_nodes) -> LevelTerms:
     n, k = np.broadcast_arrays(np.asarray(num_workers, dtype=float),
                                np.maximum(np.asarray(num_nodes, dtype=float), 1.0))
     per_node = np.ceil(n / k)
-    units = _collective(collective)
+    units = collective_units(collective)
     return LevelTerms(_hops(collective, per_node), units(per_node),
                       _hops(collective, k), units(k))
 
@@ -161,7 +163,7 @@ def fit_sync_levels(rows: pd.DataFrame, collective: str, workers_per_node: int |
     does not dominate the fit. With one term and one b, the median of sync / term.
     """
     n = rows["num_workers"].to_numpy(float)
-    synced = _collective(collective)(n) > 0
+    synced = collective_units(collective)(n) > 0
     if not synced.any():
         return None
     n, k = n[synced], rows_nodes(rows, workers_per_node)[synced]
@@ -170,7 +172,7 @@ def fit_sync_levels(rows: pd.DataFrame, collective: str, workers_per_node: int |
     weight = 1.0 / rows["step_time_s"].to_numpy(float)[synced]
     terms = level_terms(collective, n, k)
     columns, notes = _identified_terms(terms, collective if latency else None,
-                                       np.ceil(n / k), k, b, _collective(collective)(n))
+                                       np.ceil(n / k), k, b, collective_units(collective)(n))
     names = list(columns)
     if len(names) == 1:
         only = columns[names[0]]

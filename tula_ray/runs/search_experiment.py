@@ -17,7 +17,6 @@ from datetime import datetime
 from typing import Any, Iterator
 
 from ray import tune
-from ray.tune.search import Searcher
 
 from searchers import TulaSearcher
 from searchers.search_progress import SearchProgress
@@ -54,13 +53,10 @@ def saved_search(path: str) -> TulaSearcher | None:
     """The searcher of the experiment at `path` as last saved, or None if there is none."""
     if not tune.Tuner.can_restore(path):
         return None
-    searcher = TulaSearcher.__new__(TulaSearcher)
-    Searcher.__init__(searcher, metric=METRIC, mode=MODE)
     try:
-        searcher.restore_from_dir(path)
+        return TulaSearcher.from_experiment(path)
     except (FileNotFoundError, RuntimeError):  # Tune saved the experiment, not yet the searcher
         return None
-    return searcher
 
 
 def check_same_search(saved: dict[str, Any], request: dict[str, Any], path: str) -> None:
