@@ -50,8 +50,8 @@ class TulaSearcher(Searcher):
         strategy: a registered search strategy ("full", "partial", ...).
         strategy_options: passed to the strategy's factory.
         metric, mode: as in every Tune searcher (step time, minimised).
-        context: JSON the search saves with the experiment for a resume (the memory
-          probe's result, the grid's bounds); the searcher only keeps it.
+        resume_record: JSON the search saves with the experiment for a resume (the
+          memory probe's result, the grid's bounds); the searcher only keeps it.
     """
 
     def __init__(
@@ -61,10 +61,10 @@ class TulaSearcher(Searcher):
         strategy_options: dict[str, Any] | None = None,
         metric: str = METRIC,
         mode: str = MODE,
-        context: dict[str, Any] | None = None,
+        resume_record: dict[str, Any] | None = None,
     ):
         super().__init__(metric=metric, mode=mode)
-        self.context = dict(context or {})
+        self.resume_record = dict(resume_record or {})
         self._candidates = sorted(set(candidates))
         if not self._candidates:
             raise ValueError("TulaSearcher needs at least one candidate")
@@ -83,7 +83,7 @@ class TulaSearcher(Searcher):
     def from_experiment(cls, path: str, metric: str = METRIC, mode: str = MODE
                         ) -> "TulaSearcher":
         """The searcher as last saved with the Tune experiment at `path`: its candidates,
-        strategy, rows, queue and context all come from the saved state (`set_state`).
+        strategy, rows, queue and resume record all come from the saved state (`set_state`).
         Raises FileNotFoundError (or Tune's RuntimeError) when no searcher is saved there."""
         searcher = cls.__new__(cls)  # every attribute comes from the state, none from __init__
         Searcher.__init__(searcher, metric=metric, mode=mode)
@@ -235,7 +235,8 @@ class TulaSearcher(Searcher):
                 "candidates": [[c.num_workers, c.global_batch] for c in self._candidates],
                 "rows": self._rows, "queue": self._queue, "running": self._running,
                 "sweeps": self._sweeps, "round": self._round, "stop_reason": self._stop_reason,
-                "errors": self._errors, "context": self.context}
+                "errors": self._errors,
+                "context": self.resume_record}  # its key since saved searches had one
 
     def set_state(self, state: dict) -> None:
         self._strategy_name = state["strategy"]
@@ -247,7 +248,7 @@ class TulaSearcher(Searcher):
         self._round = state["round"]
         self._stop_reason = state["stop_reason"]
         self._errors = state.get("errors", [])
-        self.context = state.get("context", {})
+        self.resume_record = state.get("context", {})
         # Trials that were running when the search stopped did not finish: their
         # batches without a row go first again; finished ones are never repeated.
         interrupted = [[n, [b for b in batches if _key(n, b) not in self._rows]]

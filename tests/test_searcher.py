@@ -166,14 +166,14 @@ def test_save_and_restore_resume_without_repeating_finished_candidates(tmp_path)
 def test_a_searcher_saved_with_an_experiment_is_rebuilt_from_its_state_alone(tmp_path):
     """`TulaSearcher.from_experiment`: what a resumed search reads (Tune's file of the
     searcher in the experiment's directory), nothing from a constructor's arguments."""
-    first = TulaSearcher(SPACE.candidates(), "full", context={"request": {"name": "x"}})
+    first = TulaSearcher(SPACE.candidates(), "full", resume_record={"request": {"name": "x"}})
     done = pairs(run(first, stop_after=1)[:1])
     first.save_to_dir(str(tmp_path), session_str="s")
     resumed = TulaSearcher.from_experiment(str(tmp_path))
     measured = [(row["num_workers"], row["global_batch"]) for row in first.profiles]
     assert [(row["num_workers"], row["global_batch"]) for row in resumed.profiles] == measured
     assert resumed.rounds == first.rounds
-    assert resumed.context == {"request": {"name": "x"}}
+    assert resumed.resume_record == {"request": {"name": "x"}}
     assert not set(done) & set(pairs(run(resumed)))
     with pytest.raises((FileNotFoundError, RuntimeError)):
         TulaSearcher.from_experiment(str(tmp_path / "nothing-saved"))

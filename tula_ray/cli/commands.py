@@ -57,10 +57,11 @@ def run_train(args: argparse.Namespace) -> None:
     if not args.plan.is_file():
         raise FileNotFoundError(f"plan file {args.plan} does not exist; write one with "
                                 "`tula-ray demo` or `tula-ray replay`")
-    train_andwrite_plan(args.plan, args, workload=args.workload)
+    train_and_write_metrics(args.plan, args, workload=args.workload)
 
 
-def train_andwrite_plan(plan: Any, args: argparse.Namespace, workload: str | None = None) -> None:
+def train_and_write_metrics(plan: Any, args: argparse.Namespace,
+                            workload: str | None = None) -> None:
     """Train `plan` (a Plan or a path), print the per-epoch table, write the metrics CSV."""
     from tula_ray.runs.train import train  # imports ray
 
@@ -182,7 +183,7 @@ def run_demo(args: argparse.Namespace) -> None:
               f"{meta['profiling_wall_s']:.0f} s: {meta['candidates_profiled']} candidates in "
               f"{meta['launches']} worker-group launches, {meta['rounds']} round(s)")
         if args.train:
-            train_andwrite_plan(plan, args)
+            train_and_write_metrics(plan, args)
 
 
 def run_search_file(args: argparse.Namespace) -> None:

@@ -136,23 +136,23 @@ def ensure_ray(address: str | None = None, runtime_env: dict[str, Any] | None = 
         target = LOCAL_ADDRESS
     # ray.init rewrites the dict it is given (local paths become package URIs): give it a copy.
     if target == LOCAL_ADDRESS:
-        context = start_local_ray(runtime_env=copy.deepcopy(runtime_env), verbose=verbose)
+        ray_context = start_local_ray(runtime_env=copy.deepcopy(runtime_env), verbose=verbose)
     else:
         # An explicit address wins over RAY_ADDRESS; "auto" defers to it (ray.init's rules).
         with _local_only() if _is_loopback_only(target) else contextlib.nullcontext():
-            context = ray.init(address=target, runtime_env=copy.deepcopy(runtime_env),
-                               logging_level=ray_log_level(verbose))
+            ray_context = ray.init(address=target, runtime_env=copy.deepcopy(runtime_env),
+                                   logging_level=ray_log_level(verbose))
         logger.info("joined the Ray cluster at %s (%d nodes)", target,
                     sum(1 for node in ray.nodes() if node["Alive"]))
     _session_runtime_env = runtime_env
-    _show_dashboard(context, verbose)
+    _show_dashboard(ray_context, verbose)
     return True
 
 
-def _show_dashboard(context: Any, verbose: int) -> None:
+def _show_dashboard(ray_context: Any, verbose: int) -> None:
     """One line naming the dashboard of the Ray just started or joined (Ray's own start
     lines, which name it too, print at verbose 2 only); none without a dashboard."""
-    url = getattr(context, "dashboard_url", None)
+    url = getattr(ray_context, "dashboard_url", None)
     if url:
         show(f"Ray dashboard: {url if '://' in url else 'http://' + url}", verbose)
 

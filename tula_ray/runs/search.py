@@ -33,9 +33,9 @@ from tula_ray.planning.plan import Plan, build_plan, deprecated_mode
 from tula_ray.planning.policy import WEIGHT_TIME_DEFAULT
 from tula_ray.planning.search_strategies import topology_options, with_plan_context
 from tula_ray.profile_table import STATUS_OK, profile_frame
-from tula_ray.runs.search_experiment import (check_same_search, context_of, experiment_name,
-                                             experiment_path, restore_context, run_experiment,
-                                             saved_search)
+from tula_ray.runs.search_experiment import (check_same_search, experiment_name,
+                                             experiment_path, recorded_bounds, resume_record,
+                                             run_experiment, saved_search)
 from tula_ray.runs.search_request import (SearchRequest, check_dataset_size,
                                           check_search_arguments, json_options, search_identity,
                                           search_request)
@@ -170,9 +170,9 @@ def search(
         plan_context = _plan_context(request, bounds.space, bounds.probe,
                                      workers.workers_per_node)
         # 3. the rounds of profiling trials
-        saved_context = context_of(bounds, workers.use_gpu, probe_s, search_identity(request))
+        record = resume_record(bounds, workers.use_gpu, probe_s, search_identity(request))
         searcher, path = _profile(request, bounds, plan_context, workers, name, resume,
-                                  saved_context, verbose)
+                                  record, verbose)
         _raise_deciding_error(searcher, path)
         # 4. the plan
         profiles = profile_frame(searcher.profiles)
@@ -213,11 +213,12 @@ def _restored(request: SearchRequest, saved: TulaSearcher, saved_at: str, worker
               ) -> tuple[SearchRequest, SearchBounds]:
     """A saved search's bounds (no memory probe runs again), once its arguments match the
     saved ones, with the workload checked on a worker (timed: what `train` waits for)."""
-    check_same_search(saved.context.get("request", {}), search_identity(request), saved_at)
+    check_same_search(saved.resume_record.get("request", {}), search_identity(request),
+                      saved_at)
     checked, check_s = timed_check_workload(
         request.spec, request.options, resources=workers.resources, use_gpu=workers.use_gpu)
     request = _checked(request, checked)
-    bounds = restore_context(saved.context)
+    bounds = recorded_bounds(saved.resume_record)
     bounds.probe.check_s = check_s
     return request, bounds
 
@@ -324,7 +325,7 @@ def _trial_constants(request: SearchRequest, bounds: SearchBounds, workers: Work
 
 
 def _profile(request: SearchRequest, bounds: SearchBounds, plan_context: PlanContext,
-             workers: Workers, name: str, resume: bool, context: dict[str, Any], verbose: int
+             workers: Workers, name: str, resume: bool, record: dict[str, Any], verbose: int
              ) -> tuple[TulaSearcher, str]:
     """DESIGN step 3: one Tune trial per cluster size and round, one at a time (concurrent
     trials would share the CPUs or the network and distort each other's step times)."""
@@ -333,6 +334,6 @@ def _profile(request: SearchRequest, bounds: SearchBounds, plan_context: PlanCon
     grid = [c for c in bounds.space.candidates()
             if c.local_batch <= bounds.probe.max_local_batch]
     searcher = TulaSearcher(grid, request.strategy, _strategy_options(request, plan_context),
-                            context=context)
+                            resume_record=record)
     return run_experiment(searcher, _trial_constants(request, bounds, workers),
                           request.storage_path, name, resume, verbose)

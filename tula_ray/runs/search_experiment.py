@@ -1,8 +1,8 @@
 """The Tune experiment of a search (DESIGN "Data flow" step 3), and resuming it.
 
 One trial per cluster size and round, one at a time, driven by `TulaSearcher`. The
-searcher's state (rows measured, queue, round) and the search's context (the memory
-probe's result and the grid it bounded) are saved with the experiment, so a search
+searcher's state (rows measured, queue, round) and the search's resume record (the
+memory probe's result and the grid it bounded) are saved with the experiment, so a search
 whose driver died continues with `Tuner.restore` (issue 13, item 2): the finished
 candidates keep their rows, the interrupted sweep's missing batches are profiled, and
 the plan is built from the same rows an uninterrupted search would have had.
@@ -70,8 +70,8 @@ def check_same_search(saved: dict[str, Any], request: dict[str, Any], path: str)
                          "new name= to start another search")
 
 
-def context_of(bounds: SearchBounds, use_gpu: bool, probe_s: float,
-               request: dict[str, Any]) -> dict[str, Any]:
+def resume_record(bounds: SearchBounds, use_gpu: bool, probe_s: float,
+                  request: dict[str, Any]) -> dict[str, Any]:
     """What a resumed search needs besides the rows, as JSON: the probe's result and grid."""
     space, probe = bounds.space, bounds.probe
     return {"request": request, "space": [list(space.cluster_sizes), list(space.batch_sizes)],
@@ -81,14 +81,15 @@ def context_of(bounds: SearchBounds, use_gpu: bool, probe_s: float,
             "use_gpu": use_gpu, "probe_wall_s": probe_s}
 
 
-def restore_context(context: dict[str, Any]) -> SearchBounds:
-    """The bounds of a saved search (space, probe, device bytes): no memory probe runs again."""
-    space = SearchSpace(tuple(context["space"][0]), tuple(context["space"][1]))
-    limit = context.get("batch_limit")  # absent from a search saved before it was kept
-    probe = MemoryProbe(MemoryParams.from_dict(context["memory"]), context["memory_probe"],
-                        max_local_batch=context["max_local_batch"],
+def recorded_bounds(record: dict[str, Any]) -> SearchBounds:
+    """The bounds (space, probe, device bytes) of a saved search's `resume_record`: no memory
+    probe runs again."""
+    space = SearchSpace(tuple(record["space"][0]), tuple(record["space"][1]))
+    limit = record.get("batch_limit")  # absent from a search saved before it was kept
+    probe = MemoryProbe(MemoryParams.from_dict(record["memory"]), record["memory_probe"],
+                        max_local_batch=record["max_local_batch"],
                         batch_limit=None if limit is None else BatchLimit.from_dict(limit))
-    return SearchBounds(space, probe, float(context["device_memory_bytes"]))
+    return SearchBounds(space, probe, float(record["device_memory_bytes"]))
 
 
 def run_experiment(searcher: TulaSearcher, constants: dict[str, Any], storage_path: str | None,

@@ -58,7 +58,7 @@ class TrainResult:
 
     metrics: pd.DataFrame
     checkpoint_path: str | None
-    result: Any  # ray.train.Result; Any: its V1/V2 class depends on RAY_TRAIN_V2_ENABLED
+    result: Any  # ray.train.Result (Ray Train V2, Ray 2.60: a failed run raises in fit)
     num_workers: int
     global_batch: int
     strategy: str
@@ -161,8 +161,6 @@ def train(
     finally:
         if marker_dir is not None:
             shutil.rmtree(marker_dir, ignore_errors=True)
-    if result.error is not None:  # V2 raises instead; kept for a V1 Result
-        raise result.error
     return TrainResult(_metrics(result), None if result.checkpoint is None
                        else result.checkpoint.path, result, job.num_workers,
                        job.global_batch, job.strategy_name, list(job.notes))
