@@ -68,8 +68,8 @@ def main(argv: list[str] | None = None) -> None:
 
     plan = tula_ray.search(
         tiny_workload(), cluster_sizes=tuple(args.cluster_sizes), min_batch=args.batch,
-        max_batch=args.batch, strategy="full", objective="time", warmup_steps=1, measure_steps=2,
-        storage_path=args.storage_path, name=args.name, address=args.address)
+        max_batch=args.batch, search_strategy="full", objective="time", warmup_steps=1,
+        measure_steps=2, storage_path=args.storage_path, name=args.name, address=args.address)
     print(plan.summary())
     args.out.mkdir(parents=True, exist_ok=True)
     plan.to_json(args.out / "plan.json")

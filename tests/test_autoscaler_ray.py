@@ -131,7 +131,7 @@ def test_an_autoscaler_that_does_not_deliver_in_time_is_a_clear_error(fake_clust
 def test_the_search_asks_the_autoscaler_for_its_workers(fake_cluster):
     plan = tula_ray.search(
         "fashion-mnist-cnn", workload_options={"train_subset": 512}, cluster_sizes=(2,),
-        min_batch=32, max_batch=32, strategy="full", objective="time", warmup_steps=1,
+        min_batch=32, max_batch=32, search_strategy="full", objective="time", warmup_steps=1,
         measure_steps=2, resources_per_worker=WORKER, provision_timeout_s=600,
         storage_path=str(fake_cluster / "runs"))
     assert list(plan.profiles["status"]) == ["ok"]

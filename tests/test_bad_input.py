@@ -66,6 +66,7 @@ VERBOSE_LEVELS_NOT = st.one_of(st.integers(max_value=-1), st.integers(min_value=
 
 # --- search() -----------------------------------------------------------------------
 
+NOT_SEARCH_STRATEGIES = st.text().filter(lambda t: t not in ("full", "partial", "adaptive"))
 GOOD_SEARCH = dict(workload="fashion-mnist-cnn", workload_options={"data": "fake"},
                    cluster_sizes=(1, 2), min_batch=32, max_batch=256)
 BAD_SEARCH = {
@@ -88,8 +89,10 @@ BAD_SEARCH = {
     "workload": st.one_of(st.sampled_from([5, None, ["cnn"], "no-such-workload"])),
     "workload_options": st.sampled_from(["fake", 5, ["data"], {"no_such_option": 1},
                                         {"data": "imagenet"}, {"train_subset": -3}]),
-    "strategy": st.one_of(st.text().filter(lambda t: t not in ("full", "partial", "adaptive")),
-                          WRONG_TYPES),
+    "search_strategy": st.one_of(NOT_SEARCH_STRATEGIES, WRONG_TYPES),
+    # its former names (deprecated): None is not given
+    "strategy": st.one_of(NOT_SEARCH_STRATEGIES, WRONG_TYPES.filter(lambda v: v is not None)),
+    "mode": st.one_of(NOT_SEARCH_STRATEGIES, WRONG_TYPES.filter(lambda v: v is not None)),
     "strategy_options": st.sampled_from(["fast", "rounds=3", 5, ["rounds"],
                                          {"no_such_option": 1}]),
     "measure_seconds": st.one_of(st.floats(max_value=-1e-9), st.just(float("nan")),
@@ -132,7 +135,7 @@ SPACE = SearchSpace.build((1, 2), min_batch=32, max_batch=256)
 @pytest.fixture(scope="module")
 def plan():
     return build_plan(SPACE, synthetic_profiles(SPACE.candidates(), example_params()),
-                      epochs=2, dataset_size=1000, strategy="full", objective="time",
+                      epochs=2, dataset_size=1000, search_strategy="full", objective="time",
                       workload="fashion-mnist-cnn",
                       meta={"workload_options": {"data": "fake", "fake_size": 1000}})
 
@@ -228,7 +231,9 @@ def _valid(argument: str, value) -> bool:
         "warmup_steps": lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0,
         "measure_steps": _positive_int,
         "measure_seconds": lambda v: _number(v) and v >= 0,
-        "strategy": lambda v: v in ("full", "partial", "adaptive"),
+        "search_strategy": lambda v: v in ("full", "partial", "adaptive"),
+        "strategy": lambda v: v is None or v in ("full", "partial", "adaptive"),
+        "mode": lambda v: v is None or v in ("full", "partial", "adaptive"),
         "strategy_options": lambda v: v is None or v == {},
         "storage_path": lambda v: v is None or (isinstance(v, str) and v != ""),
         "name": lambda v: v is None or (isinstance(v, str) and v != ""),

@@ -29,7 +29,7 @@ def test_replay_of_a_saved_plan_refits_its_profiles(tmp_path, capsys):
     assert main(["replay", str(tmp_path / "first" / "plan.json"), "--search-strategy", "full",
                  "--objective", "time", "--out", str(tmp_path / "again")]) == 0
     again = Plan.from_json(tmp_path / "again" / "plan.json")
-    assert again.strategy == "full" and again.perf.num_profiles == 14
+    assert again.search_strategy == "full" and again.perf.num_profiles == 14
     assert again.choice.objective == "time"
 
 

@@ -52,7 +52,7 @@ def test_a_search_strategy_from_one_file(registries, tmp_path, capsys):
         (1, 32), (2, 64), (4, 128)]
     profiles = synthetic_profiles(SPACE.candidates(), example_params(), seed=1)
     assert tula_ray.build_plan(SPACE, profiles, epochs=2, dataset_size=4096,
-                               strategy="diagonal").strategy == "diagonal"
+                               search_strategy="diagonal").search_strategy == "diagonal"
 
 
 def test_a_pricing_from_one_file(registries, tmp_path, capsys):
@@ -85,7 +85,7 @@ def test_a_compute_form_from_one_file(registries, tmp_path):
     _sqrt_profiles(module.SqrtCurve).to_csv(csv, index=False)
     # The API: the form is tried first, fits the data's shape, and survives the plan's JSON.
     built = tula_ray.build_plan(SPACE, pd.read_csv(csv), epochs=2, dataset_size=4096,
-                                strategy="full")
+                                search_strategy="full")
     assert {curve.form for curve in built.perf.compute.values()} == {"sqrt"}
     assert tula_ray.Plan.from_json(built.to_json(tmp_path / "p.json")).perf == built.perf
     # The command line, in a fresh registry: imported by --import, used by replay.

@@ -40,7 +40,7 @@ def test_registered_extensions_on_ray_workers_from_the_command_line(ray_session,
     printed = capsys.readouterr()
     assert code == 0, printed.err
     plan = tula_ray.Plan.from_json(tmp_path / "plan" / "plan.json")
-    assert plan.workload == "tiny-mlp" and plan.strategy == "diagonal"
+    assert plan.workload == "tiny-mlp" and plan.search_strategy == "diagonal"
     assert plan.meta["training_strategy"] == "adam-ext" and plan.pricing["kind"] == "flat-fee"
     measured = plan.profiles[plan.profiles["status"] == "ok"]
     assert len(measured) >= 1 and measured["strategy_extra_s"].notna().all()

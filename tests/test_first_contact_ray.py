@@ -29,7 +29,7 @@ cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 DRIVER_PID = os.getpid()
 QUICK = dict(warmup_steps=1, measure_steps=2, measure_seconds=0.2, min_batch=32, max_batch=128,
-             cluster_sizes=(1, 2), strategy="partial", training_strategy=None,
+             cluster_sizes=(1, 2), search_strategy="partial", training_strategy=None,
              strategy_options={"middle": False})  # the paper's corners: a known failure order
 
 

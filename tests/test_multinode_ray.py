@@ -102,7 +102,7 @@ def test_multi_node_without_shared_storage_is_refused_before_anything_runs(conne
                         cluster_sizes=(2,), min_batch=32, max_batch=32)
     space = SearchSpace((2,), (32, 64))
     plan = build_plan(space, synthetic_profiles(space.candidates(), example_params()),
-                      epochs=1, dataset_size=1024, strategy="full", objective="time",
+                      epochs=1, dataset_size=1024, search_strategy="full", objective="time",
                       workload="fashion-mnist-cnn",
                       meta={"workload_options": {"train_subset": 1024}})
     with pytest.raises(ValueError, match="2 nodes and storage_path is None"):
@@ -126,7 +126,7 @@ def test_one_node_sizes_stay_on_one_node_and_are_planned_from_its_level(connecte
                         train_dataset_fn=lambda: _tiny_data(True),
                         test_dataset_fn=lambda: _tiny_data(False), epochs=1, num_classes=2)
     plan = tula_ray.search(
-        workload, cluster_sizes=(1, 2, 3, 4), min_batch=12, max_batch=48, strategy="partial",
+        workload, cluster_sizes=(1, 2, 3, 4), min_batch=12, max_batch=48, search_strategy="partial",
         objective="time", warmup_steps=1, measure_steps=2, measure_seconds=0.2,
         resources_per_worker={"CPU": 0.25, STAND_IN_GPU: 1}, storage_path=str(tmp_path),
         name="topology", address=connected.address)
@@ -184,7 +184,7 @@ def test_a_search_finishes_on_what_is_left_when_a_node_is_lost(connected, tmp_pa
     remover.start()
     try:
         plan = tula_ray.search(Workload("node-loss-mlp", _loss_model, _loss_data),
-                               strategy="full", cluster_sizes=(1, 2),
+                               search_strategy="full", cluster_sizes=(1, 2),
                                min_batch=LOSS_BATCHES[0], max_batch=LOSS_BATCHES[-1],
                                warmup_steps=1, measure_steps=3, measure_seconds=0.2,
                                objective="time", storage_path=str(tmp_path),

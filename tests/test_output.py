@@ -94,7 +94,7 @@ def big_plan(**options):
     """A plan of 4 x 8 candidates, built offline (as tests/test_plan.py builds plans)."""
     space = SearchSpace.build((1, 2, 4, 8), min_batch=32, max_batch=4096)
     profiles = paper_profiles(corners(space.candidates()), example_params(), seed=2)
-    return build_plan(space, profiles, epochs=5, dataset_size=60000, strategy="partial",
+    return build_plan(space, profiles, epochs=5, dataset_size=60000, search_strategy="partial",
                       **options)
 
 

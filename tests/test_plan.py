@@ -25,7 +25,7 @@ def make_plan(**kwargs):
     options = dict(epochs=5, dataset_size=10000, objective="knee")
     options.update(kwargs)
     strategy, meta = options.pop("strategy", "partial"), options.pop("meta", None)
-    return build_plan(SPACE, profiles, PlanContext(**options), strategy=strategy, meta=meta)
+    return build_plan(SPACE, profiles, PlanContext(**options), search_strategy=strategy, meta=meta)
 
 
 def test_every_candidate_is_predicted_and_measured_ones_are_marked():
@@ -53,7 +53,7 @@ def test_oom_profile_lowers_the_bound_for_every_cluster_size():
     profiles = synthetic_profiles(SPACE.candidates(), example_params(), seed=2)
     oom = (profiles["num_workers"] == 1) & (profiles["global_batch"] == 512)
     profiles.loc[oom, ["status", "step_time_s"]] = ["oom", np.nan]
-    plan = build_plan(SPACE, profiles, epochs=5, dataset_size=10000, strategy="full",
+    plan = build_plan(SPACE, profiles, epochs=5, dataset_size=10000, search_strategy="full",
                       objective="time")
     table = plan.table.set_index(["num_workers", "global_batch"])
     assert table.loc[(1, 512), "infeasible_reason"] == "out of memory when profiled"
@@ -129,8 +129,8 @@ def test_the_knee_does_not_depend_on_rounding_steps_per_epoch(dataset_size):
     # ripple for the knee (resnet18 here: B~34 instead of ~139). On the smooth curve the
     # knee depends on the model only, not on D.
     profiles = synthetic_profiles(SPACE.candidates(), example_params(), noise=0.0)
-    reference = build_plan(SPACE, profiles, epochs=5, dataset_size=10**9, strategy="full")
-    plan = build_plan(SPACE, profiles, epochs=5, dataset_size=dataset_size, strategy="full")
+    reference = build_plan(SPACE, profiles, epochs=5, dataset_size=10**9, search_strategy="full")
+    plan = build_plan(SPACE, profiles, epochs=5, dataset_size=dataset_size, search_strategy="full")
     assert reference.choice.knee_global_batch > SPACE.batch_sizes[0]
     assert plan.choice.knee_global_batch == pytest.approx(reference.choice.knee_global_batch)
 
@@ -172,7 +172,7 @@ def exact_profiles(candidates) -> pd.DataFrame:
 
 def exact_plan(objective: str, **kwargs) -> Plan:
     return build_plan(SPACE, exact_profiles(SPACE.candidates()), epochs=EPOCHS,
-                      dataset_size=DATASET, strategy="full", objective=objective,
+                      dataset_size=DATASET, search_strategy="full", objective=objective,
                       pricing=f"fixed:{USD_PER_NODE_HOUR}", **kwargs)
 
 
@@ -251,7 +251,7 @@ def test_a_measured_candidate_is_chosen_on_its_measurement_not_its_prediction():
     profiles = exact_profiles(SPACE.candidates())
     odd = (profiles["num_workers"] == 1) & (profiles["global_batch"] == 256)
     profiles.loc[odd, "step_time_s"] /= 3.0
-    plan = build_plan(SPACE, profiles, epochs=EPOCHS, dataset_size=DATASET, strategy="full",
+    plan = build_plan(SPACE, profiles, epochs=EPOCHS, dataset_size=DATASET, search_strategy="full",
                       objective="time", pricing=f"fixed:{USD_PER_NODE_HOUR}")
     row = plan.table.set_index(["num_workers", "global_batch"]).loc[(1, 256)]
     assert row["estimate"] == "measured"
@@ -302,8 +302,8 @@ def test_training_times_include_the_strategys_measured_cost_per_step():
     first = (profiles["num_workers"] == 2) & (profiles["global_batch"] == 32)
     profiles.loc[first, "strategy_extra_s"] = 0.004
     plain = build_plan(SPACE, profiles.drop(columns="strategy_extra_s"), epochs=5,
-                       dataset_size=10000, strategy="partial", objective="time")
-    plan = build_plan(SPACE, profiles, epochs=5, dataset_size=10000, strategy="partial",
+                       dataset_size=10000, search_strategy="partial", objective="time")
+    plan = build_plan(SPACE, profiles, epochs=5, dataset_size=10000, search_strategy="partial",
                       objective="time", meta={"training_strategy": "ags"})
     steps = 5 * np.floor(10000 / plan.table["global_batch"])
     # N=1 takes the nearest measured N's
@@ -319,7 +319,7 @@ def test_training_times_include_the_strategys_measured_cost_per_step():
     assert "plain optimizer steps" in summary_words(plain)
 
     profiles.loc[first, "strategy_extra_s"] = -0.004
-    noisy = build_plan(SPACE, profiles, epochs=5, dataset_size=10000, strategy="partial",
+    noisy = build_plan(SPACE, profiles, epochs=5, dataset_size=10000, search_strategy="partial",
                        objective="time")
     assert (noisy.table["strategy_extra_s"] == 0).all()
 
@@ -337,7 +337,7 @@ def test_no_strategy_cost_where_the_strategy_trains_plain_steps():
     pairs = [(c.num_workers, c.global_batch) for c in SPACE.candidates()]
     plain_pairs = plain_steps("ags-ns", {}, pairs)
     assert plain_pairs == {(1, 32), (2, 32)}
-    plan = build_plan(SPACE, profiles, epochs=5, dataset_size=10000, strategy="partial",
+    plan = build_plan(SPACE, profiles, epochs=5, dataset_size=10000, search_strategy="partial",
                       objective="time", meta={"training_strategy": "ags-ns"},
                       plain_steps=plain_pairs)
     table = plan.table
@@ -346,8 +346,8 @@ def test_no_strategy_cost_where_the_strategy_trains_plain_steps():
                                                                           "plain_steps"].all()
     assert table.loc[~small, "strategy_extra_s"].to_numpy() == pytest.approx(0.004)
     assert not table.loc[~small, "plain_steps"].any()
-    everywhere = build_plan(SPACE, profiles, epochs=5, dataset_size=10000, strategy="partial",
-                            objective="time")
+    everywhere = build_plan(SPACE, profiles, epochs=5, dataset_size=10000,
+                            search_strategy="partial", objective="time")
     steps = 5 * np.floor(10000 / 32)
     assert table.loc[small, "total_time_s"].to_numpy() == pytest.approx(
         everywhere.table.loc[small, "total_time_s"].to_numpy() - steps * 0.004)
@@ -392,7 +392,7 @@ def test_an_epoch_is_its_steps_plus_the_measured_evaluation_and_checkpoint():
     profiles.loc[at_n2, ["eval_time_s", "checkpoint_time_s"]] = [0.5, 0.2]
     profiles["launch_wall_s"] = np.where(profiles["num_workers"] == 1, 8.0, 9.0)
     profiles["data_load_s"] = 1.0
-    plan = build_plan(SPACE, profiles, epochs=EPOCHS, dataset_size=DATASET, strategy="full",
+    plan = build_plan(SPACE, profiles, epochs=EPOCHS, dataset_size=DATASET, search_strategy="full",
                       objective="time")
     for _, row in plan.table.iterrows():
         n, b = int(row["num_workers"]), int(row["global_batch"])
@@ -408,7 +408,7 @@ def test_an_epoch_is_its_steps_plus_the_measured_evaluation_and_checkpoint():
             in summary_words(plan))
 
     bare = build_plan(SPACE, exact_profiles(SPACE.candidates()), epochs=EPOCHS,
-                      dataset_size=DATASET, strategy="full", objective="time")
+                      dataset_size=DATASET, search_strategy="full", objective="time")
     assert (bare.table["eval_time_s"] == 0).all()
     assert "not measured, left out: an evaluation pass per epoch" in summary_words(bare)
 
@@ -420,7 +420,7 @@ def test_the_start_up_is_the_launchs_whole_time_beyond_its_candidates_where_reco
     profiles["launch_wall_s"] = 8.0
     profiles["data_load_s"] = 1.0
     profiles["launch_fixed_s"] = np.where(profiles["num_workers"] == 2, 15.0, np.nan)
-    plan = build_plan(SPACE, profiles, epochs=EPOCHS, dataset_size=DATASET, strategy="full",
+    plan = build_plan(SPACE, profiles, epochs=EPOCHS, dataset_size=DATASET, search_strategy="full",
                       objective="time")
     startup = plan.table.groupby("num_workers")["startup_time_s"].unique()
     assert list(startup[1]) == [pytest.approx(9.0)] and list(startup[2]) == [15.0]
@@ -428,7 +428,7 @@ def test_the_start_up_is_the_launchs_whole_time_beyond_its_candidates_where_reco
         summary_words(plan)
     # The search's check of the workload on a worker: `train` runs it before its launch.
     checked = build_plan(SPACE, profiles, epochs=EPOCHS, dataset_size=DATASET,
-                         strategy="full", objective="time", meta={"workload_check_s": 4.0})
+                         search_strategy="full", objective="time", meta={"workload_check_s": 4.0})
     assert (checked.table["startup_time_s"] == plan.table["startup_time_s"] + 4.0).all()
     assert "the start-up (the workload's check on a worker, the worker group's" in \
         summary_words(checked)
@@ -446,7 +446,7 @@ def four_gpu_node_plan(pricing, sizes=(1, 2, 3, 4, 8)):
     profiles = synthetic_profiles(space.candidates(), example_params(), seed=2)
     context = PlanContext(epochs=5, dataset_size=10000, objective="cost", pricing=pricing,
                           workers_per_node=4)
-    return build_plan(space, profiles, context, strategy="full")
+    return build_plan(space, profiles, context, search_strategy="full")
 
 
 def test_a_plan_on_4_gpu_nodes_prices_1_to_4_workers_as_one_node():

@@ -95,7 +95,7 @@ def test_the_context_goes_to_json_and_back_and_the_plan_records_it():
                           noise_scale=250, workers_per_node=2)
     data = json.loads(json.dumps(context.to_dict(), allow_nan=False))
     assert PlanContext.from_dict(data) == context
-    plan = build_plan(SPACE, PROFILES, context, strategy="partial")
+    plan = build_plan(SPACE, PROFILES, context, search_strategy="partial")
     assert PlanContext.from_dict(Plan.from_json(plan.to_json()).meta["plan_context"]) == context
 
 
@@ -104,8 +104,8 @@ def test_build_plans_former_keywords_warn_and_build_the_same_plan():
     with pytest.warns(FutureWarning, match=f"keywords.*removed in tula-ray "
                                            f"{KEYWORDS_REMOVED_IN}.*PlanContext"):
         old = build_plan(SPACE, PROFILES, epochs=5, dataset_size=10000, objective="cost",
-                         pricing="memory", strategy="partial")
-    new = build_plan(SPACE, PROFILES, context, strategy="partial")
+                         pricing="memory", search_strategy="partial")
+    new = build_plan(SPACE, PROFILES, context, search_strategy="partial")
     assert old.choice == new.choice and old.meta == new.meta
     assert old.table.equals(new.table)
 

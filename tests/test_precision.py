@@ -119,7 +119,7 @@ def test_train_takes_the_plans_precision_unless_told_otherwise():
 
     space = SearchSpace((1,), (32, 64))
     plan = build_plan(space, synthetic_profiles(space.candidates(), example_params()),
-                      epochs=1, dataset_size=256, strategy="full", objective="time",
+                      epochs=1, dataset_size=256, search_strategy="full", objective="time",
                       workload="fashion-mnist-cnn",
                       meta={"workload_options": {"data": "fake", "fake_size": 256},
                             "precision": "bf16"})

@@ -44,7 +44,7 @@ def model():
 
 if __name__ == "__main__":
     workload = Workload("resume-mlp", model_fn=model, train_dataset_fn=data, epochs=2)
-    plan = tula_ray.search(workload, strategy="full", cluster_sizes=(1,), min_batch=32,
+    plan = tula_ray.search(workload, search_strategy="full", cluster_sizes=(1,), min_batch=32,
                            max_batch=512, measure_steps=4, measure_seconds=0.5,
                            storage_path=sys.argv[1], name="resumable", resume=True)
     plan.to_json(sys.argv[2])
@@ -131,7 +131,7 @@ def test_resumed_search_makes_the_plan_of_its_rows(killed_then_resumed):
     from tula_ray.space import SearchSpace
 
     again = build_plan(SearchSpace(sizes, batches), plan.profiles, epochs=plan.epochs,
-                       dataset_size=plan.dataset_size, strategy=plan.strategy,
+                       dataset_size=plan.dataset_size, search_strategy=plan.search_strategy,
                        objective=plan.objective, pricing=plan.pricing, memory=plan.memory,
                        max_local_batch=plan.meta["max_local_batch"],
                        collective=plan.perf.collective, meta=plan.meta,

@@ -102,7 +102,7 @@ def adaptive_plan(ray_session, tmp_path_factory):
     """Rounds through Tune: the corners first (the paper's partial search, whose
     off-corner cells are predicted), then the choice and its ties. Which rows the
     partial search profiles, and when it stops, is the strategy's own (test_searcher)."""
-    return tula_ray.search(**WORKLOAD, **QUICK, cluster_sizes=(1, 2), strategy="adaptive",
+    return tula_ray.search(**WORKLOAD, **QUICK, cluster_sizes=(1, 2), search_strategy="adaptive",
                            strategy_options={"max_rounds": 2, "max_launches": 3},
                            objective="knee", epochs=2,
                            storage_path=str(tmp_path_factory.mktemp("adaptive")))
@@ -260,7 +260,7 @@ def test_a_profiling_worker_killed_mid_trial_is_an_error_row_and_the_search_fini
                                USER_WORKLOAD, model_fn=user_model_dying_on_large_batches),
                            warmup_steps=2, measure_steps=5, measure_seconds=1.0,
                            min_batch=32, max_batch=256, cluster_sizes=(2,),
-                           strategy="full", objective="time", storage_path=str(tmp_path))
+                           search_strategy="full", objective="time", storage_path=str(tmp_path))
     rows = plan.profiles.set_index(["num_workers", "global_batch"])
     assert (rows.loc[[(2, 32), (2, 64)], "status"] == "ok").all()  # measured before the kill
     errors = rows[rows["status"] == "error"]
@@ -283,7 +283,7 @@ def test_a_profiling_worker_killed_mid_trial_is_an_error_row_and_the_search_fini
     (dict(workload="imagenet-vit"), "workload 'imagenet-vit' is unknown"),
     (dict(cluster_sizes=(1, 4)), "cluster size 4 is larger than the cluster's 2 CPUs"),
     (dict(objective="fastest"), "objective='fastest' is not allowed"),
-    (dict(strategy="half"), "strategy='half' is not allowed"),
+    (dict(search_strategy="half"), "search_strategy='half' is not allowed"),
     (dict(min_batch=0), "min_batch=0; it must be an integer >= 1"),
     (dict(min_batch=64, max_batch=32), "max_batch=32 is below min_batch=64"),
     # 1 kB cannot even hold DDP's gradient buckets; 5 MB holds the model, not 16 samples.

@@ -316,7 +316,7 @@ def test_search_gives_the_adaptive_search_the_training_strategys_limits():
 
     space = SearchSpace.build((1, 2), min_batch=32, max_batch=256)
     request = SimpleNamespace(
-        strategy="adaptive", strategy_options={}, objective="time_to_accuracy", epochs=2,
+        search_strategy="adaptive", strategy_options={}, objective="time_to_accuracy", epochs=2,
         workload=SimpleNamespace(dataset_size=8192, name="custom"),
         pricing=parse_pricing("fixed"),
         weight_time=0.5, collective="ring", reference_batch=64, noise_scale=250.0,

@@ -35,7 +35,7 @@ def make_plan(profiles=None, **kwargs):
     options.update(kwargs)
     strategy, meta = options.pop("strategy", "full"), options.pop("meta", None)
     return build_plan(SPACE, profiles_with_noise() if profiles is None else profiles,
-                      PlanContext(**options), strategy=strategy, meta=meta)
+                      PlanContext(**options), search_strategy=strategy, meta=meta)
 
 
 def test_profiled_noise_pools_the_ok_rows_by_their_steps():

@@ -148,7 +148,7 @@ def test_partial_search_profiles_the_largest_one_node_size_too():
 def test_the_plan_records_the_topology_and_spans_nodes_in_its_table():
     space = SearchSpace.build((1, 2, 4, 8), min_batch=64, max_batch=1024)
     rows = rows_for((1, 4, 8), (64, 1024), inter_alpha=0.0, intra_alpha=0.0)
-    plan = build_plan(space, rows, epochs=2, dataset_size=60000, strategy="partial",
+    plan = build_plan(space, rows, epochs=2, dataset_size=60000, search_strategy="partial",
                       workers_per_node=G)
     assert plan.meta["workers_per_node"] == G
     nodes = dict(zip(plan.table["num_workers"], plan.table["num_nodes"]))

@@ -39,8 +39,8 @@ def _plan(cluster_sizes=(CHOSEN_N,), batch_sizes=(32, CHOSEN_B), workload="fashi
     """A plan whose choice (fastest, one N only) is the largest batch."""
     space = SearchSpace(cluster_sizes, batch_sizes)
     profiles = synthetic_profiles(space.candidates(), example_params())
-    return build_plan(space, profiles, epochs=EPOCHS, dataset_size=TRAIN_SUBSET, strategy="full",
-                      objective="time", workload=workload,
+    return build_plan(space, profiles, epochs=EPOCHS, dataset_size=TRAIN_SUBSET,
+                      search_strategy="full", objective="time", workload=workload,
                       meta={"workload_options": {"train_subset": TRAIN_SUBSET}}
                       if meta is None else meta)
 
@@ -201,8 +201,8 @@ def test_train_time_benchmark_quick(ray_session):
     profiles = synthetic_profiles(space.candidates(), example_params()).assign(
         eval_time_s=0.05, checkpoint_time_s=0.01, data_load_s=0.1)
     plan = build_plan(space, profiles, epochs=train_time.QUICK_EPOCHS,
-                      dataset_size=options["train_subset"], strategy="full", objective="time",
-                      workload=workload, meta={"workload_options": options,
+                      dataset_size=options["train_subset"], search_strategy="full",
+                      objective="time", workload=workload, meta={"workload_options": options,
                                                "training_strategy": "lbt"})
     result = train_time.run(quick=True, plans={label: plan})
     (row,) = result["rows"]

@@ -36,8 +36,8 @@ CHOSEN_N, CHOSEN_B = 2, 64
 def _plan(meta=None, workload="fashion-mnist-cnn"):
     space = SearchSpace((CHOSEN_N,), (32, CHOSEN_B))
     profiles = synthetic_profiles(space.candidates(), example_params())
-    return build_plan(space, profiles, epochs=2, dataset_size=256, strategy="full", objective="time",
-                      workload=workload, meta=meta if meta is not None else {
+    return build_plan(space, profiles, epochs=2, dataset_size=256, search_strategy="full",
+                      objective="time", workload=workload, meta=meta if meta is not None else {
                           "workload_options": {"data": "fake", "fake_size": 256}})
 
 

@@ -81,7 +81,7 @@ def make_plan(settings: dict, quick: bool, index: int = 0):
             grad_sqr=1.0, grad_var=20.0, noise_steps=3)
         context = PlanContext(epochs=1, dataset_size=settings["train_subset"],
                               objective="time_to_accuracy")
-        plan = build_plan(space, profiles, context, strategy="full")
+        plan = build_plan(space, profiles, context, search_strategy="full")
     else:
         import tula_ray
 
@@ -111,7 +111,8 @@ def replanned(plan, epochs: int, train_size: int, objective: str,
     context = PlanContext(epochs=max(1, epochs), dataset_size=train_size, objective=objective,
                           reference_batch=REFERENCE_BATCH, noise_scale=noise_scale,
                           plain_steps=plain_steps(STRATEGY, {}, pairs))
-    return build_plan(space, plan.profiles, context, strategy=plan.strategy, meta=plan.meta)
+    return build_plan(space, plan.profiles, context, search_strategy=plan.search_strategy,
+                      meta=plan.meta)
 
 
 def judge(plan, truth: dict[int, dict[str, float]], train_size: int, held_out: int,

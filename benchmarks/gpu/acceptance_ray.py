@@ -46,8 +46,9 @@ def _search(name: str, samples: int, low: int, high: int, precision: str, storag
     from benchmarks.gpu.synthetic import synthetic_workload
 
     return tula_ray.search(synthetic_workload(name, samples), cluster_sizes=(1,),
-                           strategy="full", min_batch=low, max_batch=high, precision=precision,
-                           training_strategy="lbt", epochs=TRAIN_EPOCHS, storage_path=storage,
+                           search_strategy="full", min_batch=low, max_batch=high,
+                           precision=precision, training_strategy="lbt", epochs=TRAIN_EPOCHS,
+                           storage_path=storage,
                            **(QUICK_TIMING if quick else {}))
 
 

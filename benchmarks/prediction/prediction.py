@@ -2,7 +2,7 @@
 4a; §IV-C, Fig. 9 and 11b), the quality of the configuration each search strategy selects
 (§III-A3), and what each strategy costs, full, partial and adaptive side by side in one run.
 
-For each workload ONE full search (`tula_ray.search(strategy="full")`, N in {1, 2}, B from
+For each workload ONE full search (`tula_ray.search(search_strategy="full")`, N in {1, 2}, B from
 32) measures every candidate: that grid is the ground truth.
 Model accuracy, from its profiles:
   full model:     the search's own fit on every profiled candidate (`Plan.perf`);
@@ -185,7 +185,8 @@ def _one_workload(name: str, settings: dict, quick: bool, scratch: Path, full=No
     live = dict(saved or {})
     for strategy in () if saved else STRATEGIES if not quick else ("full",) * (full is None):
         live[strategy] = tula_ray.search(
-            name, strategy=strategy, storage_path=str(scratch / f"{name}-{strategy}"), **options)
+            name, search_strategy=strategy, storage_path=str(scratch / f"{name}-{strategy}"),
+            **options)
     full = full or live["full"]
     if not saved:  # what measured them, for a re-analysis (--from-saved) to say
         for plan in live.values():

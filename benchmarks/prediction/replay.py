@@ -65,7 +65,7 @@ def planned(space: SearchSpace, context: PlanContext, rows: pd.DataFrame,
     `build_plan` (the product's path)."""
     from tula_ray.planning.plan import build_plan
 
-    return build_plan(space, rows, context, strategy=strategy)
+    return build_plan(space, rows, context, search_strategy=strategy)
 
 
 def replay(space: SearchSpace, context: PlanContext, profiles: pd.DataFrame,

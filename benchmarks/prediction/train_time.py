@@ -1,6 +1,6 @@
 """Issue 24 figures: does the plan predict the epochs that `tula_ray.train` runs?
 
-For each workload, a full search (`tula_ray.search(strategy="full")`, plain SGD "lbt",
+For each workload, a full search (`tula_ray.search(search_strategy="full")`, plain SGD "lbt",
 N in {1, 2}) writes a plan; then every profiled (N, B) is trained with `tula_ray.train`
 for 3 epochs; `REPEATS` times, each repeat a new search followed by one run of every
 candidate (the runs interleaved), and the median `seconds` of epochs 2-3 (the first one
@@ -146,7 +146,7 @@ def run(quick: bool = False, plans: dict[str, Any] | None = None) -> dict:
             searched = plans if quick and plans is not None else {label: _plan(
                 _plan_path(name, label, repeat), workload=workload,
                 workload_options=options or None, cluster_sizes=sizes, min_batch=low,
-                max_batch=high, strategy="full", training_strategy="lbt", epochs=epochs)
+                max_batch=high, search_strategy="full", training_strategy="lbt", epochs=epochs)
                 for label, workload, options, (low, high), _ in workloads}
             searches.append(searched)
             for label, _, options, _, trained in workloads:

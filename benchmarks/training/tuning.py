@@ -45,7 +45,7 @@ def tuning_plan(world_size: int, global_batch: int, train_subset: int, epochs: i
     space = SearchSpace((1, world_size), (32, global_batch))
     profiles = synthetic_profiles(space.candidates(), example_params())
     context = PlanContext(epochs=epochs, dataset_size=train_subset, workload="fashion-mnist-cnn")
-    plan = build_plan(space, profiles, context, strategy="full",
+    plan = build_plan(space, profiles, context, search_strategy="full",
                       meta={"workload_options": {"train_subset": train_subset,
                                                  "subset_seed": 0}})
     return dataclasses.replace(plan, choice=Choice(

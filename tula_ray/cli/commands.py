@@ -150,7 +150,8 @@ def run_replay(args: argparse.Namespace) -> None:
                           noise_scale=args.noise_scale, workload=workload,
                           untrainable=untrainable, plain_steps=plain,
                           workers_per_node=workers_per_node)
-    plan = build_plan(space, profiles, context, strategy=args.search_strategy, meta=meta)
+    plan = build_plan(space, profiles, context, search_strategy=args.search_strategy,
+                      meta=meta)
     write_plan(plan, args.out)
 
 
@@ -171,7 +172,7 @@ def run_demo(args: argparse.Namespace) -> None:
     with _ray_for(args.train, args.address, args.runtime_env, verbosity(args)):
         plan = search("fashion-mnist-cnn", cluster_sizes=tuple(args.cluster_sizes),
                       min_batch=args.min_batch, max_batch=args.max_batch,
-                      strategy=args.search_strategy, objective=args.objective,
+                      search_strategy=args.search_strategy, objective=args.objective,
                       pricing=args.pricing, address=args.address,
                       storage_path=args.storage_path, training_strategy=args.strategy,
                       runtime_env=args.runtime_env, precision=args.precision,

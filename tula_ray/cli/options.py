@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import warnings
 from pathlib import Path
 from typing import Any
 
 from tula_ray.planning.accuracy import REFERENCE_BATCH_DEFAULT
 from tula_ray.planning.context import OBJECTIVE_DEFAULT, PRICING_DEFAULT
+from tula_ray.planning.plan import FORMER_NAMES_REMOVED_IN
 from tula_ray.planning.policy import OBJECTIVES
-from tula_ray.planning.search_strategies import SEARCH_STRATEGIES
+from tula_ray.planning.search_strategies import SEARCH_STRATEGIES, SEARCH_STRATEGY_DEFAULT
 from tula_ray.precision import PRECISIONS
 
 METRICS_FILE = "train_metrics.csv"
@@ -25,13 +27,32 @@ SHOWN_COLUMNS = ("epoch", "resumed_from", "train_loss", "train_accuracy", "test_
                  "test_accuracy", "lr", "seconds", "scaled_fraction", "progress")
 
 
+class FormerSpelling(argparse.Action):
+    """An option's former spelling: it stores its value where the option's own spelling
+    does (`dest`), with a FutureWarning that names that spelling and the removal version."""
+
+    def __init__(self, *args: Any, spelling: str, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.spelling = spelling
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+                 values: Any, option_string: str | None = None) -> None:
+        warnings.warn(f"{option_string} is deprecated and will be removed in tula-ray "
+                      f"{FORMER_NAMES_REMOVED_IN}: use {self.spelling}", FutureWarning)
+        setattr(namespace, self.dest, values)
+
+
 def add_plan_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--search-strategy", "--mode", dest="search_strategy",
-                        choices=sorted(SEARCH_STRATEGIES), default="partial",
+    parser.add_argument("--search-strategy", dest="search_strategy",
+                        choices=sorted(SEARCH_STRATEGIES), default=SEARCH_STRATEGY_DEFAULT,
                         help="which candidates to profile and fit from: the extremes "
                              "(partial, the default), all (full), or the extremes and then "
-                             "the choice and its contenders (adaptive); --mode is the former "
-                             "name")
+                             "the choice and its contenders (adaptive)")
+    parser.add_argument("--mode", dest="search_strategy", choices=sorted(SEARCH_STRATEGIES),
+                        default=argparse.SUPPRESS, action=FormerSpelling,
+                        spelling="--search-strategy",
+                        help="the former name of --search-strategy (deprecated, removed in "
+                             f"tula-ray {FORMER_NAMES_REMOVED_IN})")
     parser.add_argument("--objective", choices=OBJECTIVES, default=OBJECTIVE_DEFAULT,
                         help="what the choice minimises: training time or cost of the "
                              "plan's epochs (time, cost, knee, weighted), or to the "

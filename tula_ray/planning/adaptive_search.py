@@ -99,7 +99,7 @@ class AdaptiveSearch:
             return Proposal(corners.candidates, "adaptive search, first round: " + corners.reason)
         space = SearchSpace.of_pairs([c.num_workers for c in grid],
                                      [c.global_batch for c in grid])
-        plan = build_plan(space, rows, self.context, strategy=self.name)
+        plan = build_plan(space, rows, self.context, search_strategy=self.name)
         choice = plan.choice
         open_keys = {candidate_key(c) for c in open_candidates(grid, rows)}
         wanted = [(choice.num_workers, choice.global_batch), *choice.ties,

@@ -32,7 +32,8 @@ from tula_ray.planning.estimates import (EpochCosts, add_estimates, add_uncertai
                                          dense_curve, strategy_extra_by_n, through_measurements)
 from tula_ray.planning.noise_checks import choose_to_accuracy
 from tula_ray.planning.policy import ACCURACY_OBJECTIVES, Choice
-from tula_ray.planning.search_strategies import make_search_strategy, topology_options
+from tula_ray.planning.search_strategies import (SEARCH_STRATEGY_DEFAULT, make_search_strategy,
+                                                 topology_options)
 from tula_ray.planning.summary import compact_table, rows_that_matter, shown_rows_line, wrapped
 from tula_ray.profile_table import profile_frame, usable
 from tula_ray.space import SearchSpace
@@ -42,6 +43,11 @@ PLAN_FORMAT = 1
 ACCURACY_COLUMNS = ("noise_scale", "efficiency", "epochs_to_target", "time_to_accuracy_s",
                     "cost_to_accuracy_usd")
 KEYWORDS_REMOVED_IN = "0.3.0"  # build_plan's context as keywords (context= since issue 42)
+# search_strategy='s former names, on build_plan and search (search_strategy= since issue 42):
+# strategy= (train's strategy is the training strategy) and mode= (Ray's mode is min/max).
+FORMER_NAMES_REMOVED_IN = "0.3.0"
+FORMER_NAMES = {"strategy": "train's strategy is the training strategy",
+                "mode": "Ray's mode means min/max"}
 
 
 @dataclass
@@ -49,7 +55,8 @@ class Plan:
     """Result of a search: profiles, fitted models, one row per candidate, and the choice."""
 
     workload: str
-    strategy: str  # the search strategy (tula_ray.planning.search_strategies) that chose the fitted rows
+    # the search strategy (tula_ray.planning.search_strategies) that chose the fitted rows
+    search_strategy: str
     objective: str
     epochs: int
     dataset_size: int
@@ -60,6 +67,15 @@ class Plan:
     table: pd.DataFrame
     choice: Choice
     meta: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def strategy(self) -> str:
+        """The former name of `search_strategy` (deprecated, removed in tula-ray 0.3.0)."""
+        warnings.warn("Plan.strategy is deprecated and will be removed in tula-ray "
+                      f"{FORMER_NAMES_REMOVED_IN}: use Plan.search_strategy (a plan's strategy "
+                      "is its search strategy; train's is the training strategy)",
+                      FutureWarning, stacklevel=2)
+        return self.search_strategy
 
     @property
     def chosen(self) -> pd.Series:
@@ -84,7 +100,7 @@ class Plan:
         return {
             "format": PLAN_FORMAT,
             "workload": self.workload,
-            "strategy": self.strategy,
+            "strategy": self.search_strategy,  # the search strategy's key since format 1
             "objective": self.objective,
             "epochs": self.epochs,
             "dataset_size": self.dataset_size,
@@ -116,7 +132,8 @@ class Plan:
             raise ValueError(f"plan format {data.get('format')!r} is not supported; "
                              f"this tula-ray reads format {PLAN_FORMAT}")
         return cls(
-            workload=data["workload"], strategy=data.get("strategy", data.get("mode")),
+            workload=data["workload"],
+            search_strategy=data.get("strategy", data.get("mode")),  # mode: before "strategy"
             objective=data["objective"],
             epochs=data["epochs"], dataset_size=data["dataset_size"],
             profiles=_frame_from_json(data["profiles"]),
@@ -167,7 +184,7 @@ class Plan:
             compact_table(shown, c, self.objective),
             "" if len(shown) == len(self.table)
             else shown_rows_line(len(shown), len(self.table)),
-            f"performance model: {self.strategy} search's fit, {self.perf.form} form, "
+            f"performance model: {self.search_strategy} search's fit, {self.perf.form} form, "
             f"{self.perf.num_profiles} profiles, leave-one-out error "
             + ("n/a" if loo is None else f"{loo:.1%}"),
             f"choice ({c.objective}): N={c.num_workers}, B={c.global_batch} "
@@ -229,8 +246,9 @@ def build_plan(
     profiles: pd.DataFrame,
     context: PlanContext | None = None,
     *,
-    strategy: str = "partial",
+    search_strategy: str = SEARCH_STRATEGY_DEFAULT,
     meta: dict[str, Any] | None = None,
+    strategy: str | None = None,
     mode: str | None = None,
     **keywords: Any,
 ) -> Plan:
@@ -241,16 +259,16 @@ def build_plan(
       `tula_ray.planning.context.PlanContext`, checked when built). `**keywords`, the
       same values as keywords of build_plan (epochs=, dataset_size=, objective=, ...),
       are its former, deprecated form (removed in tula-ray 0.3.0).
-    strategy: the search strategy whose rows the model is fitted from (`fit_rows`: full,
-      every usable row; partial, the corners), see tula_ray.planning.search_strategies.
-    mode: the former name of `strategy` (deprecated).
+    search_strategy: the search strategy whose rows the model is fitted from (`fit_rows`:
+      full, every usable row; partial, the corners), see tula_ray.planning.search_strategies.
+    strategy, mode: its former names (deprecated, removed in tula-ray 0.3.0).
     meta: what the plan records beside (the search's timings, ...); the plan adds its
       context (meta["plan_context"]), reference batch, workers per node and noise.
     """
-    strategy = deprecated_mode(strategy, mode)
+    search_strategy = renamed_search_strategy(search_strategy, strategy, mode)
     context = _context_of(context, keywords)
     profiles = profile_frame(profiles.to_dict("records"))
-    params, memory = _fitted_models(profiles, context, strategy)
+    params, memory = _fitted_models(profiles, context, search_strategy)
     extra = strategy_extra_by_n(profiles)  # the training strategy's measured cost per step
     # evaluation, checkpoint, start-up: measured (the workload's check on a worker, which
     # `train` runs again before its launch, by the search's memory probe)
@@ -281,21 +299,22 @@ def build_plan(
             "reference_batch": context.reference_batch,
             "workers_per_node": context.workers_per_node, "noise": noise.to_dict(),
             **({"noise_warning": noise_warning} if noise_warning else {})}
-    return Plan(context.workload, strategy, context.objective, context.epochs,
+    return Plan(context.workload, search_strategy, context.objective, context.epochs,
                 context.dataset_size, profiles, params, memory, pricing_to_dict(context.pricing),
                 table, choice, meta)
 
 
-def _fitted_models(profiles: pd.DataFrame, context: PlanContext, strategy: str
+def _fitted_models(profiles: pd.DataFrame, context: PlanContext, search_strategy: str
                    ) -> tuple[perf.PerfParams, memory_model.MemoryParams | None]:
     """Eq. 2 fitted on the rows the search strategy fits from (full: every usable row;
     partial: the corners), and eq. 3: the context's (the memory probe's), else the
     profiles' own peaks; memory-based pricing needs one."""
     workers_per_node = context.workers_per_node
-    rows = make_search_strategy(strategy, topology_options(strategy, None, workers_per_node)
+    rows = make_search_strategy(search_strategy,
+                                topology_options(search_strategy, None, workers_per_node)
                                 ).fit_rows(profiles)
     params = perf.fit(rows, collective=context.collective, form=context.form,
-                      strategy=strategy, workers_per_node=workers_per_node)
+                      strategy=search_strategy, workers_per_node=workers_per_node)
     memory = context.memory if context.memory is not None else fit_memory_from_profiles(profiles)
     if memory is None and "memory" in pricing_to_dict(context.pricing)["kind"]:
         raise ValueError("memory-based pricing needs a memory model: profile at least two "
@@ -335,12 +354,24 @@ def _context_of(context: PlanContext | None, keywords: dict[str, Any]) -> PlanCo
     return PlanContext(**keywords)
 
 
-def deprecated_mode(strategy: str, mode: str | None) -> str:
-    """`mode=` was the search strategy's name before it clashed with Ray's `mode` (min/max)."""
-    if mode is None:
-        return strategy
-    warnings.warn("`mode=` is deprecated: the search strategy is `strategy=` (Ray's `mode` "
-                  "means min/max)", FutureWarning, stacklevel=3)
-    return mode
+def renamed_search_strategy(search_strategy: str, strategy: str | None = None,
+                            mode: str | None = None) -> str:
+    """`search_strategy`, or the one a former name gives (`FORMER_NAMES`, with a
+    FutureWarning naming the caller's line). A former name beside a search_strategy other
+    than the default, or both former names: a TypeError (one search strategy, one name)."""
+    former = {name: value for name, value in (("strategy", strategy), ("mode", mode))
+              if value is not None}
+    if not former:
+        return search_strategy
+    if len(former) > 1 or search_strategy != SEARCH_STRATEGY_DEFAULT:
+        given = ({} if search_strategy == SEARCH_STRATEGY_DEFAULT
+                 else {"search_strategy": search_strategy}) | former
+        raise TypeError(", ".join(f"{name}={value!r}" for name, value in given.items())
+                        + " all name the search strategy: pass search_strategy= alone")
+    [(name, value)] = former.items()
+    warnings.warn(f"`{name}=` is deprecated and will be removed in tula-ray "
+                  f"{FORMER_NAMES_REMOVED_IN}: use search_strategy= ({FORMER_NAMES[name]})",
+                  FutureWarning, stacklevel=3)
+    return value
 
 

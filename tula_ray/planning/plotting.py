@@ -43,7 +43,7 @@ def plot_plan(plan: "Plan", directory: Path) -> list[Path]:
         axis.set_xscale("log", base=2)
         axis.set_xlabel("global batch size B")
         axis.set_ylabel(label)
-        axis.set_title(f"{plan.workload}: {plan.strategy} search, {plan.perf.form} model")
+        axis.set_title(f"{plan.workload}: {plan.search_strategy} search, {plan.perf.form} model")
         axis.legend(fontsize="small")
         figure.tight_layout()
         path = directory / f"{stem}.png"

@@ -160,6 +160,7 @@ SEARCH_STRATEGIES: dict[str, Callable[..., SearchStrategy]] = {
     "full": FullSearch,
     "partial": PartialSearch,
 }
+SEARCH_STRATEGY_DEFAULT = "partial"  # paper §III-C: the corners (and middles) only
 
 
 def with_plan_context(name: str, options: dict[str, Any] | None,

@@ -29,9 +29,10 @@ from tula_ray.planning.accuracy import REFERENCE_BATCH_DEFAULT
 from tula_ray.planning.bounds import (MemoryProbe, SearchBounds, bounded_space, candidate_space,
                                       memory_budget_bytes, probe_min_local_batch)
 from tula_ray.planning.context import OBJECTIVE_DEFAULT, PRICING_DEFAULT, PlanContext
-from tula_ray.planning.plan import Plan, build_plan, deprecated_mode
+from tula_ray.planning.plan import Plan, build_plan, renamed_search_strategy
 from tula_ray.planning.policy import WEIGHT_TIME_DEFAULT
-from tula_ray.planning.search_strategies import topology_options, with_plan_context
+from tula_ray.planning.search_strategies import (SEARCH_STRATEGY_DEFAULT, topology_options,
+                                                 with_plan_context)
 from tula_ray.profile_table import STATUS_OK, profile_frame
 from tula_ray.runs.search_experiment import (check_same_search, experiment_name,
                                              experiment_path, recorded_bounds, resume_record,
@@ -56,7 +57,7 @@ def search(
     min_batch: int = MIN_BATCH_DEFAULT,
     max_batch: int | None = None,
     objective: str = OBJECTIVE_DEFAULT,
-    strategy: str = "partial",
+    search_strategy: str = SEARCH_STRATEGY_DEFAULT,
     pricing: Pricing | str | dict = PRICING_DEFAULT,
     weight_time: float = WEIGHT_TIME_DEFAULT,
     device_memory_gb: float | None = None,
@@ -71,6 +72,7 @@ def search(
     strategy_options: dict[str, Any] | None = None,
     measure_seconds: float = MEASURE_SECONDS_DEFAULT,
     address: str | None = None,
+    strategy: str | None = None,
     mode: str | None = None,
     resources_per_worker: dict[str, float] | None = None,
     provision_timeout_s: float = PROVISION_TIMEOUT_S_DEFAULT,
@@ -93,9 +95,10 @@ def search(
       A local batch the workload's own code fails at, once a smaller one ran, is the
       model's own limit: a bound as out of memory is (a warning names the max_batch
       that would skip the check; the plan's infeasible_reason names the error).
-    strategy: the search strategy (tula_ray.planning.search_strategies.SEARCH_STRATEGIES): "partial"
-      profiles only the extremes, "full" every candidate; strategy_options go to it.
-      (`mode` is its former, deprecated name: Ray's `mode` means min/max.)
+    search_strategy: the search strategy (tula_ray.planning.search_strategies.SEARCH_STRATEGIES):
+      "partial" profiles only the extremes, "full" every candidate; strategy_options go to
+      it. `strategy` and `mode` are its former names (deprecated, removed in tula-ray 0.3.0:
+      `train`'s strategy is the training strategy, and Ray's `mode` means min/max).
     objective, weight_time, pricing: see tula_ray.planning.policy.choose and tula_ray.models.pricing.
       "time_to_accuracy", "cost_to_accuracy" and "knee_to_accuracy" rank each candidate
       by the epochs it needs to reach what `epochs` reach at `reference_batch` (M0),
@@ -151,7 +154,8 @@ def search(
     far kept in its experiment. `plan.meta["errors"]` lists each distinct error once.
     """
     check_search_arguments(locals())
-    strategy = deprecated_mode(strategy, mode)  # here: its warning names the caller's line
+    # here: its warning names the caller's line
+    search_strategy = renamed_search_strategy(search_strategy, strategy, mode)
     request = search_request(locals())  # every argument, by name, into one checked value
     resources = check_worker_request(resources_per_worker, provision_timeout_s)
     with cluster_for_run(request.cluster_sizes[-1], resources, address=address,
@@ -180,8 +184,8 @@ def search(
                    "profiling_wall_s": time.perf_counter() - started - probe_s}
         meta = _meta(request, bounds, searcher, path, workers.use_gpu, saved is not None,
                      timings)
-        return build_plan(bounds.space, profiles, plan_context, strategy=request.strategy,
-                          meta=meta)
+        return build_plan(bounds.space, profiles, plan_context,
+                          search_strategy=request.search_strategy, meta=meta)
 
 
 def _probe_and_bound(request: SearchRequest, workers: Workers
@@ -299,9 +303,9 @@ def _strategy_options(request: SearchRequest, context: PlanContext) -> dict[str,
     """The user's strategy options, plus the cluster's topology for a strategy that takes
     it (partial and adaptive) and the plan's context for one that plans as it goes
     (adaptive): all JSON, so the searcher's state stays JSON."""
-    options = topology_options(request.strategy, request.strategy_options,
+    options = topology_options(request.search_strategy, request.strategy_options,
                                context.workers_per_node)
-    return with_plan_context(request.strategy, options, context)
+    return with_plan_context(request.search_strategy, options, context)
 
 
 def _trial_constants(request: SearchRequest, bounds: SearchBounds, workers: Workers
@@ -333,7 +337,8 @@ def _profile(request: SearchRequest, bounds: SearchBounds, plan_context: PlanCon
     # and no worker group is launched to learn it again.
     grid = [c for c in bounds.space.candidates()
             if c.local_batch <= bounds.probe.max_local_batch]
-    searcher = TulaSearcher(grid, request.strategy, _strategy_options(request, plan_context),
+    searcher = TulaSearcher(grid, request.search_strategy,
+                            _strategy_options(request, plan_context),
                             resume_record=record)
     return run_experiment(searcher, _trial_constants(request, bounds, workers),
                           request.storage_path, name, resume, verbose)

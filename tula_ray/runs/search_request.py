@@ -32,9 +32,10 @@ def check_search_arguments(a: dict[str, Any]) -> None:
         raise TypeError(f"cluster_sizes={a['cluster_sizes']!r}; it must be a list or tuple of "
                         "positive integers")
     check_positive_ints("cluster_sizes", a["cluster_sizes"])
-    check_choice("strategy", a["strategy"], sorted(SEARCH_STRATEGIES))
-    if a["mode"] is not None:  # the former name of `strategy`
-        check_choice("mode", a["mode"], sorted(SEARCH_STRATEGIES))
+    check_choice("search_strategy", a["search_strategy"], sorted(SEARCH_STRATEGIES))
+    for former in ("strategy", "mode"):  # its former names (tula_ray.planning.plan.FORMER_NAMES)
+        if a[former] is not None:
+            check_choice(former, a[former], sorted(SEARCH_STRATEGIES))
     check_mapping("strategy_options", a["strategy_options"])
     check_number("measure_seconds", a["measure_seconds"], low=0.0)
     check_number("headroom", a["headroom"], low=0.0, high=1.0, high_open=True)
@@ -64,8 +65,8 @@ def check_search_arguments(a: dict[str, Any]) -> None:
 def check_request(r: "SearchRequest") -> None:
     """What depends on several arguments or on the workload."""
     # An unknown name or option fails here.
-    named_arguments(make_search_strategy, "strategy", "strategy_options")(
-        r.strategy, r.strategy_options)
+    named_arguments(make_search_strategy, "search_strategy", "strategy_options")(
+        r.search_strategy, r.strategy_options)
     if r.training_strategy is not None:
         strategy = named_arguments(get_training_strategy, "training_strategy")(r.training_strategy)
         named_arguments(check_option_names, "training_options")(strategy, r.training_options)
@@ -94,8 +95,8 @@ class SearchRequest:
     min_batch: int
     max_batch: int | None
     objective: str
-    strategy: str
-    strategy_options: dict[str, Any]
+    search_strategy: str
+    strategy_options: dict[str, Any]  # the search strategy's
     pricing: Pricing
     weight_time: float
     device_memory_gb: float | None
@@ -120,8 +121,9 @@ class SearchRequest:
 
 
 def search_request(a: Mapping[str, Any]) -> SearchRequest:
-    """`search`'s arguments (its locals, checked by `check_search_arguments`, the strategy
-    its own once `mode` is resolved) as one request, checked (`check_request`)."""
+    """`search`'s arguments (its locals, checked by `check_search_arguments`, the search
+    strategy its own once its former names are resolved) as one request, checked
+    (`check_request`)."""
     options = dict(a["workload_options"] or {})
     # The workload is completed (shapes, dtype, size) by a check where the workers run,
     # once Ray is up: the driver may lack the data the workers read.
@@ -133,7 +135,7 @@ def search_request(a: Mapping[str, Any]) -> SearchRequest:
         spec=spec, options=sent_options, workload_options=options, workload=resolved,
         cluster_sizes=tuple(sorted(set(a["cluster_sizes"]))),
         min_batch=a["min_batch"], max_batch=a["max_batch"], objective=a["objective"],
-        strategy=a["strategy"], strategy_options=dict(a["strategy_options"] or {}),
+        search_strategy=a["search_strategy"], strategy_options=dict(a["strategy_options"] or {}),
         pricing=named_arguments(parse_pricing, "pricing")(a["pricing"]),
         weight_time=a["weight_time"], device_memory_gb=a["device_memory_gb"],
         headroom=a["headroom"], collective=a["collective"], warmup_steps=a["warmup_steps"],
@@ -162,7 +164,8 @@ def search_identity(request: SearchRequest) -> dict[str, Any]:
     """The arguments that define a search, as JSON (what a resume must match)."""
     return {"workload": request.workload.name, "cluster_sizes": list(request.cluster_sizes),
             "min_batch": request.min_batch, "max_batch": request.max_batch,
-            "strategy": request.strategy, "strategy_options": request.strategy_options,
+            # "strategy": its key in the searches saved so far, which a resume compares
+            "strategy": request.search_strategy, "strategy_options": request.strategy_options,
             "objective": request.objective,
             "training_strategy": request.training_strategy_name,
             "training_options": json_options(request.training_options)}
