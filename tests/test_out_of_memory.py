@@ -10,10 +10,11 @@ import torch.distributed as dist
 
 from benchmarks.common import spawn_gloo
 from gloo_scenarios import run_scenarios
-from trainables.profiling_sweep import PeerOutOfMemoryError, agree_first_step_fits
 from trainables.profiling_trial import COLLECTIVE_TIMEOUT_S, build_trainer
 from tula_ray.cluster import WORKER_GROUP_START_RETRIES
 from tula_ray.failures import is_out_of_memory
+from tula_ray.training.phase_agreement import PeerOutOfMemoryError
+from tula_ray.training.profile_phases import agree_first_step_fits
 
 NCCL_OOM = ("NCCL error in: ProcessGroupNCCL.cpp:1970, unhandled cuda error (run with "
             "NCCL_DEBUG=INFO for details), NCCL version 2.21.5\nncclUnhandledCudaError: Call "

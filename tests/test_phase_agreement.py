@@ -1,5 +1,6 @@
 """Every phase of a profiled batch ends with the workers' agreement (issue 26, item 2), on
-two gloo ranks without Ray (Ray Train's three calls stood in for): out of memory on one
+two gloo ranks without Ray (`tula_ray.training.profile_sweep` under a plain process
+group): out of memory on one
 rank in a later phase (the compute or synced steps, the strategy's second model) makes
 the row "oom" with failure "oom" on both ranks, within seconds, instead of one rank
 waiting in a collective for the process-group timeout and the row reading "error"; the
@@ -10,11 +11,9 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 import torch
-import torch.distributed as dist
 from torch import nn
 from torch.utils.data import TensorDataset
 
@@ -23,6 +22,8 @@ from gloo_scenarios import run_scenarios
 from tula_ray.failures import UserCodeError
 from tula_ray.training.phase_agreement import (PeerFailureError, PeerOutOfMemoryError,
                                                PhaseAgreement)
+from tula_ray.training.profile_settings import ProfileSettings
+from tula_ray.training.profile_sweep import Sweep, SweepWorker, profile_batch
 from tula_ray.workloads import Workload
 
 GROUP_TIMEOUT_S = 30  # the process group's: a rank left waiting fails the test in 30 s
@@ -59,17 +60,6 @@ class _SecondModelRunsOut:
         return _Model()
 
 
-def _stand_in_for_ray_train(rank: int) -> None:
-    """What the sweep asks of Ray Train: its rank, its device, DDP around the model."""
-    import ray.train
-    import ray.train.torch
-
-    ray.train.get_context = lambda: SimpleNamespace(get_world_rank=lambda: rank,
-                                                    get_world_size=dist.get_world_size)
-    ray.train.torch.get_device = lambda: torch.device("cpu")
-    ray.train.torch.prepare_model = lambda model: nn.parallel.DistributedDataParallel(model)
-
-
 def _inject(sweep, rank: int, phase: str, when: str) -> None:
     """FAILING_RANK runs out of memory in `phase`: in its first step's forward ("forward":
     the compute steps, which take no collective), or after the phase's steps ("after": the
@@ -82,7 +72,7 @@ def _inject(sweep, rank: int, phase: str, when: str) -> None:
 
         def failing():
             if when == "forward":
-                sweep.model.module.out_of_memory = True
+                sweep.training.model.module.out_of_memory = True
             work()
             raise torch.OutOfMemoryError(f"CUDA out of memory in {name}")
         return original(name, failing, inside)
@@ -91,18 +81,14 @@ def _inject(sweep, rank: int, phase: str, when: str) -> None:
 
 
 def _profile_rank(rank: int, directory: str, phase: str, when: str) -> None:
-    _stand_in_for_ray_train(rank)
-    from trainables.profiling_loop import profile_batch
-    from trainables.profiling_sweep import Sweep
-
     generator = torch.Generator().manual_seed(0)
     data = TensorDataset(torch.randn(256, 6, generator=generator),
                          torch.randint(0, 3, (256,), generator=generator))
     workload = Workload("mine-phases", model_fn=_SecondModelRunsOut(rank, when == "model_fn"),
                         train_dataset_fn=lambda: data, test_dataset_fn=lambda: data)
-    config = {"workload": workload, "warmup_steps": 2,
-              "measure_steps": 2, "measure_seconds": 0.05, "training_strategy": "lbt"}
-    sweep = Sweep(config, dist.get_world_size(), first_batch=32)
+    settings = ProfileSettings(workload=workload, warmup_steps=2, measure_steps=2,
+                               measure_seconds=0.05, training_strategy="lbt")
+    sweep = Sweep(settings, SweepWorker.of_process_group(), first_batch=32)
     if phase and when != "model_fn":
         _inject(sweep, rank, phase, when)
     started = time.perf_counter()
@@ -138,8 +124,8 @@ OUT_OF_MEMORY_PHASES = [
 ]
 ERROR_KINDS = [("user", UserCodeError.__name__), ("infrastructure", PeerFailureError.__name__)]
 # Every test's scenario, (rank function, its arguments after the directory), the batch that
-# profiles cleanly first: all run on one pair of gloo ranks, which import torch and Ray (the
-# stand-ins' modules) once, not once per test.
+# profiles cleanly first: all run on one pair of gloo ranks, which import torch once, not
+# once per test.
 SCENARIOS = [(_profile_rank, "", ""), *((_profile_rank, *case) for case in OUT_OF_MEMORY_PHASES),
              *((_agreement_rank, kind) for kind, _ in ERROR_KINDS)]
 

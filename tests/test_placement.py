@@ -20,6 +20,7 @@ from tula_ray.cluster.placement import bundles_fit, holds_placed
 from tula_ray.models.topology import (PACK, STRICT_PACK, node_bundles, nodes_for,
                                       placement_strategy, worker_bundles)
 from tula_ray.space import ProfileGrid
+from tula_ray.training.profile_settings import ProfileSettings
 from tula_ray.verbosity import VERBOSE_DEFAULT
 
 HEAD = {"CPU": 0.0, "train_driver": 4.0}  # cluster.yaml's head: no worker fits on it
@@ -243,15 +244,18 @@ def test_a_trial_that_cannot_place_n_on_one_node_says_so(monkeypatch):
     import trainables.profiling_trial as trial
 
     monkeypatch.setattr(trial, "alive_node_resources", lambda: [{"CPU": 2.0}, {"CPU": 2.0}])
-    config = {"resources_per_worker": {"CPU": 1}, "use_gpu": False, "provision_timeout_s": 0}
-    assert trial._cannot_place(4, {**config, "workers_per_node": 2}) == ""  # packed: fits
-    missing = trial._cannot_place(4, {**config, "workers_per_node": 4})  # its node was lost
+    def settings(per_node: int) -> ProfileSettings:
+        return ProfileSettings(resources_per_worker={"CPU": 1}, use_gpu=False,
+                               provision_timeout_s=0, workers_per_node=per_node)
+
+    assert trial._cannot_place(4, settings(2)) == ""  # packed: fits
+    missing = trial._cannot_place(4, settings(4))  # its node was lost
     assert "no node holds the N=4 workers" in missing and "the largest holds 2" in missing
     assert "holds 4 workers of {'CPU': 1} now, fewer than N=5" in trial._cannot_place(
-        5, {**config, "workers_per_node": 2})
+        5, settings(2))
     # A failed group's rows say where it ran when its placement fixes it.
-    assert trial._placed_nodes(4, {"workers_per_node": 4}) == 1.0
-    assert math.isnan(trial._placed_nodes(8, {"workers_per_node": 4}))
+    assert trial._placed_nodes(4, settings(4)) == 1.0
+    assert math.isnan(trial._placed_nodes(8, settings(4)))
 
 
 def test_train_and_tuning_trials_place_n_as_it_was_profiled(monkeypatch):
@@ -289,32 +293,37 @@ def test_train_and_tuning_trials_place_n_as_it_was_profiled(monkeypatch):
 # ---------------------------------------------------------------- the rows' num_nodes
 
 def test_a_group_spans_its_workers_distinct_nodes(monkeypatch):
-    from trainables import profiling_sweep
+    from trainables import profiling_loop
+    from tula_ray.training import profile_sweep
 
     gathered = []
-    monkeypatch.setattr(profiling_sweep, "gathered_objects",
+    monkeypatch.setattr(profile_sweep, "gathered_objects",
                         lambda node, group: gathered.append(node) or ["n1", "n2", "n1", node])
-    monkeypatch.setattr(profiling_sweep.ray, "is_initialized", lambda: False)
-    monkeypatch.setattr(profiling_sweep.socket, "gethostname", lambda: "n3")
-    assert profiling_sweep.nodes_spanned() == 3 and gathered == ["n3"]  # outside Ray: hosts
-    monkeypatch.setattr(profiling_sweep.ray, "is_initialized", lambda: True)
-    monkeypatch.setattr(profiling_sweep.ray, "get_runtime_context",
+    assert profile_sweep.nodes_spanned("n3") == 3 and gathered == ["n3"]
+    assert profile_sweep.nodes_spanned("n2") == 2 and gathered[-1] == "n2"
+    monkeypatch.setattr(profile_sweep.socket, "gethostname", lambda: "host")
+    assert profile_sweep.SweepWorker.of_process_group().node == "host"  # outside Ray: hosts
+    # In a Ray Train worker: Ray's node ID
+    monkeypatch.setattr(profiling_loop.ray, "get_runtime_context",
                         lambda: SimpleNamespace(get_node_id=lambda: "n2"))
-    assert profiling_sweep.nodes_spanned() == 2 and gathered[-1] == "n2"  # Ray's node ID
+    monkeypatch.setattr(profiling_loop.ray.train, "get_context", lambda: SimpleNamespace(
+        get_world_size=lambda: 4, get_world_rank=lambda: 1))
+    monkeypatch.setattr(profiling_loop.ray.train.torch, "get_device", lambda: "cpu")
+    assert profiling_loop.this_worker().node == "n2"
 
 
 @pytest.mark.parametrize("outcome", ["ok", "oom"])
 def test_every_row_of_a_group_records_its_nodes(outcome):
     import torch
 
-    from trainables.profiling_loop import profile_batch
+    from tula_ray.training.profile_sweep import profile_batch
 
     def profile(global_batch):
         if outcome == "oom":
             raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
         return {"step_time_s": 0.1, "compute_time_s": 0.08}
 
-    sweep = SimpleNamespace(world_size=4, num_nodes=2, config={}, profile=profile,
+    sweep = SimpleNamespace(world_size=4, num_nodes=2, profile=profile,
                             workload=SimpleNamespace(name="stand-in"))
     row = profile_batch(sweep, 64)
     assert (row["status"], row["num_nodes"]) == (outcome, 2)

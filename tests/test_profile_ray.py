@@ -169,23 +169,6 @@ def test_the_training_strategys_cost_is_measured_once_per_worker_group(rows):
     assert all(math.isnan(r["strategy_extra_s"]) for r in rows["oom"])  # none asked
 
 
-def test_the_strategy_is_measured_where_it_runs_as_configured():
-    from trainables.strategy_cost import strategy_batch
-
-    config = {"training_strategy": "ags", "training_options": {}}
-    assert strategy_batch(config, 1, 32, 60000) == (64, {})  # 32 needs a small batch < 32
-    assert strategy_batch(config, 2, 32, 60000) == (128, {})  # b = 64 keeps sub-batch
-    # B = 32 trains plain steps (no larger than the reference 32); 64 switches to local.
-    assert strategy_batch(config, 2, 32, 100) == (64, {"source": "local"})
-    assert strategy_batch(config, 2, 16, 32) == (16, {})  # only plain steps fit: measured so
-    assert strategy_batch({"training_strategy": "polo"}, 1, 32, 100) == (32, {})  # N=1: plain
-    assert strategy_batch({"training_strategy": "ags-ns"}, 2, 32, 60000) == (
-        64, {"source": "local"})  # its reference batch 32 needs B > 32; always local at N=2
-    assert strategy_batch({"training_strategy": None}, 2, 32, 100) == (None, {})
-    local = {"training_strategy": "ags", "training_options": {"source": "local"}}
-    assert strategy_batch(local, 1, 32, 64) == (None, {})  # nothing it takes: one worker
-
-
 @pytest.mark.parametrize("case, message", [
     ("indivisible", "not divisible"), ("unknown", "'no-such-model' is unknown"),
     ("too-big", "larger than the dataset")])

@@ -1,17 +1,16 @@
-"""The profiling loop's strategy phase (`trainables.strategy_cost`) on one process, without
-Ray: plain and strategy steps are timed in alternating blocks, on a user's own workload."""
+"""The profiling's strategy phase (`tula_ray.training.profile_phases.strategy_extra_s`) on
+one process, without Ray: plain and strategy steps are timed in alternating blocks, on a
+user's own workload."""
 
 from __future__ import annotations
-
-import types
 
 import torch
 from torch import nn
 from torch.utils.data import TensorDataset
 
-import trainables.strategy_cost as strategy_cost
 from tula_ray import Workload
 from tula_ray.training.batches import training_batches
+from tula_ray.training.profile_phases import ProfiledTraining, StrategyRun, strategy_extra_s
 from tula_ray.training.step_timing import ALTERNATING_BLOCKS, cycle
 from tula_ray.training.strategy_base import StrategySetup
 
@@ -34,23 +33,22 @@ class _RecordingAgreement:
         return fn()
 
 
-def test_plain_and_strategy_steps_alternate_in_blocks(monkeypatch):
-    monkeypatch.setattr(strategy_cost.ray.train.torch, "prepare_model", lambda model: model)
+def test_plain_and_strategy_steps_alternate_in_blocks():
     workload = _tiny_workload()
     dataset = workload.train_dataset_fn()
     model = workload.model_fn()
+    cpu = torch.device("cpu")
     plain = StrategySetup("plain", workload.optimizer_fn(model.parameters()))
-    plain.set_precision(workload.precision, torch.device("cpu"))
+    plain.set_precision(workload.precision, cpu)
     agreement = _RecordingAgreement()
-    sweep = types.SimpleNamespace(
-        agreement=agreement, strategy_batch=16, world_size=1, model=model, plain=plain,
-        loss_fn=workload.loss_fn(), device=torch.device("cpu"), measure=6, budget_s=0.0,
-        workload=workload, dataset=dataset, transition=0, strategy_options={},
-        config={"training_strategy": "lrs", "epochs": 1},
-        batches=lambda local: cycle(training_batches(dataset, local, torch.device("cpu"),
-                                                        seed=0)))
+    training = ProfiledTraining(model, plain, workload.loss_fn(), cpu,
+                                agreement,  # type: ignore[arg-type]
+                                prepare_model=lambda model: model)
+    run = StrategyRun("lrs", {}, global_batch=16, epochs=1, steps_per_epoch=16,
+                      workload=workload)
+    batches = cycle(training_batches(dataset, 16, cpu, seed=0))
 
-    extra = strategy_cost.measure_strategy_extra_s(sweep)
+    extra = strategy_extra_s(training, run, batches, min_steps=6, budget_s=0.0)
 
     timed = [label for label in agreement.labels
              if label in ("strategy: plain steps", "strategy: steps")]

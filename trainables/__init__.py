@@ -2,7 +2,8 @@
 
 - `profiling_trial`: the Tune trainable that profiles one cluster size, several batches,
   with one Ray Train job;
-- `profiling_loop`: that job's per-worker loop;
+- `profiling_loop`: that job's per-worker loop, over the Ray-free measuring of
+  `tula_ray.training.profile_sweep`;
 - `training_loop`: the per-worker loop of `tula_ray.train`;
 - `memory_probe`: the memory probe and the bound check, as Ray tasks on one worker.
 """

@@ -2,6 +2,12 @@
 (DESIGN "Data flow" step 3): one worker group, every batch the search assigned to N,
 smallest first, one report (one Tune result) per (N, B).
 
+A thin adapter: what it measures and how is `tula_ray.training.profile_sweep` (the
+`Sweep` a worker group builds once, and the row of each batch) over the phases of
+`tula_ray.training.profile_phases`, which run under any torch.distributed group. This
+loop only says where the worker sits in Ray Train's group (`SweepWorker`: its rank,
+device, node, and Ray Train's `prepare_model`) and reports each row to Tune.
+
 Each step is the one `tula_ray.train` takes in an epoch (issue 24): the next batch of
 the one data path (`tula_ray.training.batches`, placed on the device once per worker
 group), the step, the epoch's running sums (`EpochTally.step`), so the plan's epoch time
@@ -22,8 +28,8 @@ is what `train`'s `seconds` measures. Phases for each batch, at local batch b = 
      pairs of a b-sample and a B-sample gradient of the same weights, whose squared norms
      give the row's grad_sqr and grad_var (issue 25);
   5. once per worker group, after its first batch: what the training strategy adds to a
-     step (`trainables.strategy_cost`), one evaluation pass and one checkpoint write
-     (`tula_ray.training.epoch_costs`): the epoch's costs beyond its steps.
+     step (`profile_phases.strategy_extra_s`), one evaluation pass and one checkpoint
+     write (`tula_ray.training.epoch_costs`): the epoch's costs beyond its steps.
 Every phase ends with the workers' agreement (`tula_ray.training.phase_agreement`): a
 failure on one worker raises on all of them at the same point, with the same class, so
 that out of memory anywhere makes the row "oom" on every worker (`profile_batch`), and
@@ -35,83 +41,65 @@ gradients, the strategy's second model are not `train`'s), and checked against
 
 The model, optimizer and data are built once per worker group: a further batch costs
 its own steps, not a new launch. So are the nodes the group spans (the row's `num_nodes`:
-its workers' distinct node IDs, `profiling_sweep.nodes_spanned`). Short steps are cheap,
-so each phase takes at least `measure_steps` steps and more while they fit in
+its workers' distinct Ray node IDs, `profile_sweep.nodes_spanned`). Short steps are
+cheap, so each phase takes at least `measure_steps` steps and more while they fit in
 `measure_seconds` (up to `MAX_MEASURE_STEPS`): the mean of more steps has less spread.
-Every worker takes
-the same number of steps (the count comes from the warm-up's all-reduced step time),
-or DDP's collectives would wait for a step a worker never takes.
+Every worker takes the same number of steps (the count comes from the warm-up's
+all-reduced step time), or DDP's collectives would wait for a step a worker never takes.
 An out-of-memory batch ends the sweep: every larger local batch would run out too.
 """
 
 from __future__ import annotations
 
-import logging
 import math
 import time
 from typing import Any
 
+import ray
 import ray.train
-import torch
+import ray.train.torch
 
-from trainables.profiling_sweep import Sweep
-from tula_ray.failures import is_out_of_memory, workload_code
-from tula_ray.profile_table import (FAILURE_OOM, MAX_ERROR_CHARS, STATUS_OK, STATUS_OOM,
-                                    profile_row)
+from tula_ray.profile_table import STATUS_OOM
 from tula_ray.space import ProfileGrid
+from tula_ray.training.profile_settings import ProfileSettings
+from tula_ray.training.profile_sweep import Sweep, SweepWorker, profile_batch
 from tula_ray.verbosity import set_worker_log_level
 
-logger = logging.getLogger(__name__)
-
-# The loop config's key of what the trial profiles (`ProfileGrid`, read once by the trial).
+# The loop config's keys of what the trial profiles (`ProfileGrid`) and how
+# (`ProfileSettings`), both read once by the trial and sent typed.
 PROFILE_GRID_KEY = "profile_grid"
+SETTINGS_KEY = "settings"
 
 
 def profile_loop_per_worker(config: dict[str, Any]) -> None:
     """Ray Train loop: profile each batch of `config[PROFILE_GRID_KEY]` on this worker
     group, smallest first, and report one row per batch.
 
-    config: workload (name or Workload), workload_options, profile_grid (the trial's
-    `ProfileGrid`), warmup_steps, warmup_seconds, measure_steps, measure_seconds,
-    device_memory_bytes
-    (optional: a peak above it is "oom"), measure_memory (default True), seed,
-    round, trial_started_at (time.time() when the trial started: the launch's wall time),
-    train_log_level (the workers' logs: `tula_ray.verbosity`; default INFO).
+    config: profile_grid (the trial's `ProfileGrid`), settings (its `ProfileSettings`),
+    cpus_per_worker (reported with the row), round, trial_started_at (time.time() when
+    the trial started: the launch's wall time), train_log_level (the workers' logs:
+    `tula_ray.verbosity`; default INFO).
     """
     set_worker_log_level(config.get("train_log_level", "INFO"))
-    context = ray.train.get_context()
-    world_size = context.get_world_size()
     launch_s = time.time() - float(config.get("trial_started_at", time.time()))
     grid: ProfileGrid = config[PROFILE_GRID_KEY]
-    sweep = Sweep(config, world_size, grid.first_batch)
+    settings: ProfileSettings = config[SETTINGS_KEY]
+    sweep = Sweep(settings, this_worker(config.get("cpus_per_worker", math.nan)),
+                  grid.first_batch)
     for global_batch in grid.global_batches:
-        row = profile_batch(sweep, global_batch, launch_s)
+        row = profile_batch(sweep, global_batch, launch_s=launch_s,
+                            round_index=config.get("round", math.nan))
         ray.train.report(row)  # every worker reports (a barrier); rank 0's row is kept
         if row["status"] == STATUS_OOM:
             break  # memory per worker grows with b: every larger batch runs out too
 
 
-def profile_batch(sweep: Sweep, global_batch: int, launch_s: float = math.nan) -> dict[str, Any]:
-    """This worker's row for `global_batch`: measured, or "oom" (failure "oom") when any
-    worker of the group ran out of memory (the phases' agreement raises it on all);
-    any other failure is raised, the workload's own as a UserCodeError."""
-    world_size = sweep.world_size
-    started = time.perf_counter()
-    row = profile_row(world_size, global_batch, status=STATUS_OK)
-    row["num_nodes"] = sweep.num_nodes  # an "oom" row's too: where it ran out
-    try:
-        # The workload's own code fails as a UserCodeError (the search's taxonomy).
-        with workload_code(sweep.workload.name, f"training at B={global_batch} on "
-                                                f"N={world_size} workers"):
-            row.update(sweep.profile(global_batch))
-    except RuntimeError as exc:  # torch's OOM, NCCL's (DistBackendError), or a peer's
-        if not is_out_of_memory(exc):
-            raise
-        logger.warning("out of memory at B=%d N=%d: %s", global_batch, world_size, exc)
-        row.update(status=STATUS_OOM, failure=FAILURE_OOM,
-                   error=f"{type(exc).__name__}: {exc}"[-MAX_ERROR_CHARS:])
-        if torch.cuda.is_available():
-            torch.cuda.empty_cache()
-    row.update(round=sweep.config.get("round", math.nan), launch_wall_s=launch_s,
-               profile_wall_s=time.perf_counter() - started)
-    return row
+def this_worker(cpus_per_worker: float = math.nan) -> SweepWorker:
+    """This Ray Train worker's place in its group: rank, device, Ray node ID, and Ray
+    Train's `prepare_model` (the device, DDP) for the models the phases wrap."""
+    context = ray.train.get_context()
+    return SweepWorker(world_size=context.get_world_size(), rank=context.get_world_rank(),
+                       device=ray.train.torch.get_device(),
+                       node=ray.get_runtime_context().get_node_id(),
+                       prepare_model=ray.train.torch.prepare_model,
+                       cpus_per_worker=cpus_per_worker)

@@ -8,7 +8,13 @@ TorchTrainer and forwards the workers' reports to Tune with
 `train_driver` resource (`tula_ray.cluster.trial_resources`).
 
     tune.Tuner(trainable_with_resources(), param_space={"num_workers": 2,
-               "global_batches": [64, 256], "workload": "fashion-mnist-cnn"}, ...)
+               "global_batches": [64, 256],
+               **ProfileSettings(workload="fashion-mnist-cnn").to_config()}, ...)
+
+What every trial of a search shares is its `ProfileSettings`
+(`tula_ray.training.profile_settings`), one dict of the trial config, read typed once
+here (`ProfileSettings.from_config`, which reads each setting spelled at the config's
+top alike) and sent typed to the worker loop.
 
 The trial reports one Tune result per batch, each a row with every
 `tula_ray.profile_table.PROFILE_COLUMNS` field (so each shows in Tune's output and the
@@ -17,7 +23,7 @@ crashed search, each with its class in the search's one taxonomy (`tula_ray.fail
 and the worker's traceback. Launches per search = trials = distinct N per round.
 
 The worker group is placed as `tula_ray.train` will place it (issue 26, topology): N <=
-config["workers_per_node"] (G, the most workers one node holds) on ONE node, a larger N
+the settings' workers_per_node (G, the most workers one node holds) on ONE node, a larger N
 packed (`tula_ray.cluster.scaling_config`); each row records the nodes it spanned
 (`num_nodes`).
 """
@@ -39,7 +45,7 @@ from ray.train import FailureConfig, LoggingConfig, RunConfig
 from ray.train.torch import TorchConfig, TorchTrainer
 from ray.tune.integration.ray_train import TuneReportCallback
 
-from trainables.profiling_loop import PROFILE_GRID_KEY, profile_loop_per_worker
+from trainables.profiling_loop import PROFILE_GRID_KEY, SETTINGS_KEY, profile_loop_per_worker
 from tula_ray.cluster import (alive_node_resources, can_place, scaling_config, trial_resources,
                               worker_shape, workers_that_fit)
 from tula_ray.failures import (FAILURE_INFRASTRUCTURE, FAILURE_OOM, FAILURE_USER_CODE,
@@ -48,18 +54,16 @@ from tula_ray.models.topology import STRICT_PACK, placement_strategy
 from tula_ray.profile_table import (LAUNCH_TOTAL_KEY, STATUS_ERROR, STATUS_OOM, TRACEBACK_KEY,
                                     profile_row)
 from tula_ray.space import ProfileGrid, check_batch_in_dataset
+from tula_ray.training.profile_settings import ProfileSettings
 from tula_ray.verbosity import VERBOSE_DEFAULT, ray_log_level
 from tula_ray.workloads import resolve_workload
 
 logger = logging.getLogger(__name__)
 
-# Keys of a trial config read by the trial itself; the rest go to the worker loop.
-# workers_per_node: G, the most workers one node holds (`tula_ray.cluster.workers_per_node`,
-# put there by the search): N <= G is placed on one node, as `train` will place it.
-TRIAL_KEYS = ("num_workers", "use_gpu", "resources_per_worker", "storage_path",
-              "provision_timeout_s", "workers_per_node")
-# ... and the batches, which the loop takes as the trial's ProfileGrid (PROFILE_GRID_KEY).
-GRID_KEYS = ("global_batches", "global_batch")
+# The keys of a trial config beside its grid (num_workers, global_batches) and its
+# settings (`ProfileSettings.from_config`) that the worker loop takes: the search round
+# (the row's) and when the trial started (the launch's wall time).
+LOOP_KEYS = ("round", "trial_started_at")
 # How long a trial waits for a lost node to come back (an autoscaler replacing it) before
 # its cluster size is recorded as not placeable; the search's provision_timeout_s if shorter.
 LOST_NODE_WAIT_S = 60.0
@@ -100,26 +104,29 @@ def trainable_with_resources(train_log_level: str | None = None) -> Callable:
 
 
 def build_trainer(config: dict[str, Any], grid: ProfileGrid | None = None,
-                  callbacks: list | None = None) -> TorchTrainer:
+                  callbacks: list | None = None,
+                  settings: ProfileSettings | None = None) -> TorchTrainer:
     """The TorchTrainer that runs `profile_loop_per_worker` for one cluster size.
 
     grid: what it profiles (N and its batches); default the config's (num_workers,
-    global_batches: `ProfileGrid.of_config`). The loop takes it typed.
-    config: num_workers, global_batches, workload, workload_options, use_gpu
-    (default: the cluster has GPUs), resources_per_worker (one worker's, as in Ray's
-    ScalingConfig; default `tula_ray.cluster.worker_shape`'s one device), workers_per_node
-    (G: N <= G runs on one node, a larger N packed; `tula_ray.cluster.scaling_config`;
-    default None: Ray's PACK), warmup_steps,
-    measure_steps, measure_seconds,
-    device_memory_bytes, storage_path (default: Ray's, ~/ray_results), train_log_level
-    (Ray Train's logs, default WARNING: `tula_ray.verbosity`), and the loop's other keys.
+    global_batches: `ProfileGrid.of_config`). The loop takes it typed, and the config's
+    `ProfileSettings` (`ProfileSettings.from_config`: the search's one dict, or each
+    setting at the top) too: the workload, the steps, the training strategy, where the
+    group is placed (use_gpu, default: the cluster has GPUs; resources_per_worker, one
+    worker's as in Ray's ScalingConfig, default `tula_ray.cluster.worker_shape`'s one
+    device; workers_per_node, G: N <= G runs on one node, a larger N packed,
+    `tula_ray.cluster.scaling_config`, default None: Ray's PACK).
+    config's own: storage_path (default: Ray's, ~/ray_results), train_log_level (Ray
+    Train's logs, default WARNING: `tula_ray.verbosity`), round and trial_started_at.
+    settings: the config's, when the caller has read them already.
     """
     grid = grid or ProfileGrid.of_config(config)
+    settings = settings or ProfileSettings.from_config(config)
     num_workers = grid.num_workers
-    resources = worker_shape(config.get("resources_per_worker"), use_gpu=config.get("use_gpu"))
-    loop_config = {k: v for k, v in config.items() if k not in TRIAL_KEYS + GRID_KEYS}
-    loop_config[PROFILE_GRID_KEY] = grid
-    loop_config["cpus_per_worker"] = resources.get("CPU", 0.0)  # reported with the row
+    resources = worker_shape(settings.resources_per_worker, use_gpu=settings.use_gpu)
+    loop_config = {key: config[key] for key in LOOP_KEYS if key in config}
+    loop_config.update({PROFILE_GRID_KEY: grid, SETTINGS_KEY: settings,
+                        "cpus_per_worker": resources.get("CPU", 0.0)})  # with the row
     # Ray Train's controller and workers log at it (`tula_ray.verbosity`); the loop too
     loop_config["train_log_level"] = config.get("train_log_level",
                                                 ray_log_level(VERBOSE_DEFAULT))
@@ -128,7 +135,7 @@ def build_trainer(config: dict[str, Any], grid: ProfileGrid | None = None,
         profile_loop_per_worker,
         train_loop_config=loop_config,
         torch_config=TorchConfig(timeout_s=COLLECTIVE_TIMEOUT_S),
-        scaling_config=scaling_config(num_workers, resources, config.get("workers_per_node")),
+        scaling_config=scaling_config(num_workers, resources, settings.workers_per_node),
         run_config=RunConfig(
             name=name, storage_path=config.get("storage_path"), callbacks=callbacks or [],
             # A failed candidate is a measurement (status "error"), not a reason to retry;
@@ -150,11 +157,12 @@ def profile_cluster_size(config: dict[str, Any]) -> None:
     started_at = time.time()
     os.environ.setdefault(PREEMPTION_WATCHER_ENV, "0")
     _quiet_termination()
-    grid = _runnable(ProfileGrid.of_config(config), config)  # its batches, read once here
+    settings = ProfileSettings.from_config(config)  # read once here, as its batches
+    grid = _runnable(ProfileGrid.of_config(config), settings)
     if not grid.global_batches:
         return
     num_workers, runnable = grid.num_workers, list(grid.global_batches)
-    missing = _cannot_place(num_workers, config)
+    missing = _cannot_place(num_workers, settings)
     if missing:  # a node lost since the search started: record it, go on with other N
         logger.warning("cluster size N=%d not profiled: %s", num_workers, missing)
         for global_batch in runnable:
@@ -165,7 +173,7 @@ def profile_cluster_size(config: dict[str, Any]) -> None:
     config = {**config, "trial_started_at": started_at,
               "storage_path": config.get("storage_path") or tune.get_context().get_trial_dir()}
     try:
-        build_trainer(config, grid, callbacks=[TuneReportCallback()]).fit()
+        build_trainer(config, grid, callbacks=[TuneReportCallback()], settings=settings).fit()
     except Exception as exc:  # noqa: BLE001 - any failure is a row, never a crash
         failure, message, trace = describe_failure(exc)
         status = STATUS_OOM if failure == FAILURE_OOM else STATUS_ERROR
@@ -174,7 +182,8 @@ def profile_cluster_size(config: dict[str, Any]) -> None:
         for global_batch in runnable:  # the searcher keeps a batch's first row
             tune.report({**profile_row(num_workers, global_batch, status=status,
                                        error=message, failure=failure),
-                         "num_nodes": _placed_nodes(num_workers, config), TRACEBACK_KEY: trace})
+                         "num_nodes": _placed_nodes(num_workers, settings),
+                         TRACEBACK_KEY: trace})
     else:
         # The whole launch, its end included (the worker group's and Ray Train's shutdown):
         # what a `train` job of this N waits for beyond its epochs, once the searcher has
@@ -182,12 +191,12 @@ def profile_cluster_size(config: dict[str, Any]) -> None:
         tune.report({LAUNCH_TOTAL_KEY: time.time() - started_at, "step_time_s": math.nan})
 
 
-def _runnable(grid: ProfileGrid, config: dict[str, Any]) -> ProfileGrid:
+def _runnable(grid: ProfileGrid, settings: ProfileSettings) -> ProfileGrid:
     """The grid of the batches that can run, a row reported for each that cannot (found
     without starting workers: no need to start N workers to learn it)."""
     runnable = []
     for global_batch in grid.global_batches:
-        problem = _infeasible(grid.num_workers, global_batch, config)
+        problem = _infeasible(grid.num_workers, global_batch, settings)
         if problem:
             tune.report(profile_row(grid.num_workers, global_batch, error=problem,
                                     failure=FAILURE_INFRASTRUCTURE))
@@ -217,10 +226,10 @@ def _quiet_termination() -> None:
     sys.unraisablehook = hook
 
 
-def _placed_nodes(num_workers: int, config: dict[str, Any]) -> float:
+def _placed_nodes(num_workers: int, settings: ProfileSettings) -> float:
     """The nodes a failed worker group spanned, where its placement fixes them: one for
     N <= G (STRICT_PACK); NaN for a packed N, which Ray spreads as it finds room."""
-    strict = placement_strategy(num_workers, config.get("workers_per_node")) == STRICT_PACK
+    strict = placement_strategy(num_workers, settings.workers_per_node) == STRICT_PACK
     return 1.0 if strict else math.nan
 
 
@@ -247,15 +256,16 @@ def describe_failure(error: BaseException) -> tuple[str, str, str]:
     return min(described, key=lambda d: order.index(d[0]))
 
 
-def _cannot_place(num_workers: int, config: dict[str, Any]) -> str:
+def _cannot_place(num_workers: int, settings: ProfileSettings) -> str:
     """Why the cluster cannot hold N workers now, placed as the trial places them (N <= G on
     one node; `tula_ray.cluster.can_place`), "" when it can, after waiting for it to hold
     them again (at most LOST_NODE_WAIT_S). The search checked that it did when it started
     (tula_ray.cluster.provision_workers); a node lost since then would leave the Train run
     waiting for its workers forever."""
-    worker = worker_shape(config.get("resources_per_worker"), use_gpu=config.get("use_gpu"))
-    per_node = config.get("workers_per_node")
-    wait_s = min(float(config.get("provision_timeout_s", LOST_NODE_WAIT_S)), LOST_NODE_WAIT_S)
+    worker = worker_shape(settings.resources_per_worker, use_gpu=settings.use_gpu)
+    per_node = settings.workers_per_node
+    given_s = settings.provision_timeout_s
+    wait_s = min(LOST_NODE_WAIT_S if given_s is None else float(given_s), LOST_NODE_WAIT_S)
     deadline = time.monotonic() + wait_s
     while not can_place(worker, num_workers, per_node, nodes := alive_node_resources()):
         if time.monotonic() >= deadline:
@@ -281,7 +291,7 @@ def _not_placed(worker: dict[str, float], num_workers: int, per_node: int | None
             "once the nodes are back to profile this one")
 
 
-def _infeasible(num_workers: int, global_batch: int, config: dict[str, Any]) -> str:
+def _infeasible(num_workers: int, global_batch: int, settings: ProfileSettings) -> str:
     """Why the candidate cannot run, found without starting workers ("" when it can)."""
     if num_workers < 1 or global_batch < 1:
         return (f"num_workers={num_workers}, global_batch={global_batch}; "
@@ -290,7 +300,7 @@ def _infeasible(num_workers: int, global_batch: int, config: dict[str, Any]) -> 
         return (f"global_batch={global_batch} is not divisible by num_workers={num_workers}; "
                 "B must be a multiple of N")
     try:  # cheap: builds no model and loads no data
-        workload = resolve_workload(config.get("workload"), config.get("workload_options"))
+        workload = resolve_workload(settings.workload, settings.workload_options)
     except (ValueError, TypeError) as exc:
         return f"{type(exc).__name__}: {exc}"
     try:  # a built-in's size is known without its data

@@ -17,8 +17,6 @@ import ray
 
 from searchers import TulaSearcher
 from trainables.memory_probe import check_max_local_batch, probe_memory, timed_check_workload
-from trainables.profiling_sweep import (MEASURE_SECONDS_DEFAULT, MEASURE_STEPS_DEFAULT,
-                                        WARMUP_STEPS_DEFAULT)
 from tula_ray.cluster import (CPU_MEMORY_SHARE_DEFAULT, PROVISION_TIMEOUT_S_DEFAULT, Workers,
                               check_worker_request, cluster_for_run, node_memory_bytes)
 from tula_ray.failures import UserCodeError
@@ -36,11 +34,13 @@ from tula_ray.planning.search_strategies import (SEARCH_STRATEGY_DEFAULT, topolo
 from tula_ray.profile_table import STATUS_OK, profile_frame
 from tula_ray.runs.search_experiment import (check_same_search, experiment_name,
                                              experiment_path, recorded_bounds, resume_record,
-                                             run_experiment, saved_search)
+                                             run_experiment, saved_search, trial_param_space)
 from tula_ray.runs.search_request import (SearchRequest, check_dataset_size,
                                           check_search_arguments, json_options, search_identity,
                                           search_request)
 from tula_ray.space import MIN_BATCH_DEFAULT, SearchSpace
+from tula_ray.training.profile_settings import (MEASURE_SECONDS_DEFAULT, MEASURE_STEPS_DEFAULT,
+                                                WARMUP_STEPS_DEFAULT, ProfileSettings)
 from tula_ray.training.strategies import (TRAINING_STRATEGY_DEFAULT, plain_steps,
                                           portable_training_strategy, refusals)
 from tula_ray.training.strategy_base import TrainingStrategy
@@ -175,7 +175,8 @@ def search(
                                      workers.workers_per_node)
         # 3. the rounds of profiling trials
         record = resume_record(bounds, workers.use_gpu, probe_s, search_identity(request))
-        searcher, path = _profile(request, bounds, plan_context, workers, name, resume,
+        param_space = trial_param_space(_profile_settings(request, bounds, workers), saved)
+        searcher, path = _profile(request, bounds, plan_context, param_space, name, resume,
                                   record, verbose)
         _raise_deciding_error(searcher, path)
         # 4. the plan
@@ -308,31 +309,30 @@ def _strategy_options(request: SearchRequest, context: PlanContext) -> dict[str,
     return with_plan_context(request.search_strategy, options, context)
 
 
-def _trial_constants(request: SearchRequest, bounds: SearchBounds, workers: Workers
-                     ) -> dict[str, Any]:
-    """What every trial shares: it goes in the param space, which Tune merges into each
-    suggested config (as for Ray's own searchers), so the searcher's state stays JSON.
-    Its keys are those a saved search restores with (tests/test_resume_ray.py)."""
-    return {"workload": request.spec, "workload_options": request.options,
-            "use_gpu": workers.use_gpu, "warmup_steps": request.warmup_steps,
-            "measure_steps": request.measure_steps,
-            "measure_seconds": request.measure_seconds,
-            "device_memory_bytes": bounds.device_memory_bytes,
-            "resources_per_worker": workers.resources,
-            # N <= G workers are placed on one node, as `train` places them (topology)
-            "workers_per_node": workers.workers_per_node,
-            "provision_timeout_s": request.provision_timeout_s,
-            "epochs": request.epochs,
-            "training_strategy": None if request.training_strategy is None
-            else portable_training_strategy(request.training_strategy),
-            "training_options": request.training_options}
+def _profile_settings(request: SearchRequest, bounds: SearchBounds, workers: Workers
+                      ) -> ProfileSettings:
+    """What every trial shares: it goes in the param space (`trial_param_space`), which
+    Tune merges into each suggested config (as for Ray's own searchers), so the
+    searcher's state stays JSON."""
+    return ProfileSettings(
+        workload=request.spec, workload_options=request.options, epochs=request.epochs,
+        training_strategy=None if request.training_strategy is None
+        else portable_training_strategy(request.training_strategy),
+        training_options=request.training_options, warmup_steps=request.warmup_steps,
+        measure_steps=request.measure_steps, measure_seconds=request.measure_seconds,
+        device_memory_bytes=bounds.device_memory_bytes, use_gpu=workers.use_gpu,
+        resources_per_worker=workers.resources,
+        # N <= G workers are placed on one node, as `train` places them (topology)
+        workers_per_node=workers.workers_per_node,
+        provision_timeout_s=request.provision_timeout_s)
 
 
 def _profile(request: SearchRequest, bounds: SearchBounds, plan_context: PlanContext,
-             workers: Workers, name: str, resume: bool, record: dict[str, Any], verbose: int
-             ) -> tuple[TulaSearcher, str]:
+             param_space: dict[str, Any], name: str, resume: bool, record: dict[str, Any],
+             verbose: int) -> tuple[TulaSearcher, str]:
     """DESIGN step 3: one Tune trial per cluster size and round, one at a time (concurrent
-    trials would share the CPUs or the network and distort each other's step times)."""
+    trials would share the CPUs or the network and distort each other's step times);
+    param_space: what every trial shares (`trial_param_space`)."""
     # Above the memory probe's checked bound a candidate is infeasible: the plan says so,
     # and no worker group is launched to learn it again.
     grid = [c for c in bounds.space.candidates()
@@ -340,5 +340,4 @@ def _profile(request: SearchRequest, bounds: SearchBounds, plan_context: PlanCon
     searcher = TulaSearcher(grid, request.search_strategy,
                             _strategy_options(request, plan_context),
                             resume_record=record)
-    return run_experiment(searcher, _trial_constants(request, bounds, workers),
-                          request.storage_path, name, resume, verbose)
+    return run_experiment(searcher, param_space, request.storage_path, name, resume, verbose)

@@ -26,6 +26,7 @@ from tula_ray.models.batch_limit import BatchLimit
 from tula_ray.models.memory import MemoryParams
 from tula_ray.planning.bounds import MemoryProbe, SearchBounds
 from tula_ray.space import SearchSpace
+from tula_ray.training.profile_settings import PROFILE_SETTINGS_KEY, ProfileSettings
 from tula_ray.verbosity import ray_log_level, tune_verbosity
 
 logger = logging.getLogger(__name__)
@@ -33,6 +34,9 @@ logger = logging.getLogger(__name__)
 # What a resumed search must share with the one it continues (else it is another search).
 SAME_SEARCH_KEYS = ("workload", "cluster_sizes", "min_batch", "max_batch", "strategy",
                     "strategy_options", "objective", "training_strategy", "training_options")
+# The saved context's key naming its trials' layout of the settings: PROFILE_SETTINGS_KEY
+# (one dict); absent from a search saved before (each setting at the top of the config).
+SETTINGS_LAYOUT_KEY = "trial_settings"
 # Ray Tune's switch between its output engines (documented in Tune's output guide). Its new
 # engine prints the experiment's box and paths even at verbose 0; its former one prints
 # nothing at 0 but errors and warnings.
@@ -78,7 +82,18 @@ def resume_record(bounds: SearchBounds, use_gpu: bool, probe_s: float,
             "memory": probe.params.to_dict(), "max_local_batch": probe.max_local_batch,
             "batch_limit": None if probe.batch_limit is None else probe.batch_limit.to_dict(),
             "memory_probe": probe.rows, "device_memory_bytes": bounds.device_memory_bytes,
-            "use_gpu": use_gpu, "probe_wall_s": probe_s}
+            "use_gpu": use_gpu, "probe_wall_s": probe_s,
+            SETTINGS_LAYOUT_KEY: PROFILE_SETTINGS_KEY}
+
+
+def trial_param_space(settings: ProfileSettings, saved: TulaSearcher | None) -> dict[str, Any]:
+    """The Tuner's param space: what every trial shares (`ProfileSettings.to_config`), as
+    the search `saved` (None: a new search) laid it out: Tune restores an experiment only
+    with its param space's keys, and a search saved before the settings were one dict
+    spelled each at the top of its trials' configs (the trial reads both)."""
+    flat = (saved is not None
+            and saved.resume_record.get(SETTINGS_LAYOUT_KEY) != PROFILE_SETTINGS_KEY)
+    return settings.to_config(flat=flat)
 
 
 def recorded_bounds(record: dict[str, Any]) -> SearchBounds:
@@ -92,10 +107,12 @@ def recorded_bounds(record: dict[str, Any]) -> SearchBounds:
     return SearchBounds(space, probe, float(record["device_memory_bytes"]))
 
 
-def run_experiment(searcher: TulaSearcher, constants: dict[str, Any], storage_path: str | None,
-                   name: str, resume: bool, verbose: int) -> tuple[TulaSearcher, str]:
-    """Run (or, with `resume` and a saved experiment, continue) the profiling trials.
-    Returns the searcher's final state and the experiment's path.
+def run_experiment(searcher: TulaSearcher, param_space: dict[str, Any],
+                   storage_path: str | None, name: str, resume: bool,
+                   verbose: int) -> tuple[TulaSearcher, str]:
+    """Run (or, with `resume` and a saved experiment, continue) the profiling trials, with
+    `param_space` what every trial shares (`trial_param_space`). Returns the searcher's
+    final state and the experiment's path.
 
     verbose (`tula_ray.verbosity`): Tune's boxes at 2, else tula-ray's progress lines
     (`SearchProgress`). A restored experiment keeps the output it was started with (Tune
@@ -109,11 +126,11 @@ def run_experiment(searcher: TulaSearcher, constants: dict[str, Any], storage_pa
         # had not finished (TulaSearcher.set_state), so no finished (N, B) runs twice.
         tuner = tune.Tuner.restore(path, trainable=trainable_with_resources(level),
                                    resume_unfinished=False, resume_errored=False,
-                                   param_space=constants)
+                                   param_space=param_space)
     else:
         tuner = tune.Tuner(
             trainable_with_resources(level),
-            param_space=constants,
+            param_space=param_space,
             # One trial at a time: the searcher suggests nothing while one runs. Not Tune's
             # max_concurrent_trials: its ConcurrencyLimiter saves the running trial with the
             # experiment and, restored, waits for that trial to end, which a trial

@@ -59,6 +59,26 @@ def time_block(count: int, run_step: Callable[[], object], device: torch.device 
     return [end - start for start, end in zip(clock, clock[1:])]
 
 
+def alternating_blocks(first: Callable[[int], list[float]],
+                       second: Callable[[int], list[float]] | None,
+                       steps: int) -> tuple[list[float], list[float]]:
+    """At least `steps` timed steps of each of two kinds in alternating blocks, a block of
+    `first` then one of `second`, ALTERNATING_BLOCKS times (fewer for fewer steps), so
+    that a drift of the machine's speed (clocks, other load) falls on both alike; each
+    call `first(count)` / `second(count)` times `count` steps and returns their seconds.
+    `second` None: one block of `first`, nothing to alternate with. Returns (first's
+    seconds, second's seconds)."""
+    blocks = min(ALTERNATING_BLOCKS, steps) if second is not None else 1
+    per_block = math.ceil(steps / blocks)
+    first_s: list[float] = []
+    second_s: list[float] = []
+    for _ in range(blocks):
+        first_s += first(per_block)
+        if second is not None:
+            second_s += second(per_block)
+    return first_s, second_s
+
+
 def warm_up(run_step: Callable[[], object], device: torch.device | str, *, min_steps: int,
             min_seconds: float, max_steps: int = MAX_MEASURE_STEPS) -> list[float]:
     """Untimed-for-the-plan steps until at least `min_steps` ran and `min_seconds` passed
