@@ -410,3 +410,42 @@ def test_own_model_quick():
     assert 0.3 < accuracy <= 1.0  # above chance (4 classes) after one epoch
     markdown = (RESULTS_DIR / "own_model_quick.md").read_text()
     assert "Plain Adam loop at B = 32" in markdown
+
+
+def test_profile_agreement_sets_each_candidate_of_the_two_trees_side_by_side():
+    """The side-by-side summary and report of issue 42's refactor check, on made-up runs
+    (the runs themselves need Ray: tests/test_benchmarks_profile_agreement.py)."""
+    from benchmarks.startup.profile_agreement import report, summary
+
+    def run(tree, index, step_s, compute_s, extra_rows=()):
+        rows = [{"num_workers": 1, "global_batch": 32, "step_time_s": step_s,
+                 "compute_time_s": compute_s}, *extra_rows]
+        return {"tree": tree, "index": index, "rows": rows}
+
+    runs = [run("this", 0, 0.100, 0.080), run("this", 1, 0.104, 0.081),
+            run("this", 2, 0.102, 0.079),
+            run("dec29af", 0, 0.101, 0.090), run("dec29af", 1, 0.103, 0.091),
+            run("dec29af", 2, 0.105, 0.092,
+                [{"num_workers": 2, "global_batch": 64, "step_time_s": 0.2,
+                  "compute_time_s": 0.1}])]
+    figures = summary(runs)
+    assert figures["trees"] == ["this", "dec29af"]
+    assert figures["only_one_tree"] == [[2, 64]]
+    (candidate,) = figures["candidates"]
+    assert candidate["step_time_s"]["this"] == {"median": 0.102, "min": 0.100, "max": 0.104,
+                                                "runs": 3}
+    # step: 0.102 against 0.103, within the wider range (0.004); compute: 0.080 against
+    # 0.091, outside both ranges (0.002)
+    assert candidate["agree"] == {"step_time_s": True, "compute_time_s": False}
+    assert figures["all_agree"] is False
+    one_run = summary([run("this", 0, 0.1, 0.08), run("dec29af", 0, 0.2, 0.1)])
+    assert one_run["candidates"][0]["agree"]["step_time_s"] is None  # no spread: no verdict
+    assert one_run["all_agree"] is None
+    provenance = {"command": "python -m benchmarks profile-agreement", "commit": "abc",
+                  "date": "today", "machine": "here"}
+    markdown = report({"provenance": provenance, "commits": {"this": "abc",
+                                                             "dec29af": "dec29af"},
+                       "runs": runs, **figures})
+    (row,) = _table_rows(markdown, "| N | B |")
+    assert row[:2] == ["1", "32"] and row[2] == "102.0 (100.0-104.0)" and row[4] == "yes"
+    assert row[-1] == "no" and "N=2 B=64" in markdown
