@@ -225,9 +225,7 @@ class Sweep:
         training_peak = float(torch.cuda.max_memory_allocated(device)) \
             if device.type == "cuda" else math.nan
         # 4. The gradient noise at this batch, untimed.
-        noise = gradient_noise(training, batches, warm_s, world_size)
-        grad_sqr, grad_var = noise.estimate()
-        result.update(grad_sqr=grad_sqr, grad_var=grad_var, noise_steps=noise.steps)
+        result.update(self._noise_fields(batches, warm_s))
         if global_batch == self.first_batch:
             result.update(self.epoch_costs(local_batch))
             if self.strategy_batch is not None:
@@ -235,6 +233,13 @@ class Sweep:
             reset_peak_memory(device)  # the strategy's second model is gone: not the next row's
         result.update(self._step_fields(global_batch, compute, step, warm, training_peak))
         return result
+
+    def _noise_fields(self, batches: Iterator, warm_s: float) -> dict[str, Any]:
+        """4. The gradient noise (`gradient_noise`), as the row's grad_sqr, grad_var and
+        noise_steps."""
+        noise = gradient_noise(self.training, batches, warm_s, self.world_size)
+        grad_sqr, grad_var = noise.estimate()
+        return {"grad_sqr": grad_sqr, "grad_var": grad_var, "noise_steps": noise.steps}
 
     def _strategy_extra_s(self) -> float:
         """5. What the training strategy adds to a step, at `strategy_batch`."""
