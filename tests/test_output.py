@@ -128,6 +128,10 @@ def test_trains_line_per_epoch_names_its_loss_accuracy_and_seconds():
     assert epoch_line(row, 20) == "epoch 3 of 20: train loss 0.4123, test accuracy 0.8712, 12.3 s"
     tuning = {"epoch": 0, "train_loss": 1.0, "val_accuracy": 0.5}
     assert epoch_line(tuning, None) == "epoch 1: train loss 1, val accuracy 0.5000"
+    to_target = {"epoch": 1, "train_loss": 0.5, "val_accuracy": 0.9, "test_accuracy": float("nan"),
+                 "target_accuracy": 0.85, "target_reached": True, "seconds": 2.0}
+    assert epoch_line(to_target, 5) == ("epoch 2 of 5: train loss 0.5, val accuracy 0.9000 "
+                                        "(target 0.8500: reached), 2.0 s")
 
 
 def test_the_output_benchmark_counts_lines_the_widest_and_rays_own():

@@ -109,6 +109,10 @@ def test_a_worker_failure_resumes_from_the_last_checkpoint(trained):
     (dict(workload="synthetic", meta={}), {}, "the plan does not record a workload"),
     (dict(cluster_sizes=(4,)), {}, "cluster size 4 is larger than the cluster's 2 CPUs"),
     ({}, dict(epochs=0), "epochs=0; it must be an integer >= 1"),
+    ({}, dict(target_accuracy=1.5), r"target_accuracy=1\.5"),
+    ({}, dict(validation_fraction=0.2), r"validation_fraction=0\.2 is only used with a target"),
+    ({}, dict(target_accuracy=0.9, validation_fraction=1.0), r"validation_fraction=1\.0"),
+    ({}, dict(eval_every_samples=100), "eval_every_samples=100 is only used with a target"),
     (dict(batch_sizes=(32, 128)), dict(strategy="ags", strategy_options={"small_batch": 64}),
      "ags takes its small-batch gradient from 64 samples .* needs fewer than 64"),
     (dict(batch_sizes=(32, 128)),  # the default strategy, ags-ns

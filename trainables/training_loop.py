@@ -25,8 +25,8 @@ import ray.train.torch
 import torch
 
 from tula_ray.training.checkpoints import checkpoint_state, restore_state
-from tula_ray.training.run import prepare_run
-from tula_ray.training.strategy_base import StrategySetup, describe_optimizer
+from tula_ray.training.run import Run, prepare_run
+from tula_ray.training.strategy_base import describe_optimizer
 from tula_ray.verbosity import QUIET, ray_log_level, set_worker_log_level, show
 from tula_ray.workloads import resolve_workload
 
@@ -54,11 +54,13 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
     """Ray Train loop: train `config["global_batch"]` on this worker group, one report per epoch.
 
     config: workload (name or Workload), workload_options, global_batch, epochs,
-    strategy (a registered name or a TrainingStrategy object), strategy_options, seed, lr (optional: the base LR before any
-    strategy scaling; default the workload's), validation_fraction (tuning: score a
-    held-out share of the training set as val_loss/val_accuracy), checkpoint (default
-    True: rank 0 keeps one per epoch), budget ("epochs" or "scale-invariant":
-    `tula_ray.training.budget`), verbose (`tula_ray.verbosity`, default 0: at 1 and above
+    strategy (a registered name or a TrainingStrategy object), strategy_options, seed, lr
+    (optional: the base LR before any strategy scaling; default the workload's),
+    validation_fraction (tuning: score a held-out share of the training set as
+    val_loss/val_accuracy), target_accuracy + eval_every_samples (train until the
+    validation split reaches it: `tula_ray.training.target`; the test set at the end),
+    checkpoint (default True: rank 0 keeps one per epoch), budget ("epochs" or
+    "scale-invariant": `tula_ray.training.budget`), verbose (`tula_ray.verbosity`, default 0: at 1 and above
     rank 0 prints a line per epoch), fail_at_epoch + fail_marker_dir
     (tests only: rank 0 raises once, at the start of that epoch).
     """
@@ -66,25 +68,14 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
         set_worker_log_level(ray_log_level(config["verbose"]))
     context = ray.train.get_context()
     rank, world_size = context.get_world_rank(), context.get_world_size()
-    global_batch, epochs = int(config["global_batch"]), int(config["epochs"])
-    seed = int(config.get("seed", SEED_DEFAULT))
-    # The setup `fit` uses too: prepare_model wraps in DDP; the batches come on the device
-    # by the data path the profile timed (Ray's prepare_data_loader would only move them).
-    run = prepare_run(
-        resolve_workload(config["workload"], config.get("workload_options")),
-        global_batch=global_batch, strategy=config["strategy"], epochs=epochs, seed=seed,
-        device=ray.train.torch.get_device(), options=config.get("strategy_options"),
-        lr=None if config.get("lr") is None else float(config["lr"]),
-        num_replicas=world_size, rank=rank, wrap_model=ray.train.torch.prepare_model,
-        validation_fraction=float(config.get("validation_fraction") or 0.0),
-        budget=config.get("budget", "epochs"))
+    global_batch, seed = int(config["global_batch"]), int(config.get("seed", SEED_DEFAULT))
+    run = _prepared(config, rank, world_size)
     # Tuning: the held-out split is scored as "val_*" (the test set is never loaded) and,
-    # trials being throw-away, no checkpoint is written.
-    validating = bool(config.get("validation_fraction"))
+    # trials being throw-away, no checkpoint is written. A run to a target names its own.
+    validating = bool(config.get("validation_fraction")) and run.tracker is None
     keep_checkpoints = bool(config.get("checkpoint", True))
-    model, setup, device = run.model, run.setup, run.device
-
-    start_epoch, resumed_from = _resume_point(model, setup, device, rank)
+    model, setup = run.model, run.setup
+    start_epoch, resumed_from = _resume_point(run, rank)
 
     fixed = {"num_workers": world_size, "global_batch": global_batch,
              "local_batch": global_batch // world_size, "strategy": setup.name,
@@ -99,34 +90,61 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
             # a scale-invariant budget trains until its progress is reached: no known count
             planned = config["epochs"] if config.get("budget", "epochs") == "epochs" else None
             show(epoch_line(row, planned), config.get("verbose", QUIET))
-        _report(row, checkpoint_state(model, setup, epoch)
+        target = None if run.tracker is None else run.tracker.state_dict()
+        _report(row, checkpoint_state(model, setup, epoch, target)
                 if rank == 0 and keep_checkpoints else None, epoch)
 
 
-def _resume_point(model: torch.nn.Module, setup: StrategySetup, device: torch.device, rank: int
-                  ) -> tuple[int, int]:
+def _prepared(config: dict[str, Any], rank: int, world_size: int) -> Run:
+    """This worker's run, as `fit` sets one up: prepare_model wraps in DDP; the batches come
+    on the device by the data path the profile timed (Ray's prepare_data_loader would only
+    move them)."""
+    return prepare_run(
+        resolve_workload(config["workload"], config.get("workload_options")),
+        global_batch=int(config["global_batch"]), strategy=config["strategy"],
+        epochs=int(config["epochs"]), seed=int(config.get("seed", SEED_DEFAULT)),
+        device=ray.train.torch.get_device(), options=config.get("strategy_options"),
+        lr=None if config.get("lr") is None else float(config["lr"]),
+        num_replicas=world_size, rank=rank, wrap_model=ray.train.torch.prepare_model,
+        validation_fraction=float(config.get("validation_fraction") or 0.0),
+        budget=config.get("budget", "epochs"), target_accuracy=config.get("target_accuracy"),
+        eval_every_samples=config.get("eval_every_samples"))
+
+
+def _resume_point(run: Run, rank: int) -> tuple[int, int]:
     """(the first epoch to train, the epoch resumed after): from the checkpoint Ray Train
-    restarted the run with, its state restored into `model` and `setup`; else
-    (0, NOT_RESUMED)."""
+    restarted the run with, its state restored into the run's model and setup (and a run
+    to a target's tracker); else (0, NOT_RESUMED)."""
     checkpoint = ray.train.get_checkpoint()
     if checkpoint is None:
         return 0, NOT_RESUMED
     with checkpoint.as_directory() as directory:
-        state = load_checkpoint_state(directory, map_location=device)
-    start_epoch = restore_state(state, model, setup)
+        state = load_checkpoint_state(directory, map_location=run.device)
+    start_epoch = restore_state(state, run.model, run.setup)
+    if run.tracker is not None and state.get("target"):
+        run.tracker.load_state_dict(state["target"])
     logger.info("rank %d resumes after epoch %d from %s", rank, start_epoch - 1, checkpoint.path)
     return start_epoch, start_epoch - 1
 
 
 def epoch_line(row: dict[str, Any], epochs: int | None) -> str:
-    """An epoch's line for a person: its loss, accuracy (test, or validation when tuning)
-    and seconds; `epochs`, the count planned, when known."""
-    accuracy = next((f"{key.removesuffix('_accuracy')} accuracy {row[key]:.4f}"
-                     for key in ("test_accuracy", "val_accuracy") if key in row), "")
+    """An epoch's line for a person: its loss, accuracy (test, or validation when tuning
+    or training to a target, then the target too) and seconds; `epochs`, the count
+    planned, when known."""
+    shown = [key for key in ("val_accuracy", "test_accuracy") if _known(row.get(key))]
+    accuracy = ", ".join(f"{key.removesuffix('_accuracy')} accuracy {row[key]:.4f}"
+                         for key in shown)
+    if "target_accuracy" in row:
+        reached = "reached" if row.get("target_reached") else "not yet"
+        accuracy += f" (target {row['target_accuracy']:.4f}: {reached})"
     parts = [f"train loss {row['train_loss']:.4g}" if "train_loss" in row else "", accuracy,
              f"{row['seconds']:.1f} s" if "seconds" in row else ""]
     of = "" if epochs is None else f" of {epochs}"
     return f"epoch {row['epoch'] + 1}{of}: " + ", ".join(p for p in parts if p)
+
+
+def _known(value: Any) -> bool:
+    return isinstance(value, (int, float)) and value == value  # not None, not NaN
 
 
 def _scalars(metrics: dict[str, Any]) -> dict[str, Any]:

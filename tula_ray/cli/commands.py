@@ -71,13 +71,31 @@ def train_and_write_metrics(plan: Any, args: argparse.Namespace,
     result = train(plan, workload=workload, epochs=args.epochs, storage_path=storage,
                    address=args.address, runtime_env=args.runtime_env,
                    precision=args.precision, budget=args.budget, verbose=verbosity(args),
-                   **tuned, **retries)
+                   **_target_options(args), **tuned, **retries)
     shown = [c for c in SHOWN_COLUMNS if c in result.metrics.columns]
     print(f"trained N={result.num_workers}, B={result.global_batch} with {result.strategy}:")
     print(result.metrics[shown].to_string(index=False, float_format=lambda v: f"{v:.4g}"))
+    if result.target is not None:
+        print(target_line(result.target))
     args.out.mkdir(parents=True, exist_ok=True)
     result.metrics.to_csv(args.out / METRICS_FILE, index=False)
     print(f"wrote {args.out / METRICS_FILE}; last checkpoint {result.checkpoint_path}")
+
+
+def _target_options(args: argparse.Namespace) -> dict[str, Any]:
+    """`train`'s target keywords from the command line (`demo --train` has them too)."""
+    return {key: getattr(args, key, None)
+            for key in ("target_accuracy", "eval_every_samples", "validation_fraction")}
+
+
+def target_line(target: dict[str, Any]) -> str:
+    """A run to a target's outcome, for a person."""
+    if not target["target_reached"]:
+        return (f"target accuracy {target['target_accuracy']:g} not reached "
+                f"({target['evaluations']} evaluations of the validation split)")
+    return (f"target accuracy {target['target_accuracy']:g} reached in "
+            f"{target['time_to_target_s']:.1f} s, {int(target['samples_to_target'])} samples, "
+            f"{int(target['steps_to_target'])} steps")
 
 
 def _tuned_config(path: Path | None) -> dict[str, Any] | None:

@@ -23,8 +23,8 @@ TUNED_FILE = "tuned.json"  # `tula-ray tune`'s best configuration: `tula-ray tra
 # `tula-ray replay` of profiles that carry no epochs or dataset size (a CSV, --synthetic).
 REPLAY_EPOCHS_DEFAULT = 20
 REPLAY_DATASET_SIZE_DEFAULT = 60_000
-SHOWN_COLUMNS = ("epoch", "resumed_from", "train_loss", "train_accuracy", "test_loss",
-                 "test_accuracy", "lr", "seconds", "scaled_fraction", "progress")
+SHOWN_COLUMNS = ("epoch", "resumed_from", "train_loss", "train_accuracy", "val_accuracy",
+                 "test_loss", "test_accuracy", "lr", "seconds", "scaled_fraction", "progress")
 
 
 class FormerSpelling(argparse.Action):
@@ -120,6 +120,15 @@ def add_train_options(parser: argparse.ArgumentParser) -> None:
                         help="epochs: train --epochs; scale-invariant: train until AGS-NS's "
                              "AdaScale progress reaches --epochs at its reference batch "
                              "(tula_ray.training.budget)")
+    parser.add_argument("--target-accuracy", type=float, default=None,
+                        help="train until the accuracy on a validation split reaches this "
+                             "(e.g. 0.9), then stop; --epochs is then the most it trains")
+    parser.add_argument("--eval-every-samples", type=int, default=None,
+                        help="with --target-accuracy: training samples between two "
+                             "evaluations of the validation split (default: a quarter epoch)")
+    parser.add_argument("--validation-fraction", type=float, default=None,
+                        help="with --target-accuracy: the share of the training set held out "
+                             "as the validation split (default 0.1; never the test set)")
     add_precision_option(parser, "default: the plan's, else the workload's, fp32")
     parser.add_argument("--max-failures", type=int, default=None,
                         help="restarts from the last checkpoint after a worker failure "

@@ -35,6 +35,7 @@ from tula_ray.planning.plan import Plan
 from tula_ray.runs.training_job import Job, checked_on_worker, dry_run, resolve_job
 from tula_ray.training.budget import BUDGETS
 from tula_ray.training.strategies import TRAINING_STRATEGY_DEFAULT, TrainingStrategy
+from tula_ray.training.target import TARGET_SUMMARY, check_target
 from tula_ray.verbosity import VERBOSE_DEFAULT, check_verbose, ray_log_level
 from tula_ray.workloads import Workload
 
@@ -51,8 +52,13 @@ class TrainResult:
     metrics: one row per epoch (epoch, resumed_from, optimizer (what trained: the
       workload's own, e.g. "TulaOptimizer(Adam)" under AGS-NS), train_loss, train_accuracy,
       test_loss, test_accuracy, lr, seconds, steps; for AGS scaled_fraction,
-      variability_median, scale_mean/min/max; for fp16 loss_scale), in epoch order.
+      variability_median, scale_mean/min/max; for fp16 loss_scale), in epoch order. A run
+      to a target adds val_loss, val_accuracy (the epoch's last evaluation), val_seconds
+      and the `target` figures; its test_* are on the last row only (read once, at the end).
     checkpoint_path: the last epoch's checkpoint directory (None if none was kept).
+    target: a run to a target's outcome (`tula_ray.training.target.TargetTracker.summary`:
+      target_accuracy, target_reached, time_to_target_s, samples_to_target,
+      steps_to_target, evaluations), else None.
     result: Ray Train's `Result` (its `path` is the run directory).
     """
 
@@ -63,6 +69,14 @@ class TrainResult:
     global_batch: int
     strategy: str
     notes: list[str]  # where the run departs from what was asked, and why
+    target: dict[str, Any] | None = None
+
+    @property
+    def evaluations(self) -> pd.DataFrame:
+        """A run to a target: one row per evaluation of the validation split (epoch, steps,
+        samples, seconds, val_loss, val_accuracy), from the last checkpoint."""
+        state = self.load_checkpoint().get("target") or {}
+        return pd.DataFrame(state.get("evaluations", []))
 
     def load_checkpoint(self) -> dict[str, Any]:
         """The last checkpoint's state: model, optimizer (incl. AGS), scheduler, epoch, ..."""
@@ -95,6 +109,9 @@ def train(
     precision: str | None = None,
     budget: str = "epochs",
     verbose: int = VERBOSE_DEFAULT,
+    target_accuracy: float | None = None,
+    eval_every_samples: int | None = None,
+    validation_fraction: float | None = None,
 ) -> TrainResult:
     """Train the plan's chosen N and B as a Ray Train job and return the per-epoch metrics.
 
@@ -133,6 +150,14 @@ def train(
       Ray dashboard and one per epoch (rank 0's loss, accuracy and seconds); 0 nothing but
       errors and warnings; 2 Ray's start and Ray Train's INFO logs too (the workers'
       set-up, each report's dict).
+    target_accuracy: train until the accuracy on a validation split reaches it, then stop
+      (`tula_ray.training.target`): the split is evaluated every `eval_every_samples`
+      training samples (rounded to whole steps; default about a quarter epoch), the
+      epochs (or the progress budget) the most it trains; not reaching it is not an
+      error (`TrainResult.target` says so). The test set is read once, at the end.
+    validation_fraction: the share of the training set held out as that split (default
+      0.1, drawn with a fixed seed, never the test set); a workload with its own
+      `val_dataset_fn` is judged on that instead.
     Raises ValueError for a bad argument, before any worker starts; the workload is
     checked on one worker first (`tula_ray.search` says how), so its own code failing
     raises a `tula_ray.failures.UserCodeError` before the training job starts.
@@ -146,6 +171,7 @@ def train(
     job = resolve_job(plan, strategy, workload, workload_options, epochs, strategy_options,
                       precision, budget)
     _check_fail_at_epoch(job, fail_at_epoch)
+    _check_validation(job, validation_fraction)
     dry_run(job, plan.dataset_size)
     marker_dir = tempfile.mkdtemp(prefix="tula-fail-") if fail_at_epoch is not None else None
     try:
@@ -154,16 +180,21 @@ def train(
                              timeout_s=provision_timeout_s, verbose=verbose) as workers:
             job = checked_on_worker(job, workers)
             config = _loop_config(job, seed=seed, lr=lr, budget=budget, verbose=verbose,
-                                  fail_at_epoch=fail_at_epoch, marker_dir=marker_dir)
+                                  fail_at_epoch=fail_at_epoch, marker_dir=marker_dir,
+                                  target={"target_accuracy": target_accuracy,
+                                          "eval_every_samples": eval_every_samples,
+                                          "validation_fraction": validation_fraction})
             trainer = _trainer(job, config, workers, storage_path=storage_path, name=name,
                                max_failures=max_failures, verbose=verbose)
             result = trainer.fit()
     finally:
         if marker_dir is not None:
             shutil.rmtree(marker_dir, ignore_errors=True)
-    return TrainResult(_metrics(result), None if result.checkpoint is None
+    metrics = _metrics(result)
+    return TrainResult(metrics, None if result.checkpoint is None
                        else result.checkpoint.path, result, job.num_workers,
-                       job.global_batch, job.strategy_name, list(job.notes))
+                       job.global_batch, job.strategy_name, list(job.notes),
+                       _target_outcome(metrics))
 
 
 def _check_arguments(a: Mapping[str, Any]) -> None:
@@ -178,6 +209,19 @@ def _check_arguments(a: Mapping[str, Any]) -> None:
     check_int("seed", a["seed"])
     check_bool("use_gpu", a["use_gpu"], optional=True)
     check_number("lr", a["lr"], low=0.0, low_open=True, optional=True)
+    check_target(a["target_accuracy"], a["eval_every_samples"])
+    check_number("validation_fraction", a["validation_fraction"], low=0.0, high=1.0,
+                 low_open=True, high_open=True, optional=True)
+    if a["validation_fraction"] is not None and a["target_accuracy"] is None:
+        raise ValueError(f"validation_fraction={a['validation_fraction']} is only used with a "
+                         "target_accuracy: give one, or leave validation_fraction out")
+
+
+def _check_validation(job: Job, validation_fraction: float | None) -> None:
+    """A workload with its own validation split takes no share of the training set."""
+    if validation_fraction is not None and job.workload.val_dataset_fn is not None:
+        raise ValueError(f"validation_fraction={validation_fraction}, but workload "
+                         f"{job.workload.name!r} has its own val_dataset_fn: give one of them")
 
 
 def _check_fail_at_epoch(job: Job, fail_at_epoch: int | None) -> None:
@@ -187,13 +231,15 @@ def _check_fail_at_epoch(job: Job, fail_at_epoch: int | None) -> None:
 
 
 def _loop_config(job: Job, *, seed: int, lr: float | None, budget: str, verbose: int,
-                 fail_at_epoch: int | None, marker_dir: str | None) -> dict[str, Any]:
+                 fail_at_epoch: int | None, marker_dir: str | None,
+                 target: Mapping[str, Any]) -> dict[str, Any]:
     """What each worker's loop (`trainables.training_loop`) is given: the job, its seed, LR,
-    budget and verbosity, and (tests only) the epoch where rank 0 fails once."""
+    budget, verbosity and target (target_accuracy, eval_every_samples,
+    validation_fraction), and (tests only) the epoch where rank 0 fails once."""
     config: dict[str, Any] = {
         "workload": job.spec, "workload_options": job.options, "global_batch": job.global_batch,
         "epochs": job.epochs, "strategy": job.strategy, "strategy_options": job.strategy_options,
-        "seed": seed, "lr": lr, "budget": budget, "verbose": verbose}
+        "seed": seed, "lr": lr, "budget": budget, "verbose": verbose, **target}
     if fail_at_epoch is not None:
         config.update(fail_at_epoch=fail_at_epoch, fail_marker_dir=marker_dir)
     return config
@@ -222,6 +268,15 @@ def _trainer(job: Job, config: dict[str, Any], workers: Workers, *, storage_path
             checkpoint_config=CheckpointConfig(num_to_keep=None),
             logging_config=LoggingConfig(log_level=ray_log_level(verbose))),
     )
+
+
+def _target_outcome(metrics: pd.DataFrame) -> dict[str, Any] | None:
+    """The last row's target figures (`TargetTracker.summary`), None for a run without."""
+    if metrics.empty or "target_accuracy" not in metrics:
+        return None
+    last = metrics.iloc[-1]
+    return {key: last[key].item() if hasattr(last[key], "item") else last[key]
+            for key in TARGET_SUMMARY}
 
 
 def _metrics(result: Any) -> pd.DataFrame:

@@ -14,22 +14,26 @@ from tula_ray.distributed import unwrapped
 from tula_ray.training.strategy_base import StrategySetup, base_optimizer
 
 CHECKPOINT_KEYS = {"strategy", "epoch", "model", "optimizer", "scheduler", "comm_iter",
-                   "loss_scaler"}
-# Keys a checkpoint written before fp16 training lacks (it loads as one without a scaler).
-LATER_KEYS = {"loss_scaler"}
+                   "loss_scaler", "target"}
+# Keys a checkpoint written before fp16 training (or training to a target) lacks: it loads
+# as one without a scaler (or a target).
+LATER_KEYS = {"loss_scaler", "target"}
 
 
-def checkpoint_state(model: nn.Module, setup: StrategySetup, epoch: int) -> dict[str, Any]:
+def checkpoint_state(model: nn.Module, setup: StrategySetup, epoch: int,
+                     target: dict[str, Any] | None = None) -> dict[str, Any]:
     """A snapshot after `epoch` (torch.save-able, every tensor copied to the CPU): the model
     unwrapped from DDP, the optimizer (AGS state included), the scheduler and PoLo's hook
-    counter, and fp16's loss scaler (its scale and growth count). Copies go to the CPU,
+    counter, fp16's loss scaler (its scale and growth count), and a run to a target's
+    `TargetTracker.state_dict` (its counts, clock and evaluations). Copies go to the CPU,
     not next to the live tensors: a snapshot on the GPU would double the model's and
     optimizer's memory on the device."""
     state = {"strategy": setup.name, "epoch": epoch, "model": unwrapped(model).state_dict(),
              "optimizer": setup.optimizer.state_dict(),
              "scheduler": None if setup.scheduler is None else setup.scheduler.state_dict(),
              "comm_iter": None if setup.comm_state is None else setup.comm_state.iter,
-             "loss_scaler": None if setup.scaler is None else setup.scaler.state_dict()}
+             "loss_scaler": None if setup.scaler is None else setup.scaler.state_dict(),
+             "target": target}
     return cpu_copy(state)  # state_dicts are views of live tensors that training mutates
 
 

@@ -44,9 +44,12 @@ class EpochTally:
 
 
 def train_epoch(model: nn.Module, setup: StrategySetup, loss_fn: Callable, loader: Iterable,
-                device: torch.device | str, *, epoch: int) -> dict[str, Any]:
+                device: torch.device | str, *, epoch: int,
+                after_step: Callable[[], bool] | None = None) -> dict[str, Any]:
     """One pass over `loader` (`tula_ray.training.batches.Batches`, or a DataLoader) with
-    the strategy's hooks (`StrategySetup`).
+    the strategy's hooks (`StrategySetup`). after_step: called after every step; True
+    ends the epoch there (a run that reached its target: `tula_ray.training.target`), and
+    every rank must answer alike (they all stop at the same step).
 
     Returns train_loss (mean over samples), train_accuracy (fraction), steps, lr
     (the LR of the last step), seconds (wall time of the pass, data included: what the
@@ -66,6 +69,8 @@ def train_epoch(model: nn.Module, setup: StrategySetup, loss_fn: Callable, loade
     with StepTimer(device) as timer:
         for inputs, targets in loader:
             tally.step(inputs, targets)
+            if after_step is not None and after_step():
+                break
     if tally.steps == 0:
         raise ValueError(f"the loader gave no batch in epoch {epoch}: is the dataset smaller "
                          "than one batch (drop_last)?")

@@ -22,12 +22,14 @@ from tula_ray.failures import workload_code
 from tula_ray.precision import set_math_mode
 from tula_ray.training.batches import Batches
 from tula_ray.training.budget import Budget, budget_for
-from tula_ray.training.data import make_loaders
+from tula_ray.training.data import make_loaders, test_batches
 from tula_ray.training.epochs import evaluate, train_epoch
 from tula_ray.training.measure import StepTimer
 from tula_ray.training.strategies import (TRAINING_STRATEGY_DEFAULT, StrategySetup,
                                           TrainingStrategy, build_strategy, get_training_strategy)
 from tula_ray.training.strategy_base import describe_optimizer
+from tula_ray.training.target import (VALIDATION_FRACTION_DEFAULT, Target, TargetTracker,
+                                      check_target, evaluation_interval)
 from tula_ray.workloads import Workload, resolve_workload
 
 logger = logging.getLogger(__name__)
@@ -36,6 +38,10 @@ logger = logging.getLogger(__name__)
 COLUMNS = ("epoch", "strategy", "optimizer", "global_batch", "seed", "train_loss", "train_accuracy",
            "test_loss", "test_accuracy", "lr", "seconds", "scaled_fraction", "variability_median",
            "loss_scale", "progress")
+# A run to a target (`fit(target_accuracy=)`) adds these: its last validation scores,
+# the evaluations' seconds, and `TargetTracker.summary`'s figures.
+TARGET_COLUMNS = ("val_loss", "val_accuracy", "val_seconds", "target_accuracy", "target_reached",
+                  "time_to_target_s", "samples_to_target", "steps_to_target")
 
 
 @dataclass
@@ -51,6 +57,9 @@ class Run:
     device: torch.device
     epochs: int  # the most epochs the budget allows
     budget: Budget = Budget()
+    tracker: TargetTracker | None = None  # a run to a target: test_loader is the validation
+    num_replicas: int = 1  # this process is rank `rank` of `num_replicas`
+    rank: int = 0
 
     def train_epochs(self, start: int = 0, *, before: Callable[[int], None] | None = None
                      ) -> Iterator[tuple[int, dict[str, Any]]]:
@@ -60,26 +69,75 @@ class Run:
         A scale-invariant budget ends the loop once the progress reaches its target (read
         before each epoch: a resumed run that had reached it trains no more).
         Yields (epoch, metrics); `before(epoch)` runs before an epoch starts."""
+        if self.tracker is not None:
+            self.tracker.start()
         for epoch in range(start, self.epochs):
-            progress = self.setup.progress() if self.budget.scale_invariant else None
-            if self.budget.reached(None if progress is None else progress[0]):
+            if self._budget_spent():
                 return
             if before is not None:
                 before(epoch)
-            with workload_code(self.workload.name,
-                               f"training at local batch {self.train_loader.batch}"):
-                metrics = train_epoch(self.model, self.setup, self.loss_fn, self.train_loader,
-                                      self.device, epoch=epoch)
-            if "progress" in metrics:  # a strategy with a gain: its epochs at the reference
-                metrics["progress_epochs"] = self.budget.epochs_done(metrics["progress"])
-            # Its own stage: evaluation runs at its own batch (`data.evaluation_batch`).
-            with StepTimer(self.device) as timer, workload_code(
-                    self.workload.name, f"evaluation at batch {self.test_loader.batch}"):
-                metrics.update(evaluate(self.model, self.test_loader, self.device, self.loss_fn,
-                                        autocast=self.setup.autocast))
-            # What the plan's eval_time_s predicts (the slowest rank's: they all wait for it).
-            (metrics["eval_seconds"],) = max_over_ranks([timer.seconds], self.device)
+            metrics = self._train(epoch)
+            if self.tracker is None:
+                metrics.update(self._evaluate(self.test_loader, "test"))
+                yield epoch, metrics
+                continue
+            metrics.update(self._to_target(epoch))
             yield epoch, metrics
+            if self.tracker.reached_at is not None:
+                return
+
+    def _budget_spent(self) -> bool:
+        """Whether a scale-invariant budget's progress is reached (read before each epoch:
+        a resumed run that had reached it trains no more)."""
+        progress = self.setup.progress() if self.budget.scale_invariant else None
+        return self.budget.reached(None if progress is None else progress[0])
+
+    def _train(self, epoch: int) -> dict[str, Any]:
+        """One epoch trained; a run to a target evaluates its validation split at its
+        intervals and stops at the target (those evaluations are out of `seconds`)."""
+        after_step = None if self.tracker is None else (lambda: self.tracker.after_step(epoch))
+        with workload_code(self.workload.name,
+                           f"training at local batch {self.train_loader.batch}"):
+            metrics = train_epoch(self.model, self.setup, self.loss_fn, self.train_loader,
+                                  self.device, epoch=epoch, after_step=after_step)
+        if self.tracker is not None:
+            metrics["val_seconds"] = self.tracker.take_epoch_eval_seconds()
+            metrics["seconds"] -= metrics["val_seconds"]
+        if "progress" in metrics:  # a strategy with a gain: its epochs at the reference
+            metrics["progress_epochs"] = self.budget.epochs_done(metrics["progress"])
+        return metrics
+
+    def _evaluate(self, loader: Batches, prefix: str) -> dict[str, float]:
+        """`loader`'s loss and accuracy as `{prefix}_loss` and `{prefix}_accuracy`, and
+        `eval_seconds`: what the plan's eval_time_s predicts (the slowest rank's: they all
+        wait for it). Evaluation runs at its own batch (`data.evaluation_batch`)."""
+        with StepTimer(self.device) as timer, workload_code(
+                self.workload.name, f"evaluation at batch {loader.batch}"):
+            scores = evaluate(self.model, loader, self.device, self.loss_fn,
+                              autocast=self.setup.autocast)
+        (seconds,) = max_over_ranks([timer.seconds], self.device)
+        return {f"{prefix}_loss": scores["test_loss"],
+                f"{prefix}_accuracy": scores["test_accuracy"], "eval_seconds": seconds}
+
+    def _to_target(self, epoch: int) -> dict[str, Any]:
+        """A run to a target, after an epoch: its last validation scores and its summary;
+        at its end (the target reached, or no epoch left) the test set, read this once."""
+        tracker = self.tracker
+        metrics: dict[str, Any] = {**tracker.latest(), **tracker.summary()}
+        last = (tracker.reached_at is not None or epoch == self.epochs - 1
+                or self._budget_spent())
+        if last:
+            test = test_batches(self.workload, self.train_loader.batch,
+                                num_replicas=self.num_replicas, rank=self.rank,
+                                device=self.device)
+            metrics.update(self._evaluate(test, "test"))
+        return metrics
+
+    def validation_scores(self) -> dict[str, float]:
+        """The validation split's val_loss and val_accuracy (a run to a target: its
+        evaluation loader is the validation split)."""
+        scores = self._evaluate(self.test_loader, "val")
+        return {"val_loss": scores["val_loss"], "val_accuracy": scores["val_accuracy"]}
 
 
 def prepare_run(workload: str | Workload, *, global_batch: int,
@@ -89,7 +147,9 @@ def prepare_run(workload: str | Workload, *, global_batch: int,
                 options: dict[str, Any] | None = None, lr: float | None = None,
                 num_replicas: int = 1, rank: int = 0,
                 wrap_model: Callable[[nn.Module], nn.Module] | None = None,
-                validation_fraction: float = 0.0, budget: str = "epochs") -> Run:
+                validation_fraction: float = 0.0, budget: str = "epochs",
+                target_accuracy: float | None = None,
+                eval_every_samples: int | None = None) -> Run:
     """The model, strategy and loaders of one process of a run: shared by `fit` (one
     process) and the Ray Train worker loop (rank `rank` of `num_replicas`).
 
@@ -97,7 +157,12 @@ def prepare_run(workload: str | Workload, *, global_batch: int,
     DDP); default: `.to(device)`. The batches come on `device` by the one data path
     (`tula_ray.training.batches`), the one the profile timed.
     validation_fraction > 0: train on the rest of the training set and evaluate on that
-    held-out share of it instead of the test set (see `make_loaders`).
+    held-out share of it instead of the test set (see `make_loaders`; the workload's own
+    `val_dataset_fn` when it has one).
+    target_accuracy: train until the validation accuracy reaches it, evaluated every
+    `eval_every_samples` (default about a quarter epoch; `tula_ray.training.target`), the
+    test set read once, at the end; validation_fraction defaults to
+    `VALIDATION_FRACTION_DEFAULT` then.
     The seed fixes the initial weights (the same on every rank) and the data order.
     budget: "epochs" (train `epochs`), or "scale-invariant": train until AdaScale's
     progress reaches `epochs` at the strategy's reference batch (`tula_ray.training.budget`;
@@ -105,18 +170,11 @@ def prepare_run(workload: str | Workload, *, global_batch: int,
     """
     workload = resolve_workload(workload)
     epochs = workload.epochs if epochs is None else epochs
-    check_int("global_batch", global_batch, minimum=1)
-    if global_batch % num_replicas:
-        raise ValueError(f"global_batch={global_batch} is not divisible by num_workers="
-                         f"{num_replicas}; B must be a multiple of N")
-    # Equal to len(train loader) per rank: floor(floor(D / N) / (B / N)) = floor(D / B).
-    train_size = workload.dataset_size
-    if validation_fraction:
-        train_size -= max(1, int(round(train_size * validation_fraction)))
-    steps_per_epoch = train_size // global_batch
-    if steps_per_epoch < 1:
-        raise ValueError(f"global_batch={global_batch} exceeds the training set of "
-                         f"{workload.name} ({workload.dataset_size} samples): no full batch")
+    check_target(target_accuracy, eval_every_samples)
+    if target_accuracy is not None:
+        validation_fraction = validation_fraction or VALIDATION_FRACTION_DEFAULT
+    train_size, steps_per_epoch = _epoch_size(workload, global_batch, num_replicas,
+                                              validation_fraction)
     device = torch.device(device)
     torch.manual_seed(seed)  # the same initial weights on every rank (DDP also broadcasts them)
     model = workload.model_fn()
@@ -136,8 +194,32 @@ def prepare_run(workload: str | Workload, *, global_batch: int,
     train_loader, test_loader = make_loaders(
         workload, global_batch // num_replicas, seed=seed, num_replicas=num_replicas, rank=rank,
         device=device, validation_fraction=validation_fraction)
-    return Run(workload, model, setup, train_loader, test_loader, workload.loss_fn(), device,
-               budget_.max_epochs(global_batch), budget_)
+    run = Run(workload, model, setup, train_loader, test_loader, workload.loss_fn(), device,
+              budget_.max_epochs(global_batch), budget_, num_replicas=num_replicas, rank=rank)
+    if target_accuracy is not None:
+        interval = evaluation_interval(eval_every_samples, global_batch, steps_per_epoch)
+        run.tracker = TargetTracker(Target(target_accuracy, interval), global_batch,
+                                    run.validation_scores)
+    return run
+
+
+def _epoch_size(workload: Workload, global_batch: int, num_replicas: int,
+                validation_fraction: float) -> tuple[int, int]:
+    """(training samples, steps per epoch) of a run: the training set less the validation
+    split held out of it (none when the workload has its own)."""
+    check_int("global_batch", global_batch, minimum=1)
+    if global_batch % num_replicas:
+        raise ValueError(f"global_batch={global_batch} is not divisible by num_workers="
+                         f"{num_replicas}; B must be a multiple of N")
+    train_size = workload.dataset_size
+    if validation_fraction and workload.val_dataset_fn is None:
+        train_size -= max(1, int(round(train_size * validation_fraction)))
+    # Equal to len(train loader) per rank: floor(floor(D / N) / (B / N)) = floor(D / B).
+    steps_per_epoch = train_size // global_batch
+    if steps_per_epoch < 1:
+        raise ValueError(f"global_batch={global_batch} exceeds the training set of "
+                         f"{workload.name} ({workload.dataset_size} samples): no full batch")
+    return train_size, steps_per_epoch
 
 
 def fit(workload: str | Workload, *, global_batch: int,
@@ -146,7 +228,9 @@ def fit(workload: str | Workload, *, global_batch: int,
         device: torch.device | str = "cpu", options: dict[str, Any] | None = None,
         lr: float | None = None,
         on_epoch: Callable[[dict[str, Any], nn.Module, StrategySetup], None] | None = None,
-        budget: str = "epochs") -> pd.DataFrame:
+        budget: str = "epochs", target_accuracy: float | None = None,
+        eval_every_samples: int | None = None, validation_fraction: float = 0.0
+        ) -> pd.DataFrame:
     """Train `workload` in this process (world size 1, no Ray) and score it every epoch.
 
     Args:
@@ -161,26 +245,37 @@ def fit(workload: str | Workload, *, global_batch: int,
         lr: the base LR before any strategy scaling; None = the workload's (paper: 0.01).
         on_epoch: called after every epoch with (metrics, model, setup); metrics is the
             row plus train_epoch's extras (e.g. "variability" for ags), e.g. to checkpoint.
+        target_accuracy, eval_every_samples, validation_fraction: train until the
+            validation split's accuracy reaches the target (see `prepare_run`).
     Returns:
         One row per epoch with `COLUMNS`; scaled_fraction and variability_median are
         NaN except for ags, progress except for AGS-NS (its reference-batch steps so far).
-        `.attrs["notes"]` holds the strategy's notes.
+        `.attrs["notes"]` holds the strategy's notes. A run to a target adds
+        `TARGET_COLUMNS` (test_* on its last row only: the test set is read once), and
+        `.attrs["target"]` (`TargetTracker.summary`), `.attrs["evaluations"]` (a frame,
+        one row per evaluation of the validation split).
     """
     run = prepare_run(workload, global_batch=global_batch, strategy=strategy, epochs=epochs,
-                      seed=seed, device=device, options=options, lr=lr, budget=budget)
+                      seed=seed, device=device, options=options, lr=lr, budget=budget,
+                      target_accuracy=target_accuracy, eval_every_samples=eval_every_samples,
+                      validation_fraction=validation_fraction)
+    columns = COLUMNS + (TARGET_COLUMNS if run.tracker is not None else ())
     rows = []
     for epoch, metrics in run.train_epochs():
         row = {"epoch": epoch, "strategy": run.setup.name,
                "optimizer": describe_optimizer(run.setup.optimizer), "global_batch": global_batch,
-               "seed": seed, **{key: metrics.get(key, math.nan) for key in COLUMNS[5:]}}
+               "seed": seed, **{key: metrics.get(key, math.nan) for key in columns[5:]}}
         rows.append(row)
         logger.info("%s %s B=%d epoch %d: train loss %.4f, test accuracy %.4f (%.1f s)",
                     run.workload.name, run.setup.name, global_batch, epoch, row["train_loss"],
                     row["test_accuracy"], row["seconds"])
         if on_epoch is not None:
             on_epoch({**metrics, **row}, run.model, run.setup)
-    frame = pd.DataFrame(rows, columns=list(COLUMNS))
+    frame = pd.DataFrame(rows, columns=list(columns))
     frame.attrs["notes"] = list(run.setup.notes)
+    if run.tracker is not None:
+        frame.attrs["target"] = run.tracker.summary()
+        frame.attrs["evaluations"] = pd.DataFrame(run.tracker.evaluations)
     return frame
 
 

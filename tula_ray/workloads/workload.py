@@ -62,6 +62,9 @@ class Workload:
     eval_batch: the batch `train` evaluates the test set in, per worker (and the search's
     estimate of that pass); None: the training's local batch, B / N, which the search
     bounded (a model that takes batches of at most some size is evaluated within it).
+    val_dataset_fn: your own validation split, what `train(target_accuracy=)` (and
+    `tune_training`) judge a run on; None: `validation_fraction` of the training set is
+    held out (`tula_ray.training.data.split_validation`). Never the test set.
     """
 
     name: str
@@ -80,6 +83,7 @@ class Workload:
     data_on_device: bool | None = None
     precision: str = PRECISION_DEFAULT
     eval_batch: int | None = None
+    val_dataset_fn: Callable[[], Dataset] | None = None
 
     def __post_init__(self) -> None:
         check_precision(self.precision)
