@@ -6,12 +6,12 @@ import math
 
 import numpy as np
 import pytest
-from hypothesis import given, strategies as st
+from hypothesis import assume, given, strategies as st
 from paper_profiles import paper_profiles as synthetic_profiles
 from result_checks import summary_words
 
 from tula_ray.planning.accuracy import (ProfiledNoise, epochs_to_target, profiled_noise,
-                                        weighted_standard_error)
+                                        weighted_standard_error, whole_step_epochs)
 from tula_ray.planning.context import PlanContext
 from tula_ray.planning.noise_checks import NoiseScaleWarning
 from tula_ray.planning.plan import ACCURACY_COLUMNS, Plan, build_plan
@@ -75,6 +75,27 @@ def test_epochs_to_target_grow_with_the_batch_and_equal_the_epochs_at_the_refere
     assert np.all(np.diff(steps) <= 1e-12 * steps[:-1])
 
 
+def test_whole_steps_count_the_samples_an_epoch_drops():
+    """Issue 43, item 4: at B = 2048 on 10k samples an epoch is 4 steps, 8192 samples: the
+    epochs to do the reference's work grow by 10000 // 32 x 32 / 8192."""
+    assert whole_step_epochs(10_000, np.array([32, 2048]), 32) == pytest.approx(
+        [1.0, 9984 / 8192])
+    plain = epochs_to_target(5, 100.0, np.array([2048]), 32)
+    whole = epochs_to_target(5, 100.0, np.array([2048]), 32, dataset_size=10_000)
+    assert whole[0] == pytest.approx(plain[0] * 9984 / 8192)
+    assert epochs_to_target(5, math.nan, np.array([2048]), 32, dataset_size=10_000)[0] == 5
+
+
+@given(dataset=st.integers(64, 100_000), batch=st.integers(1, 4096))
+def test_whole_steps_never_count_fewer_epochs_than_samples_do(dataset, batch):
+    assume(batch <= dataset)
+    factor = whole_step_epochs(dataset, np.array([batch]), 32)[0]
+    counted_in_samples = (dataset // 32 * 32) / dataset  # an epoch of D samples at B
+    assert factor >= counted_in_samples * (1 - 1e-12)
+    if dataset % batch == 0:  # no sample dropped at B
+        assert factor == pytest.approx(counted_in_samples)
+
+
 def test_unknown_noise_keeps_the_workloads_epochs():
     assert np.all(epochs_to_target(7, math.nan, np.array([32, 1024]), 32) == 7)
 
@@ -86,7 +107,9 @@ def test_the_plan_counts_the_epochs_each_batch_needs():
     for (n, b), row in table.iterrows():
         assert row["noise_scale"] == pytest.approx(phi)
         assert row["efficiency"] == pytest.approx((phi + 32) / (phi + b))
-        assert row["epochs_to_target"] == pytest.approx(EPOCHS * (phi + b) / (phi + 32))
+        # in whole steps: an epoch at B is floor(D / B) steps (issue 43, item 4)
+        whole = whole_step_epochs(plan.dataset_size, np.array([b]), 32)[0]
+        assert row["epochs_to_target"] == pytest.approx(EPOCHS * (phi + b) / (phi + 32) * whole)
         per_epoch = (row["estimated_total_time_s"] - row["startup_time_s"]) / EPOCHS
         assert row["time_to_accuracy_s"] == pytest.approx(
             row["epochs_to_target"] * per_epoch + row["startup_time_s"])
@@ -154,7 +177,9 @@ def test_a_given_noise_scale_replaces_the_profiles_and_both_are_kept(tmp_path):
     plan = make_plan(objective="time_to_accuracy", noise_scale=300.0)
     batches = plan.table["global_batch"].to_numpy(float)
     assert np.allclose(plan.table["efficiency"], (300.0 + 32) / (300.0 + batches))
-    assert np.allclose(plan.table["epochs_to_target"], EPOCHS * (300.0 + batches) / 332.0)
+    whole = whole_step_epochs(plan.dataset_size, batches, 32)
+    assert np.allclose(plan.table["epochs_to_target"],
+                       EPOCHS * (300.0 + batches) / 332.0 * whole)
     again = Plan.from_json(plan.to_json(tmp_path / "plan.json"))
     noise = ProfiledNoise.from_dict(again.meta["noise"])
     assert noise.noise_scale == 300.0 and noise.measured_noise_scale == pytest.approx(100.0)

@@ -283,7 +283,8 @@ def build_plan(
     estimates = add_estimates(table, billing)
     noise = profiled_noise(profiles, context.noise_calibration, context.noise_scale)
     add_time_to_accuracy(estimates, noise, context.reference_batch, context.epochs, billing,
-                         peak_column="estimated_peak_mem_bytes")
+                         peak_column="estimated_peak_mem_bytes",
+                         dataset_size=context.dataset_size)
     for column in ACCURACY_COLUMNS:
         table[column] = estimates[column]
     half_data = context.dataset_size // 2  # the knee's curve stops where the candidates do
@@ -293,7 +294,8 @@ def build_plan(
                         else min(context.max_global_batch, half_data),
                         extra, costs, set(context.plain_steps))
     dense = through_measurements(dense, table, billing)
-    add_time_to_accuracy(dense, noise, context.reference_batch, context.epochs, billing)
+    add_time_to_accuracy(dense, noise, context.reference_batch, context.epochs, billing,
+                         dataset_size=context.dataset_size)
     choice, noise_warning = _choose(estimates, noise, dense, predicted_u, context)
     meta = {**dict(meta or {}), "plan_context": context.to_dict(),
             "reference_batch": context.reference_batch,
