@@ -65,6 +65,29 @@ def test_bad_pricing_is_a_clear_error(tmp_path, capsys):
     assert "pricing 'hourly' is not understood" in capsys.readouterr().err
 
 
+def test_trains_target_and_cloud_options_reach_train(monkeypatch, tmp_path):
+    """Issues 43 and 45: the command line's --target-accuracy, --eval-every-samples,
+    --validation-fraction, --keep-checkpoints and --collective-timeout-s are train()'s
+    keywords (train itself is stopped: what it is given is checked)."""
+    import tula_ray.runs.train as train_module
+
+    given = {}
+
+    def train(plan, **kwargs):
+        given.update(kwargs)
+        raise SystemExit(0)
+
+    monkeypatch.setattr(train_module, "train", train)
+    plan = tmp_path / "plan.json"
+    plan.write_text("{}")
+    with pytest.raises(SystemExit):
+        main(["train", str(plan), "--target-accuracy", "0.9", "--eval-every-samples", "512",
+              "--validation-fraction", "0.2", "--keep-checkpoints", "3",
+              "--collective-timeout-s", "90"])
+    assert (given["target_accuracy"], given["eval_every_samples"], given["validation_fraction"],
+            given["keep_checkpoints"], given["collective_timeout_s"]) == (0.9, 512, 0.2, 3, 90.0)
+
+
 def test_train_arguments_are_parsed():
     from tula_ray.cli import build_parser
 

@@ -59,7 +59,8 @@ def trained(ray_session, plan, tmp_path_factory):
     the training loop's own test without Ray (tests/test_training.py,
     test_a_resumed_run_continues_identically): here, Ray Train's restart."""
     return tula_ray.train(plan, "ags", storage_path=str(tmp_path_factory.mktemp("recover")),
-                          name="ags-fail", fail_at_epoch=1)
+                          name="ags-fail", fail_at_epoch=1, keep_checkpoints=1,
+                          collective_timeout_s=120)
 
 
 def test_train_runs_the_plans_choice_for_its_epochs(trained):
@@ -101,6 +102,17 @@ def test_a_worker_failure_resumes_from_the_last_checkpoint(trained):
     assert trained.load_checkpoint()["epoch"] == 1
 
 
+def test_only_the_last_checkpoints_stay_and_every_epochs_metrics_with_them(trained):
+    """Issue 45, item 5: `keep_checkpoints=1` leaves one checkpoint in storage (cloud
+    storage bills each), and the metrics of both epochs still come back (epoch 0's from
+    the history the last checkpoint carries: its own checkpoint is gone)."""
+    from pathlib import Path
+
+    kept = sorted(p.name for p in Path(trained.result.path).glob("checkpoint_epoch_*"))
+    assert kept == ["checkpoint_epoch_0001"]
+    assert list(trained.metrics["epoch"]) == [0, 1]
+
+
 @pytest.mark.parametrize("plan_kwargs, train_kwargs, message", [
     ({}, dict(strategy="sgd"), r"strategy 'sgd' is unknown; use one of \('ags', "),
     ({}, dict(strategy="ags", strategy_options={"deltaa": 0.3}),
@@ -113,6 +125,8 @@ def test_a_worker_failure_resumes_from_the_last_checkpoint(trained):
     ({}, dict(validation_fraction=0.2), r"validation_fraction=0\.2 is only used with a target"),
     ({}, dict(target_accuracy=0.9, validation_fraction=1.0), r"validation_fraction=1\.0"),
     ({}, dict(eval_every_samples=100), "eval_every_samples=100 is only used with a target"),
+    ({}, dict(keep_checkpoints=0), "keep_checkpoints=0"),
+    ({}, dict(collective_timeout_s=0), "collective_timeout_s=0"),
     (dict(batch_sizes=(32, 128)), dict(strategy="ags", strategy_options={"small_batch": 64}),
      "ags takes its small-batch gradient from 64 samples .* needs fewer than 64"),
     (dict(batch_sizes=(32, 128)),  # the default strategy, ags-ns
@@ -124,6 +138,33 @@ def test_bad_input_fails_before_any_worker(ray_session, tmp_path, plan_kwargs, t
     with pytest.raises(ValueError, match=message):
         tula_ray.train(_plan(**plan_kwargs), storage_path=str(tmp_path), **train_kwargs)
     assert not list(tmp_path.iterdir())  # no Train run was started
+
+
+def test_train_gives_ray_train_its_collective_timeout_and_the_checkpoints_to_keep(
+        ray_session, plan, monkeypatch, tmp_path):
+    """Issue 45, item 5: a hung collective fails the job after `collective_timeout_s`
+    (default 600 s, not torch's 1800), and storage keeps the last `keep_checkpoints`
+    (default 2). What reaches Ray Train is checked; the launch itself is stopped."""
+    import tula_ray.runs.train as train_module
+
+    given = []
+
+    class Stop(Exception):
+        pass
+
+    def trainer(loop, **kwargs):
+        given.append(kwargs)
+        raise Stop
+
+    monkeypatch.setattr(train_module, "TorchTrainer", trainer)
+    for kwargs in ({}, {"keep_checkpoints": 5, "collective_timeout_s": 90.5}):
+        with pytest.raises(Stop):
+            tula_ray.train(plan, storage_path=str(tmp_path), **kwargs)
+    (default, chosen) = given
+    assert default["torch_config"].timeout_s == train_module.COLLECTIVE_TIMEOUT_S_DEFAULT == 600
+    assert default["run_config"].checkpoint_config.num_to_keep == 2
+    assert chosen["torch_config"].timeout_s == 91
+    assert chosen["run_config"].checkpoint_config.num_to_keep == 5
 
 
 def test_train_takes_a_plans_choice_at_agss_reference_batch():

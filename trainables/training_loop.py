@@ -15,6 +15,7 @@ batches as one that never stopped.
 
 from __future__ import annotations
 
+import json
 import logging
 import tempfile
 from pathlib import Path
@@ -33,6 +34,9 @@ from tula_ray.workloads import resolve_workload
 logger = logging.getLogger(__name__)
 
 CHECKPOINT_FILE = "state.pt"  # torch.save of `checkpoint_state` inside each checkpoint directory
+# Beside it: every epoch's metrics row so far (JSON), so that `train` has them all when it
+# keeps only the last checkpoints; read alone, without fetching the model's state.
+METRICS_FILE = "metrics.json"
 NOT_RESUMED = -1  # "resumed_from" of a run that started from scratch
 SEED_DEFAULT = 0
 FAIL_MARKER = "failed-once"  # file under config["fail_marker_dir"]: the injected failure happened
@@ -75,7 +79,7 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
     validating = bool(config.get("validation_fraction")) and run.tracker is None
     keep_checkpoints = bool(config.get("checkpoint", True))
     model, setup = run.model, run.setup
-    start_epoch, resumed_from = _resume_point(run, rank)
+    start_epoch, resumed_from, history = _resume_point(run, rank)
 
     fixed = {"num_workers": world_size, "global_batch": global_batch,
              "local_batch": global_batch // world_size, "strategy": setup.name,
@@ -86,13 +90,14 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
         if validating:
             metrics = {key.replace("test_", "val_"): value for key, value in metrics.items()}
         row = {"epoch": epoch, **fixed, **_scalars(metrics)}
+        history.append(row)
         if rank == 0:
             # a scale-invariant budget trains until its progress is reached: no known count
             planned = config["epochs"] if config.get("budget", "epochs") == "epochs" else None
             show(epoch_line(row, planned), config.get("verbose", QUIET))
         target = None if run.tracker is None else run.tracker.state_dict()
         _report(row, checkpoint_state(model, setup, epoch, target)
-                if rank == 0 and keep_checkpoints else None, epoch)
+                if rank == 0 and keep_checkpoints else None, epoch, history)
 
 
 def _prepared(config: dict[str, Any], rank: int, world_size: int) -> Run:
@@ -111,20 +116,22 @@ def _prepared(config: dict[str, Any], rank: int, world_size: int) -> Run:
         eval_every_samples=config.get("eval_every_samples"))
 
 
-def _resume_point(run: Run, rank: int) -> tuple[int, int]:
-    """(the first epoch to train, the epoch resumed after): from the checkpoint Ray Train
-    restarted the run with, its state restored into the run's model and setup (and a run
-    to a target's tracker); else (0, NOT_RESUMED)."""
+def _resume_point(run: Run, rank: int) -> tuple[int, int, list[dict[str, Any]]]:
+    """(the first epoch to train, the epoch resumed after, the metrics rows so far): from
+    the checkpoint Ray Train restarted the run with, its state restored into the run's
+    model and setup (and a run to a target's tracker); else (0, NOT_RESUMED, [])."""
     checkpoint = ray.train.get_checkpoint()
     if checkpoint is None:
-        return 0, NOT_RESUMED
+        return 0, NOT_RESUMED, []
     with checkpoint.as_directory() as directory:
         state = load_checkpoint_state(directory, map_location=run.device)
+        rows = Path(directory) / METRICS_FILE
+        history = json.loads(rows.read_text()) if rows.is_file() else []
     start_epoch = restore_state(state, run.model, run.setup)
     if run.tracker is not None and state.get("target"):
         run.tracker.load_state_dict(state["target"])
     logger.info("rank %d resumes after epoch %d from %s", rank, start_epoch - 1, checkpoint.path)
-    return start_epoch, start_epoch - 1
+    return start_epoch, start_epoch - 1, [row for row in history if row["epoch"] < start_epoch]
 
 
 def epoch_line(row: dict[str, Any], epochs: int | None) -> str:
@@ -153,13 +160,16 @@ def _scalars(metrics: dict[str, Any]) -> dict[str, Any]:
             if isinstance(value, (int, float, str, bool)) and not isinstance(value, complex)}
 
 
-def _report(row: dict[str, Any], state: dict[str, Any] | None, epoch: int) -> None:
-    """Every rank reports (it is a barrier); rank 0 alone writes the checkpoint."""
+def _report(row: dict[str, Any], state: dict[str, Any] | None, epoch: int,
+            history: list[dict[str, Any]]) -> None:
+    """Every rank reports (it is a barrier); rank 0 alone writes the checkpoint, and every
+    epoch's metrics so far (`history`) beside it."""
     if state is None:
         ray.train.report(row)
         return
     with tempfile.TemporaryDirectory() as directory:
         torch.save(state, Path(directory) / CHECKPOINT_FILE)
+        (Path(directory) / METRICS_FILE).write_text(json.dumps(history))
         ray.train.report(row, checkpoint=ray.train.Checkpoint.from_directory(directory),
                          checkpoint_dir_name=f"checkpoint_epoch_{epoch:04d}")
 
@@ -181,5 +191,5 @@ def _maybe_fail(config: dict[str, Any], epoch: int, rank: int) -> None:
     raise InjectedFailure(f"injected failure at epoch {epoch} (fail_at_epoch={fail_at})")
 
 
-__all__ = ["CHECKPOINT_FILE", "InjectedFailure", "NOT_RESUMED", "load_checkpoint_state",
-           "train_loop_per_worker"]
+__all__ = ["CHECKPOINT_FILE", "METRICS_FILE", "InjectedFailure", "NOT_RESUMED",
+           "load_checkpoint_state", "train_loop_per_worker"]

@@ -66,7 +66,9 @@ def train_and_write_metrics(plan: Any, args: argparse.Namespace,
     from tula_ray.runs.train import train  # imports ray
 
     storage = args.storage_path
-    retries = {} if args.max_failures is None else {"max_failures": args.max_failures}
+    retries = {key: getattr(args, key) for key in ("max_failures", "keep_checkpoints",
+                                                   "collective_timeout_s")
+               if getattr(args, key, None) is not None}
     tuned = _tuned_config(getattr(args, "config", None)) or {"strategy": args.strategy}
     result = train(plan, workload=workload, epochs=args.epochs, storage_path=storage,
                    address=args.address, runtime_env=args.runtime_env,

@@ -133,6 +133,12 @@ def add_train_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-failures", type=int, default=None,
                         help="restarts from the last checkpoint after a worker failure "
                              "(default: tula_ray.train's)")
+    parser.add_argument("--keep-checkpoints", type=int, default=None,
+                        help="the last k epochs' checkpoints kept in storage (default: "
+                             "tula_ray.train's, 2)")
+    parser.add_argument("--collective-timeout-s", type=float, default=None,
+                        help="seconds an all-reduce waits for a peer before the job fails and "
+                             "restarts (default: tula_ray.train's, 600)")
 
 
 def add_precision_option(parser: argparse.ArgumentParser, default: str) -> None:

@@ -14,7 +14,9 @@ starts; a cluster too small for N is refused before any worker is launched.
 
 from __future__ import annotations
 
+import json
 import logging
+import math
 import shutil
 import tempfile
 from dataclasses import dataclass
@@ -24,9 +26,9 @@ from typing import Any, Mapping
 
 import pandas as pd
 from ray.train import CheckpointConfig, FailureConfig, LoggingConfig, RunConfig
-from ray.train.torch import TorchTrainer
+from ray.train.torch import TorchConfig, TorchTrainer
 
-from trainables.training_loop import load_checkpoint_state, train_loop_per_worker
+from trainables.training_loop import METRICS_FILE, load_checkpoint_state, train_loop_per_worker
 from tula_ray.arguments import (check_bool, check_choice, check_int, check_mapping, check_number,
                                 check_text)
 from tula_ray.cluster import (PROVISION_TIMEOUT_S_DEFAULT, Workers, check_runtime_env,
@@ -43,6 +45,14 @@ logger = logging.getLogger(__name__)
 
 MAX_FAILURES_DEFAULT = 2  # worker-group restarts from the last checkpoint before giving up
 UNLIMITED_FAILURES = -1  # Ray's FailureConfig value for "retry forever"
+# A collective still waiting after this has lost a peer (a crash, a hang): the job fails
+# (and restarts from its checkpoint) in minutes, not after torch's 30, with every GPU idle.
+# An epoch's slowest gap between two collectives (a rank loading its data, rank 0 writing a
+# checkpoint) must fit in it: raise it for a data set that takes longer to load.
+COLLECTIVE_TIMEOUT_S_DEFAULT = 600
+# Checkpoints kept in storage: the last two (one more in case the last is cut short). Every
+# epoch's would stay in cloud storage, billed; the metrics of every epoch travel with each.
+KEEP_CHECKPOINTS_DEFAULT = 2
 
 
 @dataclass
@@ -112,6 +122,8 @@ def train(
     target_accuracy: float | None = None,
     eval_every_samples: int | None = None,
     validation_fraction: float | None = None,
+    keep_checkpoints: int | None = KEEP_CHECKPOINTS_DEFAULT,
+    collective_timeout_s: float = COLLECTIVE_TIMEOUT_S_DEFAULT,
 ) -> TrainResult:
     """Train the plan's chosen N and B as a Ray Train job and return the per-epoch metrics.
 
@@ -158,6 +170,10 @@ def train(
     validation_fraction: the share of the training set held out as that split (default
       0.1, drawn with a fixed seed, never the test set); a workload with its own
       `val_dataset_fn` is judged on that instead.
+    keep_checkpoints: the last k epochs' checkpoints kept in storage (default 2; None:
+      every epoch's); `metrics` has every epoch whatever k is.
+    collective_timeout_s: how long a collective (an all-reduce) may wait for a peer before
+      the job fails and restarts from its checkpoint (default 600 s; torch's own is 1800).
     Raises ValueError for a bad argument, before any worker starts; the workload is
     checked on one worker first (`tula_ray.search` says how), so its own code failing
     raises a `tula_ray.failures.UserCodeError` before the training job starts.
@@ -185,7 +201,8 @@ def train(
                                           "eval_every_samples": eval_every_samples,
                                           "validation_fraction": validation_fraction})
             trainer = _trainer(job, config, workers, storage_path=storage_path, name=name,
-                               max_failures=max_failures, verbose=verbose)
+                               max_failures=max_failures, verbose=verbose,
+                               keep=(keep_checkpoints, collective_timeout_s))
             result = trainer.fit()
     finally:
         if marker_dir is not None:
@@ -209,6 +226,10 @@ def _check_arguments(a: Mapping[str, Any]) -> None:
     check_int("seed", a["seed"])
     check_bool("use_gpu", a["use_gpu"], optional=True)
     check_number("lr", a["lr"], low=0.0, low_open=True, optional=True)
+    check_int("keep_checkpoints", a["keep_checkpoints"], minimum=1, optional=True,
+              hint="the last k checkpoints kept; None keeps every epoch's")
+    check_number("collective_timeout_s", a["collective_timeout_s"], low=0.0, low_open=True,
+                 hint="seconds a collective waits for a peer")
     check_target(a["target_accuracy"], a["eval_every_samples"])
     check_number("validation_fraction", a["validation_fraction"], low=0.0, high=1.0,
                  low_open=True, high_open=True, optional=True)
@@ -246,17 +267,20 @@ def _loop_config(job: Job, *, seed: int, lr: float | None, budget: str, verbose:
 
 
 def _trainer(job: Job, config: dict[str, Any], workers: Workers, *, storage_path: str | None,
-             name: str | None, max_failures: int, verbose: int = VERBOSE_DEFAULT
-             ) -> TorchTrainer:
+             name: str | None, max_failures: int, verbose: int = VERBOSE_DEFAULT,
+             keep: tuple[int | None, float] = (KEEP_CHECKPOINTS_DEFAULT,
+                                               COLLECTIVE_TIMEOUT_S_DEFAULT)) -> TorchTrainer:
     """The TorchTrainer of `job` running the training loop on `config`, placed as the
-    search profiled N, one checkpoint kept per epoch."""
+    search profiled N; keep: (the last checkpoints kept, the collective time-out in s)."""
     name = name or (f"tula-train-{job.workload.name}-{job.strategy_name}-N{job.num_workers}"
                     f"-B{job.global_batch}-{datetime.now():%Y%m%d-%H%M%S}")
     logger.info("training %s with %s at N=%d, B=%d for %d epochs (run %s)", job.workload.name,
                 job.strategy_name, job.num_workers, job.global_batch, job.epochs, name)
+    keep_checkpoints, collective_timeout_s = keep
     return TorchTrainer(
         train_loop_per_worker,
         train_loop_config=config,
+        torch_config=TorchConfig(timeout_s=int(math.ceil(collective_timeout_s))),
         # Placed as the search profiled N (N <= G workers per node on one node, issue 26):
         # the plan's step time is this placement's.
         scaling_config=scaling_config(job.num_workers, workers.resources,
@@ -264,8 +288,8 @@ def _trainer(job: Job, config: dict[str, Any], workers: Workers, *, storage_path
         run_config=RunConfig(
             name=name, storage_path=storage_path,
             failure_config=FailureConfig(max_failures=max_failures),
-            # Keep every epoch's checkpoint: each carries that epoch's metrics row.
-            checkpoint_config=CheckpointConfig(num_to_keep=None),
+            # Each checkpoint carries every epoch's metrics so far (METRICS_FILE).
+            checkpoint_config=CheckpointConfig(num_to_keep=keep_checkpoints),
             logging_config=LoggingConfig(log_level=ray_log_level(verbose))),
     )
 
@@ -280,11 +304,28 @@ def _target_outcome(metrics: pd.DataFrame) -> dict[str, Any] | None:
 
 
 def _metrics(result: Any) -> pd.DataFrame:
-    """One row per epoch from the checkpoints' metrics (Train V2 keeps rank 0's with each)."""
-    rows = [metrics for _, metrics in (result.best_checkpoints or [])]
+    """One row per epoch: every epoch's rows travel with the last checkpoint
+    (METRICS_FILE; older ones may be deleted, `keep_checkpoints`); a checkpoint written
+    before that, the kept checkpoints' own rows (Train V2 keeps rank 0's with each)."""
+    rows = _rows_with(result.checkpoint)
+    if rows is None:
+        rows = [metrics for _, metrics in (result.best_checkpoints or [])]
     if not rows:
         return pd.DataFrame()
     frame = pd.DataFrame(rows)
     # An epoch reported twice (a failure during its checkpoint upload): keep the later run.
     frame = frame.drop_duplicates(subset="epoch", keep="last").sort_values("epoch")
     return frame.reset_index(drop=True)
+
+
+def _rows_with(checkpoint: Any) -> list[dict[str, Any]] | None:
+    """The metrics rows a checkpoint carries, read alone from its storage (the model's
+    state stays there); None for none."""
+    if checkpoint is None:
+        return None
+    path = f"{checkpoint.path.rstrip('/')}/{METRICS_FILE}"
+    try:
+        with checkpoint.filesystem.open_input_stream(path) as stream:
+            return json.loads(stream.read().decode())
+    except FileNotFoundError:
+        return None
