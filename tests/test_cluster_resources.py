@@ -9,7 +9,7 @@ import ray
 import tula_ray
 from tula_ray import cluster
 from tula_ray.cluster import storage, workers
-from tula_ray.cluster import (CPU_WORKER, GPU_WORKER, autoscaler_node_types,
+from tula_ray.cluster import (CPU_WORKER, GPU_WORKER, autoscaler_node_types, gpu_worker,
                               check_resources_per_worker, check_worker_request, worker_shape,
                               workers_that_fit)
 
@@ -79,13 +79,26 @@ def test_cluster_yaml_workers_are_gpus_the_autoscaler_can_add(monkeypatch):
     # Before any GPU node is up (min_workers 0) the default worker is still a GPU one.
     monkeypatch.setattr(workers.ray, "cluster_resources", lambda: {"CPU": 2.0})
     monkeypatch.setattr(workers, "autoscaler_node_types", lambda: types)
-    assert worker_shape() == GPU_WORKER  # the autoscaler can add GPU nodes
+    # the autoscaler can add GPU nodes; a worker takes its node's CPUs per GPU, the fewest
+    # of the two types' (8 / 1 and 48 / 4), so that it fits on either (issue 45, item 5)
+    assert worker_shape() == {"CPU": 8.0, "GPU": 1.0}
     monkeypatch.setattr(workers, "autoscaler_node_types", lambda: None)
     assert worker_shape() == CPU_WORKER
     monkeypatch.setattr(workers.ray, "cluster_resources", lambda: {"CPU": 2.0, "GPU": 2.0})
-    assert worker_shape() == GPU_WORKER
+    assert worker_shape() == GPU_WORKER  # no GPU node's shape known (no Ray here): one CPU
     assert worker_shape(use_gpu=False) == CPU_WORKER and worker_shape({"CPU": 2}) == {"CPU": 2}
     assert autoscaler_node_types(str(CLUSTER_YAML.with_name("no-such.yaml"))) is None
+
+
+@pytest.mark.parametrize("nodes, cpus", [
+    ([{"CPU": 4.0, "GPU": 1.0}], 4.0),                          # g5.xlarge: the whole node
+    ([{"CPU": 48.0, "GPU": 4.0}], 12.0),                        # g5.12xlarge: a quarter
+    ([{"CPU": 96.0, "GPU": 8.0}, {"CPU": 4.0, "GPU": 1.0}], 4.0),  # fits on both
+    ([{"CPU": 2.0, "GPU": 4.0}], 1.0),                          # at least one
+    ([{"CPU": 8.0}], 1.0),                                      # no GPU node known
+])
+def test_a_gpu_worker_takes_its_nodes_cpus_per_gpu(nodes, cpus):
+    assert gpu_worker(nodes) == {"CPU": cpus, "GPU": 1.0}
 
 
 def _nodes(count):

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 import ray
 
-from tula_ray.cluster import (ADDRESS_ENV, AUTOSCALING_CONFIG_ENV, CPU_WORKER, GPU_WORKER,
-                              ensure_ray, joined_node_types, running_ray_address,
-                              started_ray_here, worker_shape)
+from tula_ray.cluster import (ADDRESS_ENV, AUTOSCALING_CONFIG_ENV, CPU_WORKER, ensure_ray,
+                              joined_node_types, running_ray_address, started_ray_here,
+                              worker_shape)
 from tula_ray.cluster import session, workers
 
 CLUSTER_YAML = Path(__file__).parents[1] / "cluster.yaml"
@@ -93,7 +93,7 @@ def test_the_autoscaler_config_is_read_only_for_a_joined_cluster(monkeypatch):
     assert not started_ray_here()  # no Ray in this process
     monkeypatch.setattr(workers, "started_ray_here", lambda: False)  # joined the head's Ray
     assert joined_node_types() == [({"CPU": 8.0, "GPU": 1.0}, 16), ({"CPU": 48.0, "GPU": 4.0}, 4)]
-    assert worker_shape() == GPU_WORKER  # its autoscaler can add GPU nodes
+    assert worker_shape() == {"CPU": 8.0, "GPU": 1.0}  # its autoscaler can add GPU nodes
     monkeypatch.setattr(workers, "started_ray_here", lambda: True)  # a new local Ray
     assert joined_node_types() is None
     assert worker_shape() == CPU_WORKER  # the head's GPU nodes never join it

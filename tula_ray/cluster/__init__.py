@@ -24,7 +24,7 @@ from tula_ray.cluster.workers import (AUTOSCALING_CONFIG_ENV, AUTOSCALING_CONFIG
                                       RESOURCE_PRECISION, WORKER_GROUP_START_RETRIES, Workers,
                                       alive_node_resources, autoscaler_node_types,
                                       check_resources_per_worker, check_worker_request,
-                                      joined_node_types, node_memory_bytes, provision_workers,
+                                      gpu_worker, joined_node_types, node_memory_bytes, provision_workers,
                                       release_workers, task_options, trial_resources,
                                       use_gpu_default, worker_shape, workers_per_node)
 
@@ -35,7 +35,7 @@ __all__ = ['ADDRESS_ENV', 'cluster_for_run', 'AUTOSCALING_CONFIG_ENV', 'AUTOSCAL
            'RESOURCE_PRECISION', 'WORKER_GROUP_START_RETRIES', 'Workers',
            'alive_node_resources', 'autoscaler_node_types', 'check_address',
            'check_resources_per_worker', 'check_runtime_env', 'check_storage_path',
-           'check_worker_request', 'ensure_ray', 'joined_node_types', 'node_memory_bytes',
+           'check_worker_request', 'ensure_ray', 'gpu_worker', 'joined_node_types', 'node_memory_bytes',
            'nodes_not_seeing', 'provision_workers', 'ray_session', 'refuse_a_second_ray',
            'release_workers', 'running_ray_address', 'start_local_ray', 'started_ray_here', 'task_options', 'trial_resources', 'use_gpu_default',
            'worker_shape', 'workers_per_node', 'workers_that_fit', 'can_place',

@@ -53,7 +53,9 @@ PROVISION_POLL_S = 5.0
 # looks there too, to tell an autoscaling cluster); TULA_RAY_AUTOSCALING_CONFIG overrides.
 AUTOSCALING_CONFIG_PATH = "~/ray_bootstrap_config.yaml"
 AUTOSCALING_CONFIG_ENV = "TULA_RAY_AUTOSCALING_CONFIG"
-GPU_WORKER = {"CPU": 1.0, "GPU": 1.0}  # one device per worker: a GPU (and a CPU to feed it)
+# One device per worker: a GPU, and a CPU to feed it when no GPU node's shape is known;
+# else its share of its node's CPUs (`gpu_worker`).
+GPU_WORKER = {"CPU": 1.0, "GPU": 1.0}
 CPU_WORKER = {"CPU": 1.0}  # one device per worker: a core
 RESOURCE_PRECISION = 1e-4  # Ray's smallest fractional resource quantity
 CPU_MEMORY_SHARE_DEFAULT = 0.25  # of the node's RAM per worker, when the user declares none
@@ -133,17 +135,33 @@ def worker_shape(resources_per_worker: dict[str, float] | None = None, *,
     trainables alike.
 
     `resources_per_worker` (checked by `check_resources_per_worker`) when given; else one
-    device per worker: a GPU and a CPU to feed it when `use_gpu`, a CPU when not; with
-    `use_gpu` None, a GPU when the cluster has GPUs or its autoscaler can add GPU nodes
-    (those start at zero: cluster.yaml has min_workers 0).
+    device per worker: a GPU and its share of its node's CPUs when `use_gpu`
+    (`gpu_worker`), a CPU when not; with `use_gpu` None, a GPU when the cluster has GPUs
+    or its autoscaler can add GPU nodes (those start at zero: cluster.yaml has
+    min_workers 0).
     """
     if resources_per_worker is not None:
         return dict(resources_per_worker)
+    node_types = [resources for resources, count in joined_node_types() or [] if count > 0]
     if use_gpu is None:
-        can_add_gpus = any(resources.get("GPU", 0) > 0 and count > 0
-                           for resources, count in joined_node_types() or [])
+        can_add_gpus = any(resources.get("GPU", 0) > 0 for resources in node_types)
         use_gpu = ray.cluster_resources().get("GPU", 0.0) > 0 or can_add_gpus
-    return dict(GPU_WORKER if use_gpu else CPU_WORKER)
+    if not use_gpu:
+        return dict(CPU_WORKER)
+    alive = alive_node_resources() if ray.is_initialized() else []
+    return gpu_worker([*alive, *node_types])
+
+
+def gpu_worker(nodes: list[dict[str, float]]) -> dict[str, float]:
+    """A GPU worker's resources: one GPU and its node's CPUs divided by its GPUs (at least
+    one; the fewest over the GPU node shapes in `nodes`, so that it fits on each), so
+    that torch's threads and the DataLoader's processes (`loader_workers`, from the
+    threads Ray gives the worker) feed the GPU; one CPU when no GPU node is known. With
+    one CPU, torch runs one thread and a user's Dataset is decoded in the training
+    process: the GPU starves (issue 45, item 5)."""
+    shares = [math.floor(node.get("CPU", 0.0) / node["GPU"]) for node in nodes
+              if node.get("GPU", 0.0) >= 1]
+    return {"CPU": float(max(1, min(shares))) if shares else GPU_WORKER["CPU"], "GPU": 1.0}
 
 
 @dataclass(frozen=True)

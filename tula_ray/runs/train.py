@@ -253,14 +253,14 @@ def _check_fail_at_epoch(job: Job, fail_at_epoch: int | None) -> None:
 
 def _loop_config(job: Job, *, seed: int, lr: float | None, budget: str, verbose: int,
                  fail_at_epoch: int | None, marker_dir: str | None,
-                 target: Mapping[str, Any]) -> dict[str, Any]:
+                 target: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """What each worker's loop (`trainables.training_loop`) is given: the job, its seed, LR,
     budget, verbosity and target (target_accuracy, eval_every_samples,
     validation_fraction), and (tests only) the epoch where rank 0 fails once."""
     config: dict[str, Any] = {
         "workload": job.spec, "workload_options": job.options, "global_batch": job.global_batch,
         "epochs": job.epochs, "strategy": job.strategy, "strategy_options": job.strategy_options,
-        "seed": seed, "lr": lr, "budget": budget, "verbose": verbose, **target}
+        "seed": seed, "lr": lr, "budget": budget, "verbose": verbose, **(target or {})}
     if fail_at_epoch is not None:
         config.update(fail_at_epoch=fail_at_epoch, fail_marker_dir=marker_dir)
     return config
