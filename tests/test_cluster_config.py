@@ -328,3 +328,66 @@ def test_ray_down_terminates_gpu_nodes_rather_than_stopping_them():
     why = text[:text.index("cache_stopped_nodes:")].rsplit("region:", 1)[1]
     assert "billing" in why, why
     assert "`cache_stopped_nodes: false`" in GUIDE.read_text()
+
+
+# Issue 45, item 5: the NCCL the training process loads, and the interface NCCL and gloo
+# talk over (YAML and a check of its own: not verified on GPU hardware, the guide says so).
+TORCH_NCCL = "/home/ubuntu/tula-venv/lib/python3.11/site-packages/nvidia/nccl/lib/libnccl.so.2"
+SYSTEM_NCCL = "/usr/lib/x86_64-linux-gnu/libnccl.so.2"
+
+
+def _maps(*paths: str) -> str:
+    return "".join(f"7f00{i:04x}000-7f00{i:04x}fff r-xp 00000000 103:01 {i} {path}\n"
+                   for i, path in enumerate(paths)) + "7ffd000-7ffe000 rw-p 0 00:00 0 [stack]\n"
+
+
+def test_gpu_workers_check_that_they_load_torchs_own_nccl():
+    from tula_ray.cluster.node_check import check_nccl, loaded_libraries
+
+    assert "python3 -m tula_ray.cluster.node_check" in CONFIG["worker_setup_commands"]
+    assert loaded_libraries(_maps("/lib/libc.so.6", TORCH_NCCL, TORCH_NCCL)) == [TORCH_NCCL]
+    check_nccl([TORCH_NCCL])
+    with pytest.raises(RuntimeError, match=f"loads NCCL from {SYSTEM_NCCL}.*LD_LIBRARY_PATH"):
+        check_nccl(loaded_libraries(_maps(SYSTEM_NCCL, TORCH_NCCL)))
+    with pytest.raises(RuntimeError, match="loaded no libnccl"):
+        check_nccl(loaded_libraries(_maps("/lib/libc.so.6")))
+
+
+def test_the_node_check_passes_on_a_machine_without_a_gpu():
+    import torch
+
+    done = subprocess.run([sys.executable, "-m", "tula_ray.cluster.node_check"],
+                          capture_output=True, text=True)
+    if not torch.cuda.is_available():
+        assert done.returncode == 0 and "no GPU" in done.stderr
+
+
+def test_nccl_and_gloo_talk_over_the_default_routes_interface():
+    (start,) = [c for c in CONFIG["worker_start_ray_commands"] if "ray start" in c]
+    assert start.startswith("set -o pipefail;")
+    assert "IFACE=$(ip -o -4 route show to default" in start
+    assert "NCCL_SOCKET_IFNAME=$IFACE GLOO_SOCKET_IFNAME=$IFACE" in start
+    assert start.index("GLOO_SOCKET_IFNAME") < start.index("ray start")  # ray start inherits
+
+
+def test_the_commented_8_gpu_efa_example_is_a_node_type_when_uncommented():
+    lines = (ROOT / "cluster.yaml").read_text().splitlines()
+    start = lines.index("  # gpu_worker_8x_efa:")
+    block = []
+    for line in lines[start:]:
+        if not line.startswith("  # "):
+            break
+        block.append(line[4:])
+    (name, spec), = yaml.safe_load("\n".join(block)).items()
+    assert name == "gpu_worker_8x_efa" and spec["resources"] == {"CPU": 96, "GPU": 8}
+    interfaces = spec["node_config"]["NetworkInterfaces"]
+    assert [i["NetworkCardIndex"] for i in interfaces] == [0, 1, 2, 3]
+    assert all(i["InterfaceType"] == "efa" for i in interfaces)
+    assert len({(i["SubnetId"], tuple(i["Groups"])) for i in interfaces}) == 1  # one subnet
+    assert spec["node_config"]["IamInstanceProfile"] == {"Name": "tula-ray-worker"}
+    from tula_ray.cluster import gpu_worker
+
+    assert gpu_worker([spec["resources"]]) == {"CPU": 12.0, "GPU": 1.0}
+    config = copy.deepcopy(CONFIG)
+    config["available_node_types"][name] = spec
+    validate_config(prepare_config(config))  # Ray's schema takes it
