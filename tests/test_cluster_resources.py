@@ -1,6 +1,7 @@
 """Worker resources, capacity and storage rules of tula_ray.cluster, without a Ray session
 (issue 13 item 5; issue 14 items 2 and 4)."""
 
+import os
 from pathlib import Path
 
 import pytest
@@ -111,7 +112,19 @@ def test_multi_node_storage_rules(monkeypatch, tmp_path):
     with pytest.raises(ValueError, match="2 nodes and storage_path is None.*shared file system"
                                          ".*cloud URI"):
         cluster.check_storage_path(None)
-    cluster.check_storage_path("s3://bucket/runs")  # a cloud URI is taken as it is
+    # A cloud URI is written and read back on every node (a task each: faked here).
+    asked = []
+    monkeypatch.setattr(storage, "nodes_not_writing",
+                        lambda uri, nodes, fs: asked.append((uri, len(nodes))) or {})
+    cluster.check_storage_path("s3://bucket/runs")
+    assert asked == [("s3://bucket/runs", 2)]
+    monkeypatch.setattr(storage, "nodes_not_writing", lambda uri, nodes, fs: {
+        "127.0.0.4": "OSError: AWS Error ACCESS_DENIED during PutObject operation"})
+    with pytest.raises(ValueError, match=r"s3://bucket/runs' cannot be written from the nodes "
+                                         r"at 127.0.0.4 \(127.0.0.4: OSError: AWS Error "
+                                         r"ACCESS_DENIED.*"
+                                         r"instance profile"):
+        cluster.check_storage_path("s3://bucket/runs")
     # A local path is asked of every node; one that does not see the driver's file is named.
     monkeypatch.setattr(storage, "nodes_not_seeing", lambda path, nodes: ["127.0.0.4"])
     with pytest.raises(ValueError, match="not visible from the nodes at 127.0.0.4"):
@@ -120,3 +133,14 @@ def test_multi_node_storage_rules(monkeypatch, tmp_path):
     cluster.check_storage_path(str(tmp_path))
     monkeypatch.setattr(storage.ray, "nodes", lambda: _nodes(1))
     cluster.check_storage_path(None)  # one node: its own disk is every node's
+
+
+def test_a_store_is_written_and_read_back_through_pyarrow(tmp_path):
+    """What each node's task does (`write_and_read`): a file:// URI here; an unwritable
+    place is named by its error, and no marker is left behind."""
+    assert storage.write_and_read(f"file://{tmp_path}/runs") is None
+    assert list((tmp_path / "runs").iterdir()) == []
+    (tmp_path / "locked").mkdir(mode=0o500)
+    error = storage.write_and_read(f"file://{tmp_path}/locked/runs")
+    if os.geteuid() != 0:  # root writes anywhere
+        assert error is not None and "Permission denied" in error

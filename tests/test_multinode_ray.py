@@ -27,6 +27,7 @@ from pathlib import Path
 import pytest
 import ray
 import torch
+import pyarrow.fs
 from ray import cloudpickle  # Ray serialises functions with its own copy
 from ray.cluster_utils import Cluster
 from ray.util.state import list_actors
@@ -109,6 +110,48 @@ def test_multi_node_without_shared_storage_is_refused_before_anything_runs(conne
         tula_ray.train(plan, "lbt")
     assert _train_workers() == workers_before  # no training worker was started
     assert ray.is_initialized()  # the user's ray.init(address=...) was respected, not shut down
+
+
+class _RefusingOnOneNode:
+    """A store that refuses writes from one node (a worker whose credentials may not write
+    the bucket), with the four calls of pyarrow's FileSystem the check makes, over the
+    local disk (pyarrow's own file systems cannot be told apart by node)."""
+
+    def __init__(self, refused_node_id: str) -> None:
+        self.refused_node_id = refused_node_id
+        self.disk = pyarrow.fs.LocalFileSystem()
+
+    def create_dir(self, path, recursive=True):
+        self.disk.create_dir(path, recursive=recursive)
+
+    def open_output_stream(self, path):
+        if ray.get_runtime_context().get_node_id() == self.refused_node_id:
+            raise PermissionError(f"{path}: writes refused on this node (a test's fake store)")
+        return self.disk.open_output_stream(path)
+
+    def open_input_stream(self, path):
+        return self.disk.open_input_stream(path)
+
+    def delete_file(self, path):
+        self.disk.delete_file(path)
+
+
+def test_a_store_one_node_may_not_write_is_refused_naming_that_node(connected, tmp_path):
+    """Issue 45, item 2: a URI is written and read back from a task on every node (pyarrow's
+    file systems, as Ray Train writes): a file:// one passes on both; a store refusing
+    writes from the second node fails the check, naming it and the fix."""
+    from tula_ray.cluster import check_storage_path
+
+    uri = f"file://{tmp_path}/runs"
+    check_storage_path(uri)
+    refused = sorted((n for n in ray.nodes() if n["Alive"]),
+                     key=lambda n: n["NodeManagerAddress"])[1]
+    store = _RefusingOnOneNode(refused["NodeID"])
+    with pytest.raises(ValueError, match=rf"cannot be written from the nodes at "
+                                         rf"{refused['NodeManagerAddress']} \(.*PermissionError"
+                                         rf".*writes refused.*instance profile"):
+        check_storage_path(uri, filesystem=store)
+    assert not list((tmp_path / "runs").glob(".tula-ray-storage-check-*"))  # none left
 
 
 def _tiny_data(train: bool) -> TensorDataset:
