@@ -78,7 +78,7 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
     # trials being throw-away, no checkpoint is written. A run to a target names its own.
     validating = bool(config.get("validation_fraction")) and run.tracker is None
     keep_checkpoints = bool(config.get("checkpoint", True))
-    model, setup = run.model, run.setup
+    setup = run.setup
     start_epoch, resumed_from, history = _resume_point(run, rank)
 
     fixed = {"num_workers": world_size, "global_batch": global_batch,
@@ -95,9 +95,16 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
             # a scale-invariant budget trains until its progress is reached: no known count
             planned = config["epochs"] if config.get("budget", "epochs") == "epochs" else None
             show(epoch_line(row, planned), config.get("verbose", QUIET))
-        target = None if run.tracker is None else run.tracker.state_dict()
-        _report(row, checkpoint_state(model, setup, epoch, target)
-                if rank == 0 and keep_checkpoints else None, epoch, history)
+        _report(row, _checkpoint(run, epoch) if rank == 0 and keep_checkpoints else None,
+                epoch, history)
+
+
+def _checkpoint(run: Run, epoch: int) -> dict[str, Any]:
+    """The run's state after `epoch` (`checkpoint_state`), a run to a target's tracker and
+    the online noise scale's averages (read at the epoch's end) included."""
+    return checkpoint_state(run.model, run.setup, epoch,
+                            None if run.tracker is None else run.tracker.state_dict(),
+                            None if run.noise is None else run.noise.state_dict())
 
 
 def _prepared(config: dict[str, Any], rank: int, world_size: int) -> Run:
@@ -130,6 +137,8 @@ def _resume_point(run: Run, rank: int) -> tuple[int, int, list[dict[str, Any]]]:
     start_epoch = restore_state(state, run.model, run.setup)
     if run.tracker is not None and state.get("target"):
         run.tracker.load_state_dict(state["target"])
+    if run.noise is not None and state.get("noise"):  # a resumed run continues its averages
+        run.noise.load_state_dict(state["noise"])
     logger.info("rank %d resumes after epoch %d from %s", rank, start_epoch - 1, checkpoint.path)
     return start_epoch, start_epoch - 1, [row for row in history if row["epoch"] < start_epoch]
 

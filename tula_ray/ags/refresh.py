@@ -66,6 +66,19 @@ class ScaleRefresh:
         else:
             self._local.update(zip(params, torch._foreach_norm([g.detach() for g in grads])))
 
+    @torch.no_grad()
+    def observed_small_sqr(self) -> torch.Tensor | None:
+        """|g_b|^2 of the small-batch gradient observed for this step's refresh, summed over
+        every tensor and divided by `loss_scale`^2 (a 0-d float64 tensor on the
+        gradients' device, no host sync), or None when none was observed. Read it before
+        `step()`, which consumes the observation (an optimizer step pre-hook does: the
+        online noise scale, `tula_ray.training.online_noise`, reuses the sub-batch)."""
+        if not self._local:
+            return None
+        values = [v.detach().float() for v in self._local.values()]
+        norms = torch._foreach_norm(values) if self.granularity == "element" else values
+        return torch.stack(norms).double().square().sum() / float(self.loss_scale) ** 2
+
     def _unscaled_observed(self) -> dict[torch.Tensor, torch.Tensor] | None:
         """The observed small-batch gradients divided by `loss_scale`, or None when one of
         them overflowed (fp16: the large-batch gradient may be finite when a sub-batch's

@@ -18,7 +18,8 @@ No Ray, no torch (core module): squared norms arrive as floats.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
+from typing import Any
 
 
 def signal_and_noise(small_sqr: float, small_batch: float, large_sqr: float,
@@ -61,10 +62,15 @@ def efficiency(noise_scale: float, global_batch: float, reference_batch: float) 
 class NoiseAverage:
     """Squared gradient norms averaged over steps, then turned into |G|^2 and tr(Sigma).
 
-    decay None: the running mean (a profile, where the model barely moves); a float in
-    (0, 1): an exponential moving average per step with Adam's bias correction (a
-    training run, where the noise scale drifts). The batch sizes may differ from step
-    to step only by the pair's ratio being kept: give each step its own b and B."""
+    decay None and timescale_samples None: the running mean (a profile, where the model
+    barely moves). decay in (0, 1): an exponential moving average per step with Adam's
+    bias correction (dividing by the weights' sum, 1 - decay^t). timescale_samples T > 0:
+    the same, each step's decay exp(-B / T) for a step of B samples (its `large_batch`),
+    so a pair S samples ago weighs exp(-S / T) whatever the batch: AdaptDL's
+    `GradientNoiseScale` counts its smoothing 0.999 per local batch alike (a training run,
+    where the noise scale drifts; `tula_ray.training.online_noise`). The batch sizes may
+    differ from step to step only by the pair's ratio being kept: give each step its own
+    b and B."""
 
     decay: float | None = None
     small_sqr: float = 0.0
@@ -73,18 +79,31 @@ class NoiseAverage:
     large_batch: float = 0.0
     weight: float = 0.0  # the sum of the steps' weights (bias correction's denominator)
     steps: int = 0
+    timescale_samples: float | None = None
 
     def __post_init__(self) -> None:
         if self.decay is not None and not 0.0 < self.decay < 1.0:
             raise ValueError(f"decay={self.decay!r}: use None (a running mean) or a number "
                              "in (0, 1)")
+        if self.timescale_samples is not None and not self.timescale_samples > 0:
+            raise ValueError(f"timescale_samples={self.timescale_samples!r}: use None or a "
+                             "positive number of samples")
+        if self.decay is not None and self.timescale_samples is not None:
+            raise ValueError(f"decay={self.decay!r} and timescale_samples="
+                             f"{self.timescale_samples!r}: give one of them")
+
+    def _keep(self, large_batch: float) -> float:
+        """The share of the average a new step keeps."""
+        if self.timescale_samples is not None:
+            return math.exp(-large_batch / self.timescale_samples)
+        return (self.steps / (self.steps + 1)) if self.decay is None else self.decay
 
     def update(self, small_sqr: float, small_batch: float, large_sqr: float,
                large_batch: float) -> None:
         """Add one step's pair: |g_b|^2 over b samples and |g_B|^2 over B samples."""
         if not (math.isfinite(small_sqr) and math.isfinite(large_sqr)):
-            return  # an overflowed step (fp16) carries no estimate
-        keep = (self.steps / (self.steps + 1)) if self.decay is None else self.decay
+            return  # an overflowed step (fp16), or no pair (NaN), carries no estimate
+        keep = self._keep(large_batch)
         for name, value in (("small_sqr", small_sqr), ("large_sqr", large_sqr),
                             ("small_batch", small_batch), ("large_batch", large_batch)):
             setattr(self, name, keep * getattr(self, name) + (1 - keep) * value)
@@ -103,3 +122,16 @@ class NoiseAverage:
     def noise_scale(self) -> float:
         grad_sqr, grad_var = self.estimate()
         return noise_scale(grad_sqr, grad_var) if self.steps else math.nan
+
+    def state_dict(self) -> dict[str, Any]:
+        """Every field, plain numbers (a checkpoint carries it; `load_state_dict` resumes)."""
+        return asdict(self)
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        unknown = sorted(set(state) - set(asdict(self)))
+        if unknown:
+            raise ValueError(f"not a NoiseAverage state: unknown keys {unknown}; expected "
+                             f"{sorted(asdict(self))}")
+        for name, value in state.items():
+            setattr(self, name, value)
+        self.__post_init__()

@@ -23,8 +23,13 @@ class EpochTally:
     the profiling loop times: the strategy's step on a batch, then the epoch's sums."""
 
     def __init__(self, model: nn.Module, setup: StrategySetup, loss_fn: Callable,
-                 device: torch.device | str) -> None:
+                 device: torch.device | str,
+                 before_step: Callable[[torch.Tensor, torch.Tensor], None] | None = None
+                 ) -> None:
         self.model, self.setup, self.loss_fn = model, setup, loss_fn
+        # Called with each batch before its step (the online noise scale's
+        # `OnlineNoise.before_step`: its half-batch backward on one worker, when due).
+        self.before_step = before_step
         self.device = torch.device(device)
         self.loss_sum = torch.zeros((), dtype=torch.float64, device=self.device)
         self.correct = torch.zeros((), dtype=torch.int64, device=self.device)
@@ -36,6 +41,8 @@ class EpochTally:
         # A no-op for the data path's batches (already there); a plain DataLoader's move.
         inputs = inputs.to(self.device, non_blocking=True)
         targets = targets.to(self.device, non_blocking=True)
+        if self.before_step is not None:
+            self.before_step(inputs, targets)
         loss, outputs, self.lr = self.setup.train_step(self.model, self.loss_fn, inputs, targets)
         self.telemetry.append(self.setup.step_telemetry())
         self.loss_sum += loss.detach().double() * len(targets)
@@ -45,11 +52,14 @@ class EpochTally:
 
 def train_epoch(model: nn.Module, setup: StrategySetup, loss_fn: Callable, loader: Iterable,
                 device: torch.device | str, *, epoch: int,
-                after_step: Callable[[], bool] | None = None) -> dict[str, Any]:
+                after_step: Callable[[], bool] | None = None,
+                before_step: Callable[[torch.Tensor, torch.Tensor], None] | None = None
+                ) -> dict[str, Any]:
     """One pass over `loader` (`tula_ray.training.batches.Batches`, or a DataLoader) with
     the strategy's hooks (`StrategySetup`). after_step: called after every step; True
     ends the epoch there (a run that reached its target: `tula_ray.training.target`), and
-    every rank must answer alike (they all stop at the same step).
+    every rank must answer alike (they all stop at the same step). before_step: called
+    with each batch before its step (`EpochTally`).
 
     Returns train_loss (mean over samples), train_accuracy (fraction), steps, lr
     (the LR of the last step), seconds (wall time of the pass, data included: what the
@@ -65,7 +75,7 @@ def train_epoch(model: nn.Module, setup: StrategySetup, loss_fn: Callable, loade
         set_epoch(epoch)
     setup.start_epoch(epoch)
     model.train()
-    tally = EpochTally(model, setup, loss_fn, device)
+    tally = EpochTally(model, setup, loss_fn, device, before_step)
     with StepTimer(device) as timer:
         for inputs, targets in loader:
             tally.step(inputs, targets)

@@ -25,6 +25,7 @@ from tula_ray.training.budget import Budget, budget_for
 from tula_ray.training.data import make_loaders, test_batches
 from tula_ray.training.epochs import evaluate, train_epoch
 from tula_ray.training.measure import StepTimer
+from tula_ray.training.online_noise import NOISE_METRICS, OnlineNoise, captured_comm_hook
 from tula_ray.training.strategies import (TRAINING_STRATEGY_DEFAULT, StrategySetup,
                                           TrainingStrategy, build_strategy, get_training_strategy)
 from tula_ray.training.strategy_base import describe_optimizer
@@ -37,7 +38,7 @@ logger = logging.getLogger(__name__)
 # "optimizer" names what trained, e.g. "TulaOptimizer(Adam)": the workload's own optimizer.
 COLUMNS = ("epoch", "strategy", "optimizer", "global_batch", "seed", "train_loss", "train_accuracy",
            "test_loss", "test_accuracy", "lr", "seconds", "scaled_fraction", "variability_median",
-           "loss_scale", "progress")
+           "loss_scale", "progress", *NOISE_METRICS)
 # A run to a target (`fit(target_accuracy=)`) adds these: its last validation scores,
 # the evaluations' seconds, and `TargetTracker.summary`'s figures.
 TARGET_COLUMNS = ("val_loss", "val_accuracy", "val_seconds", "target_accuracy", "target_reached",
@@ -60,6 +61,9 @@ class Run:
     tracker: TargetTracker | None = None  # a run to a target: test_loader is the validation
     num_replicas: int = 1  # this process is rank `rank` of `num_replicas`
     rank: int = 0
+    # The gradient noise scale measured while training (`tula_ray.training.online_noise`):
+    # every epoch's metrics and every evaluation of a run to a target carry NOISE_METRICS.
+    noise: OnlineNoise | None = None
 
     def train_epochs(self, start: int = 0, *, before: Callable[[int], None] | None = None
                      ) -> Iterator[tuple[int, dict[str, Any]]]:
@@ -99,7 +103,10 @@ class Run:
         with workload_code(self.workload.name,
                            f"training at local batch {self.train_loader.batch}"):
             metrics = train_epoch(self.model, self.setup, self.loss_fn, self.train_loader,
-                                  self.device, epoch=epoch, after_step=after_step)
+                                  self.device, epoch=epoch, after_step=after_step,
+                                  before_step=None if self.noise is None
+                                  else self.noise.before_step)
+        metrics.update(self.noise_metrics())
         if self.tracker is not None:
             metrics["val_seconds"] = self.tracker.take_epoch_eval_seconds()
             metrics["seconds"] -= metrics["val_seconds"]
@@ -133,11 +140,19 @@ class Run:
             metrics.update(self._evaluate(test, "test"))
         return metrics
 
+    def noise_metrics(self) -> dict[str, float]:
+        """The online noise scale's `NOISE_METRICS` now (`OnlineNoise.read`: every rank at
+        the same point); NaN without an estimator."""
+        return dict.fromkeys(NOISE_METRICS, math.nan) if self.noise is None \
+            else self.noise.read()
+
     def validation_scores(self) -> dict[str, float]:
         """The validation split's val_loss and val_accuracy (a run to a target: its
-        evaluation loader is the validation split)."""
+        evaluation loader is the validation split), with the online noise scale's
+        `NOISE_METRICS` at that point (each evaluation's row carries them)."""
         scores = self._evaluate(self.test_loader, "val")
-        return {"val_loss": scores["val_loss"], "val_accuracy": scores["val_accuracy"]}
+        return {"val_loss": scores["val_loss"], "val_accuracy": scores["val_accuracy"],
+                **self.noise_metrics()}
 
 
 def prepare_run(workload: str | Workload, *, global_batch: int,
@@ -181,9 +196,12 @@ def prepare_run(workload: str | Workload, *, global_batch: int,
     model = model.to(device) if wrap_model is None else wrap_model(model)
     # Built before the data load so that a bad strategy or option fails at once. The
     # workload's own optimizer (at `lr` when one is given): what the user wrote trains.
-    setup = build_strategy(get_training_strategy(strategy), model, global_batch=global_batch,
-                           steps_per_epoch=steps_per_epoch, epochs=epochs, options=options,
-                           optimizer_fn=workload.optimizer_fn, lr=lr)
+    # The comm hook it registers is wrapped by the online noise scale's (attached below).
+    with captured_comm_hook(model) as comm_hook:
+        setup = build_strategy(get_training_strategy(strategy), model,
+                               global_batch=global_batch, steps_per_epoch=steps_per_epoch,
+                               epochs=epochs, options=options,
+                               optimizer_fn=workload.optimizer_fn, lr=lr)
     budget_, note = budget_for(budget, epochs, setup.progress(), train_size)
     if note:
         logger.warning("%s", note)
@@ -196,6 +214,10 @@ def prepare_run(workload: str | Workload, *, global_batch: int,
         device=device, validation_fraction=validation_fraction)
     run = Run(workload, model, setup, train_loader, test_loader, workload.loss_fn(), device,
               budget_.max_epochs(global_batch), budget_, num_replicas=num_replicas, rank=rank)
+    run.noise = OnlineNoise.attach(model, setup, run.loss_fn, global_batch // num_replicas,
+                                   comm_hook)
+    if run.noise.note:
+        setup.notes.append(run.noise.note)
     if target_accuracy is not None:
         interval = evaluation_interval(eval_every_samples, global_batch, steps_per_epoch)
         run.tracker = TargetTracker(Target(target_accuracy, interval), global_batch,
