@@ -221,6 +221,25 @@ def test_noise_evolution_quick():
     assert len(_table_rows(markdown, "| workload | step |")) == 3
 
 
+def test_online_noise_quick():
+    from benchmarks.accuracy import online_noise
+
+    result = online_noise.run(quick=True)
+    settings = online_noise.QUICK
+    assert [r["epoch"] for r in result["agreement"]] == list(settings["checkpoint_epochs"])
+    for row in result["agreement"]:
+        assert row["pairs"] == settings["online_samples"] // settings["pair_batch"]
+        assert _finite(row["online"], row["reference"], row["ratio"])
+        assert row["online_low"] <= row["online_high"]
+    for setup in ("N=1", "N=2"):
+        for strategy in settings["cost_strategies"]:
+            costs = result["costs"][setup][strategy]
+            assert len(costs) == settings["blocks"] and _finite(*costs) and min(costs) > -1
+    markdown = (RESULTS_DIR / "online_noise_quick.md").read_text()
+    assert len(_table_rows(markdown, "| epoch |")) == len(settings["checkpoint_epochs"])
+    assert len(_table_rows(markdown, "| setup |")) == 4
+
+
 def test_equal_progress_quick():
     """Issue 25's Table I at equal progress, smoke test: the B = 32 reference for 1 epoch of
     512 images beside AGS-NS at B = 64 trained to that epoch's progress (1 or 2 epochs)."""

@@ -271,7 +271,9 @@ def fit(workload: str | Workload, *, global_batch: int,
             validation split's accuracy reaches the target (see `prepare_run`).
     Returns:
         One row per epoch with `COLUMNS`; scaled_fraction and variability_median are
-        NaN except for ags, progress except for AGS-NS (its reference-batch steps so far).
+        NaN except for ags, progress except for AGS-NS (its reference-batch steps so far);
+        noise_scale, grad_sqr and grad_var the gradient noise scale measured while
+        training (`tula_ray.training.online_noise`), at the epoch's end.
         `.attrs["notes"]` holds the strategy's notes. A run to a target adds
         `TARGET_COLUMNS` (test_* on its last row only: the test set is read once), and
         `.attrs["target"]` (`TargetTracker.summary`), `.attrs["evaluations"]` (a frame,
