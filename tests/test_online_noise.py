@@ -105,13 +105,17 @@ def _squared_gradient(module: nn.Module, inputs, targets) -> torch.Tensor:
 
 
 def _trained(strategy: str, model: nn.Module, batches, *, global_batch: int, options=None,
-             steps_per_epoch: int = 100, epochs: int = 1, **noise_options):
+             steps_per_epoch: int = 100, epochs: int = 1, scaled: bool = False,
+             **noise_options):
     """`strategy` built on `model` with its comm hook captured, an estimator attached, and
-    `batches` trained through the epoch's step with it."""
+    `batches` trained through the epoch's step with it. scaled: fp16's loss scaler on
+    float32 steps (a scale of 2^10: the gradients scaled and unscaled exactly)."""
     with captured_comm_hook(model) as captured:
         setup = build_strategy(strategy, model, global_batch=global_batch,
                                steps_per_epoch=steps_per_epoch, epochs=epochs,
                                optimizer_fn=_frozen_sgd, options=options)
+    if scaled:
+        setup.scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 10)
     world = torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1
     noise = OnlineNoise.attach(model, setup, nn.CrossEntropyLoss(), global_batch // world,
                                captured, timescale_samples=TIMESCALE, **noise_options)
@@ -139,20 +143,22 @@ def _worker_pairs(rank: int, module: nn.Module, seeds, local_batch: int) -> Nois
 
 def _ddp_strategies(rank: int, out_dir: str) -> None:
     local_batch, results = 64, {}
-    for strategy, options in (("ags-ns", None), ("lrs", None),
-                              ("polo", {"switch_epoch": 1})):
+    for name, strategy, options in (("ags-ns", "ags-ns", None), ("lrs", "lrs", None),
+                                    ("polo", "polo", {"switch_epoch": 1}),
+                                    ("lbt, loss-scaled", "lbt", None)):
         model = nn.parallel.DistributedDataParallel(_model())
         seeds = range(3)
         batches = [_batch(100 * seed + rank, local_batch) for seed in seeds]
         reference = _worker_pairs(rank, model.module, seeds, local_batch)
         setup, noise = _trained(strategy, model, batches, global_batch=2 * local_batch,
-                                options=options, steps_per_epoch=3, epochs=2)
+                                options=options, steps_per_epoch=3, epochs=2,
+                                scaled="scaled" in name)
         synced = noise.read()
         for inputs, targets in batches:  # PoLo: now local SGD; the others: 3 more pairs
             noise.before_step(inputs, targets)
             setup.train_step(model, nn.CrossEntropyLoss(), inputs, targets)
         later = noise.read()
-        results[strategy] = {"online": synced, "pairs": noise.average.steps,
+        results[name] = {"online": synced, "pairs": noise.average.steps,
                              "reference": reference.estimate(), "later": later,
                              "note": noise.note}
     torch.save(results, os.path.join(out_dir, f"{rank}.pt"))
@@ -169,6 +175,7 @@ def test_two_workers_pair_their_own_and_the_reduced_gradient_under_every_hook(tm
         assert online["grad_var"] == pytest.approx(grad_var, rel=1e-4)
         assert online["noise_scale"] == pytest.approx(grad_var / grad_sqr, rel=1e-4)
     assert first["ags-ns"]["pairs"] == first["lrs"]["pairs"] == 6
+    assert first["lbt, loss-scaled"]["pairs"] == 6  # fp16's scale taken out of both norms
     # PoLo after its switch: local SGD, no all-reduced gradient, no pair: NaN, said so.
     assert first["polo"]["pairs"] == 3
     assert all(math.isnan(first["polo"]["later"][key]) for key in NOISE_METRICS)
@@ -187,11 +194,12 @@ def _one_worker_pairs(seeds, batch: int, small: int) -> NoiseAverage:
     return reference
 
 
+@pytest.mark.parametrize("scaled", [False, True], ids=["fp32", "loss-scaled"])
 @pytest.mark.parametrize("strategy, every, small, seeds", [
     ("lbt", 2, 32, [0, 2, 4]),  # the batch's first half, at steps 0, 2 and 4
     ("ags-ns", 1, 32, [0, 1, 2, 3, 4]),  # AGS-NS's own 32-sample sub-batch, every step
 ])
-def test_one_worker_pairs_a_sub_batch_with_its_batch(strategy, every, small, seeds,
+def test_one_worker_pairs_a_sub_batch_with_its_batch(strategy, every, small, seeds, scaled,
                                                       monkeypatch):
     from tula_ray.training import online_noise
 
@@ -199,7 +207,7 @@ def test_one_worker_pairs_a_sub_batch_with_its_batch(strategy, every, small, see
     model, forwards = _model(), []
     model.register_forward_hook(lambda *_: forwards.append(1))
     _, noise = _trained(strategy, model, [_batch(seed, 64) for seed in range(5)],
-                        global_batch=64, every_steps=every)
+                        global_batch=64, every_steps=every, scaled=scaled)
     grad_sqr, grad_var = _one_worker_pairs(seeds, 64, small).estimate()
     online = noise.read()
     assert noise.mode == ("halves" if strategy == "lbt" else "sub-batch")
