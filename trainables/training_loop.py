@@ -16,6 +16,7 @@ batches as one that never stopped.
 from __future__ import annotations
 
 import json
+import math
 import logging
 import tempfile
 from pathlib import Path
@@ -160,7 +161,12 @@ def epoch_line(row: dict[str, Any], epochs: int | None) -> str:
 
 
 def _known(value: Any) -> bool:
-    return isinstance(value, (int, float)) and value == value  # not None, not NaN
+    """A score that is there: not None, not NaN (a run to a target scores its test set at
+    its end only)."""
+    try:
+        return not math.isnan(value)
+    except TypeError:  # None: not in the row
+        return False
 
 
 def _scalars(metrics: dict[str, Any]) -> dict[str, Any]:
