@@ -136,6 +136,13 @@ def test_a_batch_row_has_every_column_and_adds_up(ranks):
         for key in ("strategy_extra_s", "checkpoint_time_s", "eval_time_s", "grad_sqr"):
             assert math.isfinite(row[key]), key
     assert ranks[0]["row"]["step_time_s"] == ranks[1]["row"]["step_time_s"]  # the slowest's
+    # How far the model had trained when its noise was measured (issue 43, item 4): the
+    # warm-up's and both timed phases' optimizer steps at B, on every rank alike.
+    row = ranks[0]["row"]
+    minimum = SETTINGS["warmup_steps"] + 2 * SETTINGS["measure_steps"]
+    assert row["noise_after_steps"] >= minimum
+    assert row["noise_after_samples"] == row["noise_after_steps"] * BATCH
+    assert row["noise_after_steps"] == ranks[1]["row"]["noise_after_steps"]
 
 
 def test_the_strategy_is_measured_where_it_runs_as_configured():

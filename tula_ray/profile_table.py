@@ -48,6 +48,11 @@ PROFILE_COLUMNS = (
     "grad_sqr",
     "grad_var",
     "noise_steps",
+    # how far the profiled model had trained when its noise was measured (its worker
+    # group's optimizer steps, and their samples, over the sweep's batches so far): phi
+    # grows as a model trains, and these steps depend on the device's speed (issue 43)
+    "noise_after_steps",
+    "noise_after_samples",
     "peak_mem_bytes",  # peak device memory of one worker
     # NCCL's communicator buffers on one GPU of this worker group, measured at its first
     # collective (no peak counter sees them); NaN where not measured (CPU, N = 1)

@@ -126,6 +126,14 @@ class Sweep:
         # DDP's gradient buckets, which CUDA's peak counts and the budget took off apart.
         self.bucket_bytes = float(gradient_bytes(self.training.model)) \
             if self.training.distributed else 0.0
+        # The profiled model's training so far (every optimizer step of the sweep): how far
+        # it had trained when a row's noise was measured.
+        self.trained_steps = self.trained_samples = self.global_batch = 0
+        self.training.plain.optimizer.register_step_post_hook(self._count_step)
+
+    def _count_step(self, *_: Any) -> None:
+        self.trained_steps += 1
+        self.trained_samples += self.global_batch
 
     def _load_data(self) -> None:
         """The training set, placed once (on the GPU when it fits): every batch of the sweep
@@ -197,7 +205,7 @@ class Sweep:
         if global_batch % world_size:
             raise ValueError(f"global_batch={global_batch} is not divisible by num_workers="
                              f"{world_size}; B must be a multiple of N")
-        local_batch = global_batch // world_size
+        local_batch, self.global_batch = global_batch // world_size, global_batch
         result = self._diagnostics()
         check_batch_in_dataset("global_batch", global_batch, self.workload.name,
                                len(self.dataset))  # type: ignore[arg-type]
@@ -236,10 +244,12 @@ class Sweep:
 
     def _noise_fields(self, batches: Iterator, warm_s: float) -> dict[str, Any]:
         """4. The gradient noise (`gradient_noise`), as the row's grad_sqr, grad_var and
-        noise_steps."""
+        noise_steps, and how far the model had trained then (noise_after_steps, _samples)."""
         noise = gradient_noise(self.training, batches, warm_s, self.world_size)
         grad_sqr, grad_var = noise.estimate()
-        return {"grad_sqr": grad_sqr, "grad_var": grad_var, "noise_steps": noise.steps}
+        return {"grad_sqr": grad_sqr, "grad_var": grad_var, "noise_steps": noise.steps,
+                "noise_after_steps": self.trained_steps,
+                "noise_after_samples": self.trained_samples}
 
     def _strategy_extra_s(self) -> float:
         """5. What the training strategy adds to a step, at `strategy_batch`."""
