@@ -168,7 +168,11 @@ def test_a_search_of_every_candidate_measures_them_in_one_group_per_n(full_plan)
 
 # The same step timed minutes apart drifts by about this much on a shared machine (the
 # other tenants' load moves): a cell's own spread, measured over seconds, does not see it.
-LOAD_DRIFT = 0.15
+# 0.15 (NOTES-ENV's ~15 %) was passed by 0.351 against 0.308 in a full run of the suite
+# on 2026-11-28; the profile-agreement benchmark's demos minutes apart differ by up to
+# 32 % in a cell's median (benchmarks/results/profile_agreement.md). The wrong model
+# below is off by several times its step, far past either bound.
+LOAD_DRIFT = 0.30
 
 
 def _off_corner_errors(profiles, params):
