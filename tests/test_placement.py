@@ -269,11 +269,10 @@ def test_train_and_tuning_trials_place_n_as_it_was_profiled(monkeypatch):
               "lbt", {}, ())
     config = train._loop_config(job, seed=0, lr=None, budget="epochs",
                                 verbose=VERBOSE_DEFAULT, fail_at_epoch=None, marker_dir=None)
-    train._trainer(job, config, Workers({"CPU": 1.0}, False, False, 4), storage_path=None,
-                   name="run", max_failures=0)
+    run_config = train._run_config(job, storage_path=None, name="run", max_failures=0)
+    train._trainer(job, config, Workers({"CPU": 1.0}, False, False, 4), run_config)
     assert built["scaling_config"].placement_strategy == STRICT_PACK
-    train._trainer(job, config, Workers({"CPU": 1.0}, False, False, 2), storage_path=None,
-                   name="run", max_failures=0)
+    train._trainer(job, config, Workers({"CPU": 1.0}, False, False, 2), run_config)
     assert built["scaling_config"].placement_strategy == PACK
 
     built = _captured_trainer(monkeypatch, tuning_trial)

@@ -142,6 +142,8 @@ def worker_shape(resources_per_worker: dict[str, float] | None = None, *,
     """
     if resources_per_worker is not None:
         return dict(resources_per_worker)
+    if use_gpu is False:
+        return dict(CPU_WORKER)
     node_types = [resources for resources, count in joined_node_types() or [] if count > 0]
     if use_gpu is None:
         can_add_gpus = any(resources.get("GPU", 0) > 0 for resources in node_types)

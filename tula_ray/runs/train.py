@@ -200,9 +200,10 @@ def train(
                                   target={"target_accuracy": target_accuracy,
                                           "eval_every_samples": eval_every_samples,
                                           "validation_fraction": validation_fraction})
-            trainer = _trainer(job, config, workers, storage_path=storage_path, name=name,
-                               max_failures=max_failures, verbose=verbose,
-                               keep=(keep_checkpoints, collective_timeout_s))
+            run_config = _run_config(job, storage_path=storage_path, name=name,
+                                     max_failures=max_failures, verbose=verbose,
+                                     keep_checkpoints=keep_checkpoints)
+            trainer = _trainer(job, config, workers, run_config, collective_timeout_s)
             result = trainer.fit()
     finally:
         if marker_dir is not None:
@@ -266,17 +267,13 @@ def _loop_config(job: Job, *, seed: int, lr: float | None, budget: str, verbose:
     return config
 
 
-def _trainer(job: Job, config: dict[str, Any], workers: Workers, *, storage_path: str | None,
-             name: str | None, max_failures: int, verbose: int = VERBOSE_DEFAULT,
-             keep: tuple[int | None, float] = (KEEP_CHECKPOINTS_DEFAULT,
-                                               COLLECTIVE_TIMEOUT_S_DEFAULT)) -> TorchTrainer:
+def _trainer(job: Job, config: dict[str, Any], workers: Workers, run_config: RunConfig,
+             collective_timeout_s: float = COLLECTIVE_TIMEOUT_S_DEFAULT) -> TorchTrainer:
     """The TorchTrainer of `job` running the training loop on `config`, placed as the
-    search profiled N; keep: (the last checkpoints kept, the collective time-out in s)."""
-    name = name or (f"tula-train-{job.workload.name}-{job.strategy_name}-N{job.num_workers}"
-                    f"-B{job.global_batch}-{datetime.now():%Y%m%d-%H%M%S}")
+    search profiled N, its collectives timed out after `collective_timeout_s`."""
     logger.info("training %s with %s at N=%d, B=%d for %d epochs (run %s)", job.workload.name,
-                job.strategy_name, job.num_workers, job.global_batch, job.epochs, name)
-    keep_checkpoints, collective_timeout_s = keep
+                job.strategy_name, job.num_workers, job.global_batch, job.epochs,
+                run_config.name)
     return TorchTrainer(
         train_loop_per_worker,
         train_loop_config=config,
@@ -285,13 +282,23 @@ def _trainer(job: Job, config: dict[str, Any], workers: Workers, *, storage_path
         # the plan's step time is this placement's.
         scaling_config=scaling_config(job.num_workers, workers.resources,
                                       workers.workers_per_node),
-        run_config=RunConfig(
-            name=name, storage_path=storage_path,
-            failure_config=FailureConfig(max_failures=max_failures),
-            # Each checkpoint carries every epoch's metrics so far (METRICS_FILE).
-            checkpoint_config=CheckpointConfig(num_to_keep=keep_checkpoints),
-            logging_config=LoggingConfig(log_level=ray_log_level(verbose))),
+        run_config=run_config,
     )
+
+
+def _run_config(job: Job, *, storage_path: str | None, name: str | None, max_failures: int,
+                verbose: int = VERBOSE_DEFAULT,
+                keep_checkpoints: int | None = KEEP_CHECKPOINTS_DEFAULT) -> RunConfig:
+    """Where `job`'s run is kept (its name defaulting to what it trains, and when), how
+    often it restarts, how many checkpoints stay, and what Ray Train logs."""
+    name = name or (f"tula-train-{job.workload.name}-{job.strategy_name}-N{job.num_workers}"
+                    f"-B{job.global_batch}-{datetime.now():%Y%m%d-%H%M%S}")
+    return RunConfig(
+        name=name, storage_path=storage_path,
+        failure_config=FailureConfig(max_failures=max_failures),
+        # Each checkpoint carries every epoch's metrics so far (METRICS_FILE).
+        checkpoint_config=CheckpointConfig(num_to_keep=keep_checkpoints),
+        logging_config=LoggingConfig(log_level=ray_log_level(verbose)))
 
 
 def _target_outcome(metrics: pd.DataFrame) -> dict[str, Any] | None:

@@ -66,7 +66,7 @@ def measure_gradient_noise(model: nn.Module, setup: StrategySetup, loss_fn: Call
     params = [p for p in model.parameters() if p.requires_grad]
     for _ in range(steps):
         inputs, targets = next(batches)
-        scale = 1.0 if setup.scaler is None else float(setup.scaler.get_scale())
+        scale = setup.loss_scale()
         if world_size > 1:
             with no_sync():
                 _backward(model, setup, loss_fn, inputs, targets)

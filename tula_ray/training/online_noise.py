@@ -218,8 +218,7 @@ class OnlineNoise:
             self.setup.scaled(loss).backward()
         for buffer, saved in zip(self.model.buffers(), buffers):
             buffer.copy_(saved)
-        scale = 1.0 if self.setup.scaler is None else float(self.setup.scaler.get_scale())
-        self._small = (_squared_norm(self.params) / scale ** 2, half)
+        self._small = (_squared_norm(self.params) / self.setup.loss_scale() ** 2, half)
         self.model.zero_grad(set_to_none=True)
 
     @torch.no_grad()
@@ -243,8 +242,7 @@ class OnlineNoise:
             self._backward_done = False
             if not self._synced:
                 return torch.full((), math.nan, dtype=torch.float64, device=self.device), 0
-            scale = 1.0 if self.setup.scaler is None else float(self.setup.scaler.get_scale())
-            return self._local / scale ** 2, self.local_batch
+            return self._local / self.setup.loss_scale() ** 2, self.local_batch
         if self.mode == "sub-batch":
             observed = self.setup.optimizer.observed_small_sqr()
             return None if observed is None else (observed, self.setup.optimizer.small_batch)

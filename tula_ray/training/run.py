@@ -29,8 +29,8 @@ from tula_ray.training.online_noise import NOISE_METRICS, OnlineNoise, captured_
 from tula_ray.training.strategies import (TRAINING_STRATEGY_DEFAULT, StrategySetup,
                                           TrainingStrategy, build_strategy, get_training_strategy)
 from tula_ray.training.strategy_base import describe_optimizer
-from tula_ray.training.target import (VALIDATION_FRACTION_DEFAULT, Target, TargetTracker,
-                                      check_target, evaluation_interval)
+from tula_ray.training.target import (TARGET_SUMMARY, VALIDATION_FRACTION_DEFAULT, Target,
+                                      TargetTracker, check_target, evaluation_interval)
 from tula_ray.workloads import Workload, resolve_workload
 
 logger = logging.getLogger(__name__)
@@ -40,9 +40,10 @@ COLUMNS = ("epoch", "strategy", "optimizer", "global_batch", "seed", "train_loss
            "test_loss", "test_accuracy", "lr", "seconds", "scaled_fraction", "variability_median",
            "loss_scale", "progress", *NOISE_METRICS)
 # A run to a target (`fit(target_accuracy=)`) adds these: its last validation scores,
-# the evaluations' seconds, and `TargetTracker.summary`'s figures.
-TARGET_COLUMNS = ("val_loss", "val_accuracy", "val_seconds", "target_accuracy", "target_reached",
-                  "time_to_target_s", "samples_to_target", "steps_to_target")
+# the evaluations' seconds, and `TargetTracker.summary`'s figures (their count is the
+# length of `.attrs["evaluations"]`).
+TARGET_COLUMNS = ("val_loss", "val_accuracy", "val_seconds",
+                  *(key for key in TARGET_SUMMARY if key != "evaluations"))
 
 
 @dataclass

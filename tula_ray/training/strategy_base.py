@@ -92,6 +92,11 @@ class StrategySetup:
         self.step()
         return loss, outputs, lr
 
+    def loss_scale(self) -> float:
+        """The factor the gradients carry now: the loss scaler's scale (fp16), else 1.0.
+        A gradient's squared norm is divided by its square."""
+        return 1.0 if self.scaler is None else float(self.scaler.get_scale())
+
     def step_telemetry(self) -> dict[str, Any]:
         """What this strategy records about the step just taken (default: nothing)."""
         return {}
@@ -106,7 +111,7 @@ class StrategySetup:
         over the ranks by `train_epoch`; lists are per-step series); with a loss scaler,
         its scale at the epoch's end (a scale that keeps falling means overflowing
         steps, which were skipped)."""
-        return {} if self.scaler is None else {"loss_scale": float(self.scaler.get_scale())}
+        return {} if self.scaler is None else {"loss_scale": self.loss_scale()}
 
 
 @runtime_checkable
