@@ -8,6 +8,7 @@ from result_checks import summary_words
 
 from tula_ray.cli import main
 from tula_ray.planning.plan import Plan
+from tula_ray.runs.adaptive_batch import BATCH_MODES
 from tula_ray.training.budget import BUDGETS
 from tula_ray.training.strategies import TRAINING_STRATEGY_DEFAULT
 
@@ -108,6 +109,11 @@ def test_train_arguments_are_parsed():
     parser_budgets = next(a.choices for a in build_parser()._subparsers._group_actions[0]
                           .choices["train"]._actions if a.dest == "budget")
     assert tuple(parser_budgets) == BUDGETS
+    parser_batches = next(a.choices for a in build_parser()._subparsers._group_actions[0]
+                          .choices["train"]._actions if a.dest == "batch")
+    assert tuple(parser_batches) == BATCH_MODES
+    adaptive = build_parser().parse_args(["train", "plan.json", "--batch", "adaptive"])
+    assert adaptive.batch == "adaptive" and budget.batch == "fixed"
 
 
 def test_train_of_a_missing_plan_is_a_clear_error(tmp_path, capsys):

@@ -106,7 +106,7 @@ runtime_env: {{env_vars: {{TULA_CLI_MARK: "1"}}}}
         "train", str(tmp_path / "plan" / "plan.json"), "--config", str(tmp_path / "tune" /
                                                                        "tuned.json"),
         "--epochs", "3", "--target-accuracy", "0.15", "--eval-every-samples", "128",
-        "--storage-path", str(tmp_path / "ray_results"),
+        "--batch", "adaptive", "--storage-path", str(tmp_path / "ray_results"),
         "--out", str(tmp_path / "train"), cwd=tmp_path)
     metrics = pd.read_csv(tmp_path / "train" / "train_metrics.csv")
     last = metrics.iloc[-1]
@@ -114,6 +114,10 @@ runtime_env: {{env_vars: {{TULA_CLI_MARK: "1"}}}}
     assert metrics["test_accuracy"].iloc[:-1].isna().all() and 0 <= last["test_accuracy"] <= 1
     assert last["samples_to_target"] % 128 == 0 and last["time_to_target_s"] > 0
     assert "target accuracy 0.15 reached in" in trained.stdout
+    # ... with an adaptive batch (issue 44): B chosen among the plan's N = 1 candidates at
+    # every interval, each epoch's row with the B it ended at, the decisions printed.
+    assert set(metrics["global_batch"]) <= {32, 64}
+    assert re.search(r"adaptive batch: \d+ decisions, \d+ switches", trained.stdout)
     assert (f"trained N={plan.choice.num_workers}, B={plan.choice.global_batch} with lrs"
             in trained.stdout)
     # Rank 0's line per epoch reaches the driver's terminal (Ray's log_to_driver); Ray

@@ -105,7 +105,8 @@ def _checkpoint(run: Run, epoch: int) -> dict[str, Any]:
     the online noise scale's averages (read at the epoch's end) included."""
     return checkpoint_state(run.model, run.setup, epoch,
                             None if run.tracker is None else run.tracker.state_dict(),
-                            None if run.noise is None else run.noise.state_dict())
+                            None if run.noise is None else run.noise.state_dict(),
+                            None if run.adapter is None else run.adapter.state_dict())
 
 
 def _prepared(config: dict[str, Any], rank: int, world_size: int) -> Run:
@@ -121,7 +122,7 @@ def _prepared(config: dict[str, Any], rank: int, world_size: int) -> Run:
         num_replicas=world_size, rank=rank, wrap_model=ray.train.torch.prepare_model,
         validation_fraction=float(config.get("validation_fraction") or 0.0),
         budget=config.get("budget", "epochs"), target_accuracy=config.get("target_accuracy"),
-        eval_every_samples=config.get("eval_every_samples"))
+        eval_every_samples=config.get("eval_every_samples"), adaptive=config.get("adaptive"))
 
 
 def _resume_point(run: Run, rank: int) -> tuple[int, int, list[dict[str, Any]]]:
@@ -135,6 +136,8 @@ def _resume_point(run: Run, rank: int) -> tuple[int, int, list[dict[str, Any]]]:
         state = load_checkpoint_state(directory, map_location=run.device)
         rows = Path(directory) / METRICS_FILE
         history = json.loads(rows.read_text()) if rows.is_file() else []
+    if run.adapter is not None and state.get("adaptive"):  # its B, before the LR is loaded
+        run.adapter.resume(state["adaptive"])
     start_epoch = restore_state(state, run.model, run.setup)
     if run.tracker is not None and state.get("target"):
         run.tracker.load_state_dict(state["target"])

@@ -73,6 +73,16 @@ def gathered_objects(value: Any, process_group: Any = None) -> list[Any]:
     return values
 
 
+def broadcast_from_rank0(value: Any, process_group: Any = None) -> Any:
+    """Rank 0's `value` (picklable) on every rank: one rank decides, all follow (the
+    adaptive batch's choice); `value` itself without torch.distributed."""
+    if world_size(process_group) == 1:
+        return value
+    box = [value]
+    dist.broadcast_object_list(box, src=0, group=process_group)
+    return box[0]
+
+
 def side_group(timeout_s: float) -> Any:
     """A gloo group over every rank of the default group, with its own connections and
     `timeout_s`: what it carries never queues behind, or pairs with, a collective of the

@@ -125,6 +125,7 @@ class TulaOptimizer(ScaleRefresh, torch.optim.Optimizer):
                       estimator)
         self.base = base_optimizer  # before Optimizer.__init__: add_param_group reads it
         self.large_batch, self.small_batch = int(large_batch), int(small_batch)
+        self.s_max_given = s_max is not None  # else it follows B (`resize`)
         self.refresh_every, self.granularity, self.source = refresh_every, granularity, source
         self.estimator, self.process_group = estimator, process_group
         self.local_hook_registered = False  # set by sources.register_local_gradient_hook
@@ -183,6 +184,17 @@ class TulaOptimizer(ScaleRefresh, torch.optim.Optimizer):
         if self.source == "local":
             return self.large_batch // world_size(self.process_group)
         return self.small_batch
+
+    def resize(self, old: int, new: int) -> None:
+        """Train at large batch `new` (was `old`) from the next step (an adaptive global
+        batch): the gain is AdaScale's at the new B, and a default s_max, Algorithm 1 line
+        12's ceiling, follows it; the scales, averages and progress carry on."""
+        self.large_batch = int(new)
+        if self.s_max_given:
+            return
+        for group in self.param_groups:
+            group["s_max"] = max_scale(self.large_batch, self.small_batch,
+                                       group["gain_exponent"])
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         self.base.zero_grad(set_to_none=set_to_none)

@@ -79,6 +79,8 @@ def train_and_write_metrics(plan: Any, args: argparse.Namespace,
     print(result.metrics[shown].to_string(index=False, float_format=lambda v: f"{v:.4g}"))
     if result.target is not None:
         print(target_line(result.target))
+    if getattr(args, "batch", "fixed") == "adaptive":
+        print(schedule_line(result.batch_schedule))
     args.out.mkdir(parents=True, exist_ok=True)
     result.metrics.to_csv(args.out / METRICS_FILE, index=False)
     print(f"wrote {args.out / METRICS_FILE}; last checkpoint {result.checkpoint_path}")
@@ -87,7 +89,19 @@ def train_and_write_metrics(plan: Any, args: argparse.Namespace,
 def _target_options(args: argparse.Namespace) -> dict[str, Any]:
     """`train`'s target keywords from the command line (`demo --train` has them too)."""
     return {key: getattr(args, key, None)
-            for key in ("target_accuracy", "eval_every_samples", "validation_fraction")}
+            for key in ("target_accuracy", "eval_every_samples", "validation_fraction", "batch")
+            if getattr(args, key, None) is not None}
+
+
+def schedule_line(schedule: pd.DataFrame) -> str:
+    """An adaptive batch's decisions, for a person: how many, and each switch."""
+    if schedule.empty:
+        return "adaptive batch: no decision was recorded"
+    switches = schedule[schedule["switched"]]
+    moves = "; ".join(f"{row.reason} at sample {int(row.samples)}"
+                      for row in switches.itertuples())
+    return (f"adaptive batch: {len(schedule)} decisions, {len(switches)} switches"
+            + (f": {moves}" if moves else f", B {int(schedule['global_batch'].iloc[-1])} kept"))
 
 
 def target_line(target: dict[str, Any]) -> str:

@@ -34,6 +34,7 @@ from tula_ray.arguments import (check_bool, check_choice, check_int, check_mappi
 from tula_ray.cluster import (PROVISION_TIMEOUT_S_DEFAULT, Workers, check_runtime_env,
                               check_worker_request, cluster_for_run, scaling_config)
 from tula_ray.planning.plan import Plan
+from tula_ray.runs.adaptive_batch import BATCH_MODES, adaptive_batch_of
 from tula_ray.runs.training_job import Job, checked_on_worker, dry_run, resolve_job
 from tula_ray.training.budget import BUDGETS
 from tula_ray.training.strategies import TRAINING_STRATEGY_DEFAULT, TrainingStrategy
@@ -88,6 +89,14 @@ class TrainResult:
         state = self.load_checkpoint().get("target") or {}
         return pd.DataFrame(state.get("evaluations", []))
 
+    @property
+    def batch_schedule(self) -> pd.DataFrame:
+        """An adaptive batch's decisions (step, samples, global_batch, accumulation,
+        noise_scale, goodput, switched, reason), from the last checkpoint; empty for a
+        fixed batch."""
+        state = self.load_checkpoint().get("adaptive") or {}
+        return pd.DataFrame(state.get("schedule", []))
+
     def load_checkpoint(self) -> dict[str, Any]:
         """The last checkpoint's state: model, optimizer (incl. AGS), scheduler, epoch, ..."""
         checkpoint = self.result.checkpoint
@@ -124,6 +133,7 @@ def train(
     validation_fraction: float | None = None,
     keep_checkpoints: int | None = KEEP_CHECKPOINTS_DEFAULT,
     collective_timeout_s: float = COLLECTIVE_TIMEOUT_S_DEFAULT,
+    batch: str = "fixed",
 ) -> TrainResult:
     """Train the plan's chosen N and B as a Ray Train job and return the per-epoch metrics.
 
@@ -174,12 +184,21 @@ def train(
       every epoch's); `metrics` has every epoch whatever k is.
     collective_timeout_s: how long a collective (an all-reduce) may wait for a peer before
       the job fails and restarts from its checkpoint (default 600 s; torch's own is 1800).
+    batch: "fixed" (the plan's B throughout) or "adaptive": inside the plan's N, B is
+      chosen again every `eval_every_samples` (default about a quarter epoch) among the
+      plan's feasible candidates at N, the one with the most goodput = samples/s(B) (the
+      plan's step-time model) x E(B) (the noise scale measured while training), switched
+      to for a predicted gain of 5 % or more (`tula_ray.training.batch_controller`). The
+      LR follows: AdaScale's gain (ags, ags-ns), the linear rule (lrs, lars), unchanged
+      (lbt); polo cannot change its B. The training set must be in-memory tensors.
+      Each epoch's row has the B it ended at; `TrainResult.batch_schedule` every decision.
     Raises ValueError for a bad argument, before any worker starts; the workload is
     checked on one worker first (`tula_ray.search` says how), so its own code failing
     raises a `tula_ray.failures.UserCodeError` before the training job starts.
     """
     _check_arguments(locals())
     check_choice("budget", budget, BUDGETS)
+    check_choice("batch", batch, BATCH_MODES)
     check_verbose(verbose)
     resources = check_worker_request(resources_per_worker, provision_timeout_s, use_gpu)
     check_runtime_env(runtime_env)
@@ -189,6 +208,8 @@ def train(
     _check_fail_at_epoch(job, fail_at_epoch)
     _check_validation(job, validation_fraction)
     dry_run(job, plan.dataset_size)
+    adaptive = (adaptive_batch_of(plan, job.num_workers, job.global_batch)
+                if batch == "adaptive" else None)
     marker_dir = tempfile.mkdtemp(prefix="tula-fail-") if fail_at_epoch is not None else None
     try:
         with cluster_for_run(job.num_workers, resources, address=address,
@@ -199,7 +220,8 @@ def train(
                                   fail_at_epoch=fail_at_epoch, marker_dir=marker_dir,
                                   target={"target_accuracy": target_accuracy,
                                           "eval_every_samples": eval_every_samples,
-                                          "validation_fraction": validation_fraction})
+                                          "validation_fraction": validation_fraction,
+                                          "adaptive": adaptive})
             run_config = _run_config(job, storage_path=storage_path, name=name,
                                      max_failures=max_failures, verbose=verbose,
                                      keep_checkpoints=keep_checkpoints)
@@ -231,7 +253,7 @@ def _check_arguments(a: Mapping[str, Any]) -> None:
               hint="the last k checkpoints kept; None keeps every epoch's")
     check_number("collective_timeout_s", a["collective_timeout_s"], low=0.0, low_open=True,
                  hint="seconds a collective waits for a peer")
-    check_target(a["target_accuracy"], a["eval_every_samples"])
+    check_target(a["target_accuracy"], a["eval_every_samples"], a["batch"] == "adaptive")
     check_number("validation_fraction", a["validation_fraction"], low=0.0, high=1.0,
                  low_open=True, high_open=True, optional=True)
     if a["validation_fraction"] is not None and a["target_accuracy"] is None:

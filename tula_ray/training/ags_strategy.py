@@ -29,7 +29,8 @@ from torch import nn
 from tula_ray.ags import (SMALL_BATCH_DEFAULT, TulaOptimizer, backward_with_refresh,
                           register_local_gradient_hook)
 from tula_ray.distributed import world_size
-from tula_ray.training.strategy_base import BaseStrategy, StrategySetup, check_option_names
+from tula_ray.training.strategy_base import (BaseStrategy, StrategySetup, check_option_names,
+                                             keep_lr)
 
 logger = logging.getLogger(__name__)
 
@@ -172,7 +173,8 @@ class AdaptiveGradientScaling(BaseStrategy):
         if self._plain(global_batch, options):
             note = self._plain_note(global_batch, options)
             logger.info("%s", note)
-            return StrategySetup(self.name, optimizer_fn(model.parameters()), notes=[note])
+            return StrategySetup(self.name, optimizer_fn(model.parameters()), notes=[note],
+                                 rescale=keep_lr)
         if options.get("source") == "local":
             world = world_size()
             if world < 2:
@@ -187,7 +189,7 @@ class AdaptiveGradientScaling(BaseStrategy):
                                   **options)
         if optimizer.source == "local":  # each worker's gradient, read before the all-reduce
             register_local_gradient_hook(model, optimizer)
-        return AGSSetup(self.name, optimizer)
+        return AGSSetup(self.name, optimizer, rescale=optimizer.resize)
 
 
 class NoiseScaleAGS(AdaptiveGradientScaling):

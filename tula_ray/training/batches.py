@@ -186,10 +186,24 @@ class Batches:
                 yield (inputs.to(self.device, non_blocking=True),
                        targets.to(self.device, non_blocking=True))
             return
-        order = self._order()
-        stop = len(self) * self.batch if self.drop_last else len(order)
-        for start in range(0, stop, self.batch):
-            yield self.source.gather(order[start:start + self.batch])  # type: ignore[union-attr]
+        order, start = self._order(), 0
+        # self.batch is read at every step: a `resize` serves the new size from the next.
+        while start < len(order) and (not self.drop_last or start + self.batch <= len(order)):
+            size = self.batch  # the batch served; a resize while it trains sizes the next
+            yield self.source.gather(order[start:start + size])  # type: ignore[union-attr]
+            start += size
+
+    def resize(self, batch: int) -> None:
+        """Serve batches of `batch` samples from the next one on (the adaptive global
+        batch, `tula_ray.training.batch_controller`), mid-epoch included: the epoch goes on
+        through the same order. In-memory tensors only: a DataLoader's worker processes
+        have batches of the old size in flight."""
+        if self.loader is not None:
+            raise ValueError(f"an adaptive batch needs the training set as in-memory tensors "
+                             f"(a TensorDataset, or Subsets of one); this one "
+                             f"({type(self.dataset).__name__}) is served by a DataLoader, "
+                             f"whose batch size is fixed: train it at a fixed batch")
+        self.batch = int(batch)
 
 
 def training_batches(dataset: Dataset, batch: int, device: torch.device | str, *, seed: int,

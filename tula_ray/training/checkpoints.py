@@ -14,21 +14,23 @@ from tula_ray.distributed import unwrapped
 from tula_ray.training.strategy_base import StrategySetup, base_optimizer
 
 CHECKPOINT_KEYS = {"strategy", "epoch", "model", "optimizer", "scheduler", "comm_iter",
-                   "loss_scaler", "target", "noise"}
+                   "loss_scaler", "target", "noise", "adaptive"}
 # Keys a checkpoint written before fp16 training (or training to a target, or the online
-# noise scale) lacks: it loads as one without a scaler (or a target; the noise scale's
-# averages start afresh).
-LATER_KEYS = {"loss_scaler", "target", "noise"}
+# noise scale, or an adaptive batch) lacks: it loads as one without a scaler (or a target;
+# the noise scale's averages start afresh; a fixed batch).
+LATER_KEYS = {"loss_scaler", "target", "noise", "adaptive"}
 
 
 def checkpoint_state(model: nn.Module, setup: StrategySetup, epoch: int,
                      target: dict[str, Any] | None = None,
-                     noise: dict[str, Any] | None = None) -> dict[str, Any]:
+                     noise: dict[str, Any] | None = None,
+                     adaptive: dict[str, Any] | None = None) -> dict[str, Any]:
     """A snapshot after `epoch` (torch.save-able, every tensor copied to the CPU): the model
     unwrapped from DDP, the optimizer (AGS state included), the scheduler and PoLo's hook
     counter, fp16's loss scaler (its scale and growth count), and a run to a target's
     `TargetTracker.state_dict` (its counts, clock and evaluations), and the online noise
-    scale's `OnlineNoise.state_dict` (its averages: a resumed run continues them). Copies go to the CPU,
+    scale's `OnlineNoise.state_dict` (its averages: a resumed run continues them), and an
+    adaptive batch's `BatchAdapter.state_dict` (its schedule). Copies go to the CPU,
     not next to the live tensors: a snapshot on the GPU would double the model's and
     optimizer's memory on the device."""
     state = {"strategy": setup.name, "epoch": epoch, "model": unwrapped(model).state_dict(),
@@ -36,7 +38,7 @@ def checkpoint_state(model: nn.Module, setup: StrategySetup, epoch: int,
              "scheduler": None if setup.scheduler is None else setup.scheduler.state_dict(),
              "comm_iter": None if setup.comm_state is None else setup.comm_state.iter,
              "loss_scaler": None if setup.scaler is None else setup.scaler.state_dict(),
-             "target": target, "noise": noise}
+             "target": target, "noise": noise, "adaptive": adaptive}
     return cpu_copy(state)  # state_dicts are views of live tensors that training mutates
 
 

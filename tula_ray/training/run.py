@@ -20,6 +20,8 @@ from tula_ray.arguments import check_int
 from tula_ray.distributed import max_over_ranks
 from tula_ray.failures import workload_code
 from tula_ray.precision import set_math_mode
+from tula_ray.training.batch_adapter import BatchAdapter
+from tula_ray.training.batch_controller import AdaptiveBatch
 from tula_ray.training.batches import Batches
 from tula_ray.training.budget import Budget, budget_for
 from tula_ray.training.data import make_loaders, test_batches
@@ -65,6 +67,8 @@ class Run:
     # The gradient noise scale measured while training (`tula_ray.training.online_noise`):
     # every epoch's metrics and every evaluation of a run to a target carry NOISE_METRICS.
     noise: OnlineNoise | None = None
+    # An adaptive global batch (`tula_ray.training.batch_adapter`): B changes while training.
+    adapter: BatchAdapter | None = None
 
     def train_epochs(self, start: int = 0, *, before: Callable[[int], None] | None = None
                      ) -> Iterator[tuple[int, dict[str, Any]]]:
@@ -100,7 +104,7 @@ class Run:
     def _train(self, epoch: int) -> dict[str, Any]:
         """One epoch trained; a run to a target evaluates its validation split at its
         intervals and stops at the target (those evaluations are out of `seconds`)."""
-        after_step = None if self.tracker is None else (lambda: self.tracker.after_step(epoch))
+        after_step = self._after_step(epoch)
         with workload_code(self.workload.name,
                            f"training at local batch {self.train_loader.batch}"):
             metrics = train_epoch(self.model, self.setup, self.loss_fn, self.train_loader,
@@ -108,12 +112,31 @@ class Run:
                                   before_step=None if self.noise is None
                                   else self.noise.before_step)
         metrics.update(self.noise_metrics())
+        if self.adapter is not None:  # the B the epoch ended at, and the switches so far
+            metrics["global_batch"] = self.adapter.global_batch
+            metrics["local_batch"] = self.adapter.global_batch // self.num_replicas
+            metrics["batch_switches"] = len(self.adapter.controller.switches())
         if self.tracker is not None:
             metrics["val_seconds"] = self.tracker.take_epoch_eval_seconds()
             metrics["seconds"] -= metrics["val_seconds"]
         if "progress" in metrics:  # a strategy with a gain: its epochs at the reference
             metrics["progress_epochs"] = self.budget.epochs_done(metrics["progress"])
         return metrics
+
+    def _after_step(self, epoch: int) -> Callable[[], bool] | None:
+        """What runs after every step: the target's count (True: reached, stop), then the
+        adaptive batch's (a decision at its intervals, for the steps after; recorded at
+        the last one too, every rank taking part)."""
+        tracker, adapter = self.tracker, self.adapter
+        if tracker is None and adapter is None:
+            return None
+
+        def after_step() -> bool:
+            reached = tracker is not None and tracker.after_step(epoch)
+            if adapter is not None:
+                adapter.after_step()
+            return reached
+        return after_step
 
     def _evaluate(self, loader: Batches, prefix: str) -> dict[str, float]:
         """`loader`'s loss and accuracy as `{prefix}_loss` and `{prefix}_accuracy`, and
@@ -165,7 +188,8 @@ def prepare_run(workload: str | Workload, *, global_batch: int,
                 wrap_model: Callable[[nn.Module], nn.Module] | None = None,
                 validation_fraction: float = 0.0, budget: str = "epochs",
                 target_accuracy: float | None = None,
-                eval_every_samples: int | None = None) -> Run:
+                eval_every_samples: int | None = None,
+                adaptive: AdaptiveBatch | None = None) -> Run:
     """The model, strategy and loaders of one process of a run: shared by `fit` (one
     process) and the Ray Train worker loop (rank `rank` of `num_replicas`).
 
@@ -183,12 +207,18 @@ def prepare_run(workload: str | Workload, *, global_batch: int,
     budget: "epochs" (train `epochs`), or "scale-invariant": train until AdaScale's
     progress reaches `epochs` at the strategy's reference batch (`tula_ray.training.budget`;
     a strategy without a gain trains its epochs, and a note says so).
+    adaptive: an adaptive global batch (`tula_ray.training.batch_controller`), starting at
+    `global_batch` (its `start`): B is chosen again every `eval_every_samples` (default
+    about a quarter epoch at the start B). The strategy is built at the largest allowed B
+    (AGS-NS then wraps the workload's optimizer at every B) and moved to the start.
     """
     workload = resolve_workload(workload)
     epochs = workload.epochs if epochs is None else epochs
-    check_target(target_accuracy, eval_every_samples)
+    check_target(target_accuracy, eval_every_samples, adaptive is not None)
     if target_accuracy is not None:
         validation_fraction = validation_fraction or VALIDATION_FRACTION_DEFAULT
+    built_at = _adaptive_build_batch(adaptive, global_batch, num_replicas)
+    _epoch_size(workload, built_at, num_replicas, validation_fraction)
     train_size, steps_per_epoch = _epoch_size(workload, global_batch, num_replicas,
                                               validation_fraction)
     device = torch.device(device)
@@ -200,7 +230,7 @@ def prepare_run(workload: str | Workload, *, global_batch: int,
     # The comm hook it registers is wrapped by the online noise scale's (attached below).
     with captured_comm_hook(model) as comm_hook:
         setup = build_strategy(get_training_strategy(strategy), model,
-                               global_batch=global_batch, steps_per_epoch=steps_per_epoch,
+                               global_batch=built_at, steps_per_epoch=steps_per_epoch,
                                epochs=epochs, options=options,
                                optimizer_fn=workload.optimizer_fn, lr=lr)
     budget_, note = budget_for(budget, epochs, setup.progress(), train_size)
@@ -223,7 +253,32 @@ def prepare_run(workload: str | Workload, *, global_batch: int,
         interval = evaluation_interval(eval_every_samples, global_batch, steps_per_epoch)
         run.tracker = TargetTracker(Target(target_accuracy, interval), global_batch,
                                     run.validation_scores)
+    if adaptive is not None:
+        interval = evaluation_interval(eval_every_samples, global_batch, steps_per_epoch)
+        run.adapter = BatchAdapter(adaptive, every_samples=interval * global_batch,
+                                   num_replicas=num_replicas, rank=rank,
+                                   loader=train_loader, setup=setup, noise=run.noise,
+                                   tracker=run.tracker)
+        run.adapter.start(built_at)
     return run
+
+
+def _adaptive_build_batch(adaptive: AdaptiveBatch | None, global_batch: int,
+                          num_replicas: int) -> int:
+    """The B a run's strategy is built at: `global_batch`, or for an adaptive batch
+    (which must start there, every allowed B a multiple of N) its largest."""
+    if adaptive is None:
+        return global_batch
+    if adaptive.start != global_batch:
+        raise ValueError(f"global_batch={global_batch}, but the adaptive batch starts at "
+                         f"{adaptive.start}: give its start")
+    batches = [option.global_batch for option in adaptive.options]
+    uneven = [batch for batch in batches if batch % num_replicas]
+    if uneven:
+        raise ValueError(f"the adaptive batch's {uneven} are not multiples of the "
+                         f"{num_replicas} workers: every global batch must divide evenly")
+    return max(batches)
+
 
 
 def _epoch_size(workload: Workload, global_batch: int, num_replicas: int,
@@ -252,8 +307,8 @@ def fit(workload: str | Workload, *, global_batch: int,
         lr: float | None = None,
         on_epoch: Callable[[dict[str, Any], nn.Module, StrategySetup], None] | None = None,
         budget: str = "epochs", target_accuracy: float | None = None,
-        eval_every_samples: int | None = None, validation_fraction: float = 0.0
-        ) -> pd.DataFrame:
+        eval_every_samples: int | None = None, validation_fraction: float = 0.0,
+        adaptive: AdaptiveBatch | None = None) -> pd.DataFrame:
     """Train `workload` in this process (world size 1, no Ray) and score it every epoch.
 
     Args:
@@ -270,6 +325,7 @@ def fit(workload: str | Workload, *, global_batch: int,
             row plus train_epoch's extras (e.g. "variability" for ags), e.g. to checkpoint.
         target_accuracy, eval_every_samples, validation_fraction: train until the
             validation split's accuracy reaches the target (see `prepare_run`).
+        adaptive: an adaptive global batch starting at `global_batch` (see `prepare_run`).
     Returns:
         One row per epoch with `COLUMNS`; scaled_fraction and variability_median are
         NaN except for ags, progress except for AGS-NS (its reference-batch steps so far);
@@ -278,17 +334,19 @@ def fit(workload: str | Workload, *, global_batch: int,
         `.attrs["notes"]` holds the strategy's notes. A run to a target adds
         `TARGET_COLUMNS` (test_* on its last row only: the test set is read once), and
         `.attrs["target"]` (`TargetTracker.summary`), `.attrs["evaluations"]` (a frame,
-        one row per evaluation of the validation split).
+        one row per evaluation of the validation split). An adaptive batch: global_batch
+        is each epoch's last B, and `.attrs["batch_schedule"]` every decision (a frame).
     """
     run = prepare_run(workload, global_batch=global_batch, strategy=strategy, epochs=epochs,
                       seed=seed, device=device, options=options, lr=lr, budget=budget,
                       target_accuracy=target_accuracy, eval_every_samples=eval_every_samples,
-                      validation_fraction=validation_fraction)
+                      validation_fraction=validation_fraction, adaptive=adaptive)
     columns = COLUMNS + (TARGET_COLUMNS if run.tracker is not None else ())
     rows = []
     for epoch, metrics in run.train_epochs():
         row = {"epoch": epoch, "strategy": run.setup.name,
-               "optimizer": describe_optimizer(run.setup.optimizer), "global_batch": global_batch,
+               "optimizer": describe_optimizer(run.setup.optimizer),
+               "global_batch": metrics.get("global_batch", global_batch),
                "seed": seed, **{key: metrics.get(key, math.nan) for key in columns[5:]}}
         rows.append(row)
         logger.info("%s %s B=%d epoch %d: train loss %.4f, test accuracy %.4f (%.1f s)",
@@ -301,6 +359,8 @@ def fit(workload: str | Workload, *, global_batch: int,
     if run.tracker is not None:
         frame.attrs["target"] = run.tracker.summary()
         frame.attrs["evaluations"] = pd.DataFrame(run.tracker.evaluations)
+    if run.adapter is not None:
+        frame.attrs["batch_schedule"] = pd.DataFrame(run.adapter.controller.schedule)
     return frame
 
 

@@ -43,6 +43,7 @@ from tula_ray.training.ags_strategy import AdaptiveGradientScaling, NoiseScaleAG
 from tula_ray.training.strategy_base import (BaseStrategy, OptimizerFactory, StrategySetup,
                                              TrainingStrategy, base_optimizer,
                                              check_base_optimizer, check_option_names,
+                                             keep_lr, linear_rescale,
                                              optimizer_at_lr, probe_optimizer, scale_lr,
                                              takes_optimizer_fn)
 from tula_ray.workloads import LR_DEFAULT, MOMENTUM_DEFAULT, WEIGHT_DECAY_DEFAULT, sgd
@@ -257,7 +258,7 @@ class LargeBatchTraining(BaseStrategy):
 
     def build(self, model, *, global_batch, steps_per_epoch, epochs, lr, momentum, weight_decay,
               options, optimizer_fn) -> StrategySetup:
-        return StrategySetup(self.name, optimizer_fn(model.parameters()))
+        return StrategySetup(self.name, optimizer_fn(model.parameters()), rescale=keep_lr)
 
 
 class LinearScaling(BaseStrategy):
@@ -297,7 +298,8 @@ class LinearScaling(BaseStrategy):
                              weight_decay=weight_decay, trust_coefficient=trust)
         scheduler = warmup_scheduler(optimizer, warmup_steps=warmup_steps,
                                      global_batch=global_batch, base_batch=base_batch)
-        return StrategySetup(self.name, optimizer, scheduler, notes)
+        return StrategySetup(self.name, optimizer, scheduler, notes,
+                             rescale=linear_rescale(optimizer, scheduler))
 
 
 class PostLocalSGD(BaseStrategy):

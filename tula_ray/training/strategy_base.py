@@ -43,6 +43,12 @@ class StrategySetup:
     # fp16's loss scaler (torch's GradScaler), or None: `backward` scales the loss, `step`
     # unscales, skips a step whose gradients overflowed, and moves the scale.
     scaler: torch.amp.GradScaler | None = None
+    # Micro-batches per step (gradient accumulation): a local batch over the memory bound
+    # is split, each part's backward adding to the gradients, one synchronisation.
+    micro_batches: int = 1
+    # How the LR follows a new global batch (the adaptive batch): called with (old B, new
+    # B) before the first step at the new B; None: this strategy cannot change its B.
+    rescale: Callable[[int, int], None] | None = None
 
     def set_precision(self, precision: str, device: torch.device | str) -> None:
         """Compute the steps in `precision` (`tula_ray.precision`): its autocast and, for
@@ -87,10 +93,46 @@ class StrategySetup:
         zeroed, the strategy's backward, its step. Returns (loss, outputs, the LR the step
         applied, read before the scheduler moves it)."""
         self.optimizer.zero_grad(set_to_none=True)
-        loss, outputs = self.backward(model, loss_fn, inputs, targets)
+        if self.micro_batches > 1:
+            loss, outputs = self.accumulated_backward(model, loss_fn, inputs, targets)
+        else:
+            loss, outputs = self.backward(model, loss_fn, inputs, targets)
         lr = float(base_optimizer(self.optimizer).param_groups[0]["lr"])
         self.step()
         return loss, outputs, lr
+
+    def accumulated_backward(self, model: nn.Module, loss_fn: Callable, inputs: torch.Tensor,
+                             targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The strategy's backward over `micro_batches` parts of the batch, each loss
+        weighted by its share of the samples so the gradients add up to the whole batch's
+        mean; under DDP only the last part synchronises (`no_sync` before it). Returns the
+        whole batch's (loss, outputs)."""
+        losses, outputs = [], []
+        parts = list(zip(inputs.tensor_split(self.micro_batches),
+                         targets.tensor_split(self.micro_batches)))
+        for index, (part_inputs, part_targets) in enumerate(parts):
+            share = len(part_targets) / len(targets)
+            last = index == len(parts) - 1
+            quiet = contextlib.nullcontext() if last or not hasattr(model, "no_sync") \
+                else model.no_sync()
+            with quiet:
+                loss, output = self.backward(
+                    model, lambda out, tgt, w=share: loss_fn(out, tgt) * w,
+                    part_inputs, part_targets)
+            losses.append(loss.detach())
+            outputs.append(output.detach())
+        return torch.stack(losses).sum(), torch.cat(outputs)
+
+    def set_global_batch(self, old: int, new: int, micro_batches: int = 1) -> None:
+        """Train at global batch `new` (was `old`) from the next step, in `micro_batches`
+        parts: the LR follows by the strategy's rule (`rescale`)."""
+        if self.rescale is None:
+            raise ValueError(f"training strategy {self.name!r} cannot change its global batch "
+                             "while training (an adaptive batch): use ags-ns (the LR follows "
+                             "AdaScale's gain), lrs or lars (the linear rule) or lbt")
+        if new != old:
+            self.rescale(old, new)
+        self.micro_batches = int(micro_batches)
 
     def loss_scale(self) -> float:
         """The factor the gradients carry now: the loss scaler's scale (fp16), else 1.0.
@@ -193,6 +235,25 @@ def check_option_names(strategy: TrainingStrategy, options: dict[str, Any] | Non
 
 # params -> a torch optimizer: a Workload's optimizer_fn.
 OptimizerFactory = Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer]
+
+
+def keep_lr(old: int, new: int) -> None:
+    """A strategy whose LR does not depend on B (lbt): a new global batch changes nothing."""
+
+
+def linear_rescale(optimizer: torch.optim.Optimizer,
+                   scheduler: torch.optim.lr_scheduler.LRScheduler | None
+                   ) -> Callable[[int, int], None]:
+    """The linear scaling rule's answer to a new global batch (lrs, lars): every group's
+    LR, and the scheduler's base LRs it ramps toward, times new B / old B."""
+    def rescale(old: int, new: int) -> None:
+        scale_lr(optimizer, new / old)
+        for group in optimizer.param_groups:
+            if "initial_lr" in group:
+                group["initial_lr"] *= new / old
+        if scheduler is not None:
+            scheduler.base_lrs = [lr * new / old for lr in scheduler.base_lrs]
+    return rescale
 
 
 def scale_lr(optimizer: torch.optim.Optimizer, factor: float) -> None:

@@ -38,16 +38,19 @@ class Target:
         return accuracy >= self.accuracy
 
 
-def check_target(target_accuracy: float | None, eval_every_samples: int | None) -> None:
+def check_target(target_accuracy: float | None, eval_every_samples: int | None,
+                 adaptive: bool = False) -> None:
     """The target's arguments, before anything is built: an accuracy in (0, 1], an
-    interval of at least one sample, and no interval without a target."""
+    interval of at least one sample, and no interval without a target (or an adaptive
+    batch, which chooses B at the same intervals)."""
     check_number("target_accuracy", target_accuracy, low=0.0, high=1.0, low_open=True,
                  optional=True)
     check_int("eval_every_samples", eval_every_samples, minimum=1, optional=True,
               hint="training samples between two evaluations of the validation split")
-    if eval_every_samples is not None and target_accuracy is None:
+    if eval_every_samples is not None and target_accuracy is None and not adaptive:
         raise ValueError(f"eval_every_samples={eval_every_samples} is only used with a "
-                         "target_accuracy: give one, or leave eval_every_samples out")
+                         "target_accuracy or an adaptive batch: give one, or leave "
+                         "eval_every_samples out")
 
 
 def evaluation_interval(eval_every_samples: int | None, global_batch: int,
@@ -80,6 +83,11 @@ class TargetTracker:
     epoch_eval_seconds: float = 0.0  # this epoch's evaluations (left out of its `seconds`)
     _clock: float | None = None
 
+    def __post_init__(self) -> None:
+        # The interval in samples, fixed at the first B: an adaptive batch changes
+        # `global_batch` while training, and the evaluations stay as often in samples.
+        self.every_samples = self.target.every_steps * self.global_batch
+
     def start(self) -> None:
         """Starts (or, after a resume, restarts) the run's clock: before its first step."""
         self._clock = time.perf_counter()
@@ -87,16 +95,17 @@ class TargetTracker:
     def after_step(self, epoch: int) -> bool:
         """Counts a step of `epoch`; evaluates when an interval is due. True: stop here,
         the target is reached."""
+        before = self.samples
         self.steps += 1
         self.samples += self.global_batch
-        if self.steps % self.target.every_steps:
+        if self.samples // self.every_samples == before // self.every_samples:
             return False
         started = time.perf_counter()
         scores = self.evaluate()
         self.epoch_eval_seconds += time.perf_counter() - started
         self._tick()
         row = {"epoch": epoch, "steps": self.steps, "samples": self.samples,
-               "seconds": self.seconds, **scores}
+               "seconds": self.seconds, "global_batch": self.global_batch, **scores}
         self.evaluations.append(row)
         if self.target.reached(scores["val_accuracy"]):
             self.reached_at = row
