@@ -13,12 +13,12 @@ from benchmarks.accuracy import adaptive_batch_protocol as protocol_module
 from benchmarks.accuracy.adaptive_batch import (ADAPTIVE_MISSING, adaptive_support,
                                                 scoring_specs, selection_specs)
 from benchmarks.accuracy.adaptive_batch_protocol import (
-    PROTOCOL, QUICK, Bootstrap, Protocol, WorkloadProtocol, gpu_step_seconds, projected_seconds,
+    PROTOCOL, QUICK, Protocol, WorkloadProtocol, gpu_step_seconds, projected_seconds,
     protocol_record, step_seconds_at)
 from benchmarks.accuracy.adaptive_batch_report import (ADAPTIVE, best_fixed, report,
                                                        steps_by_batch, time_to_target,
                                                        verdicts, judge)
-from benchmarks.common.bootstrap import ratio, ratio_of_medians
+from benchmarks.common.bootstrap import Bootstrap, ratio, ratio_of_medians
 
 EARLY, LATE = 0.5, 0.8
 WORKLOAD = WorkloadProtocol("fashion-mnist-cnn", 1000, 500, (EARLY, LATE), ("made up", "made up"),

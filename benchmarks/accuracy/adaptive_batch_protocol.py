@@ -36,6 +36,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Mapping
 
+from benchmarks.common.bootstrap import Bootstrap
+
 PROTOCOL_VERSION = 1
 DATA_SEED = 44  # the issue's number: the permutation of the pool
 TRAIN_SIZE = 60_000  # Fashion-MNIST's training set
@@ -47,6 +49,9 @@ SPLIT_SHA256 = "7d931b8594718b434fb48eff1acb271534a82c52f277a6daef574e41c9e0fbec
 WORLD_SIZE = 2
 STRATEGY = "ags-ns"  # the plan's default training strategy: what `train(plan)` runs
 TIME_MEASURE = "train_seconds"  # time_to_target_s less the evaluations before it
+# What "a recorded run" is: any results file of this benchmark, committed (its runs' log,
+# its result and report, its plans; the --quick ones are git-ignored, never committed).
+RESULTS_GLOBS = ("benchmarks/results/adaptive_batch.*", "benchmarks/results/adaptive_batch_*")
 
 
 @dataclass(frozen=True)
@@ -68,16 +73,6 @@ class WorkloadProtocol:
     max_epochs: int
     min_batch: int
     max_batch: int
-
-
-@dataclass(frozen=True)
-class Bootstrap:
-    """The interval on each ratio of medians: `resamples` resamples of each arm's scoring
-    seeds, numpy default_rng(seed), the percentile interval between `percentiles`."""
-
-    resamples: int = 10_000
-    seed: int = 0
-    percentiles: tuple[float, float] = (2.5, 97.5)
 
 
 @dataclass(frozen=True)

@@ -11,9 +11,20 @@ unreached runs is inf and the ratio says so (inf, or 0 when only the denominator
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Sequence
 
 import numpy as np
+
+
+@dataclass(frozen=True)
+class Bootstrap:
+    """A protocol's bootstrap: `resamples` resamples of each arm's seeds, numpy
+    default_rng(seed), the percentile interval between `percentiles`."""
+
+    resamples: int = 10_000
+    seed: int = 0
+    percentiles: tuple[float, float] = (2.5, 97.5)
 
 
 def ratio(numerator: float, denominator: float) -> float:
@@ -45,11 +56,18 @@ def ratio_of_medians(numerator: Sequence[float], denominator: Sequence[float],
         return math.nan, math.nan, math.nan
     point = ratio(_median(a), _median(b))
     generator = np.random.default_rng(seed)
-    draws = np.array([ratio(_median(generator.choice(a, a.size)),
-                            _median(generator.choice(b, b.size))) for _ in range(resamples)])
-    finite_or_inf = draws[~np.isnan(draws)]
-    if finite_or_inf.size == 0:
-        return point, math.nan, math.nan
-    # No interpolation between order statistics: one of them may be inf.
-    low, high = np.percentile(finite_or_inf, percentiles, method="inverted_cdf")
-    return point, float(low), float(high)
+    draws = [ratio(_median(generator.choice(a, a.size)), _median(generator.choice(b, b.size)))
+             for _ in range(resamples)]
+    return (point, *percentile_interval(draws, percentiles))
+
+
+def percentile_interval(draws: Sequence[float],
+                        percentiles: tuple[float, float] = (2.5, 97.5)) -> tuple[float, float]:
+    """(low, high): the draws' percentiles, NaN draws left out, each end an order statistic
+    (no interpolation: one of them may be inf); NaN when no draw is a number."""
+    kept = np.asarray(draws, float)
+    kept = kept[~np.isnan(kept)]
+    if kept.size == 0:
+        return math.nan, math.nan
+    low, high = np.percentile(kept, percentiles, method="inverted_cdf")
+    return float(low), float(high)
