@@ -31,6 +31,7 @@ BENCHMARKS = {"search": "benchmarks.prediction.search_cost",
               "online-noise": "benchmarks.accuracy.online_noise",
               "equal-progress": "benchmarks.training.equal_progress",
               "time-to-accuracy": "benchmarks.accuracy.time_to_accuracy",
+              "adaptive-batch": "benchmarks.accuracy.adaptive_batch",
               "strategy-extra": "benchmarks.training.strategy_extra",
               "own-model": "benchmarks.startup.own_model",
               "gpu-acceptance": "benchmarks.gpu.acceptance"}

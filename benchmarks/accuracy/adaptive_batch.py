@@ -1,0 +1,256 @@
+"""python -m benchmarks adaptive-batch (issue 44, item 4): `tula_ray.train(plan,
+batch="adaptive")` against every fixed batch, the plan's static time-to-accuracy choice and
+B = M0, in time to an early and a late validation accuracy.
+
+Everything the comparison rests on (data, targets, seeds, arms, budgets, bootstrap, goals,
+the GPU projection) is `benchmarks.accuracy.adaptive_batch_protocol`, fixed before any run;
+this module only carries it out. Per workload, in one Ray session: the plan (a search at
+N = 2 of the protocol's data, saved; --quick: synthetic profiles, no search), the fixed-B
+runs on the selection seeds, then the scored arms on the scoring seeds. Each run is one
+`tula_ray.train` to the late target and is appended to results/adaptive_batch.runs.jsonl
+as it ends; a rerun skips what the log records (resumable across sessions). No run starts
+once the recorded runs' wall passes the protocol's limit; the report says what is missing.
+While `train` takes no `batch=` the adaptive arm is left out, and the report says so.
+
+--quick: the protocol's QUICK (512 images, two batches, one seed, low targets), written to
+adaptive_batch_quick.* (git-ignored): a smoke test of the runner, not a measurement.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import inspect
+import json
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+from benchmarks.accuracy.adaptive_batch_protocol import (
+    GPU_RESULTS_GLOB, PROTOCOL, QUICK, SPLIT_SHA256, STRATEGY, TIME_MEASURE, WORLD_SIZE,
+    Protocol, WorkloadProtocol, gpu_step_seconds, protocol_record, split_digest, split_indices)
+from benchmarks.accuracy.adaptive_batch_report import (ADAPTIVE, arm_runs, best_fixed, report,
+                                                       time_to_target)
+from benchmarks.common import RESULTS_DIR, Benchmark, read_runs
+
+NAME = "adaptive_batch"
+ADAPTIVE_MISSING = "adaptive arm: train has no batch= yet"
+__all__ = ["NAME", "report", "run"]
+
+
+# --------------------------------------------------------------------------- data, plan
+
+def split_images(workload: WorkloadProtocol, part: str):
+    """The protocol's "train" or "val" images of Fashion-MNIST's training set."""
+    from torch.utils.data import TensorDataset
+
+    from tula_ray.workloads.datasets import fashion_mnist
+
+    images, labels = fashion_mnist(train=True).tensors
+    keep = split_indices(workload)[0 if part == "train" else 1]
+    return TensorDataset(images[keep], labels[keep])
+
+
+def protocol_workload(workload: WorkloadProtocol):
+    """The built-in workload on the protocol's split: its training images, its own
+    validation split (`val_dataset_fn`), Fashion-MNIST's test set for the final score."""
+    from tula_ray.workloads import get_workload
+
+    return dataclasses.replace(
+        get_workload(workload.name), train_size=workload.train_images,
+        train_dataset_fn=functools.partial(split_images, workload, "train"),
+        val_dataset_fn=functools.partial(split_images, workload, "val"))
+
+
+def with_batch(plan, batch: int):
+    """The plan with (WORLD_SIZE, batch) as its choice: how a fixed-B arm makes `train`
+    train that B (train trains a plan's choice). The plan's tables are left as searched."""
+    return dataclasses.replace(plan, choice=dataclasses.replace(
+        plan.choice, num_workers=WORLD_SIZE, global_batch=batch))
+
+
+def make_plan(workload: WorkloadProtocol, quick: bool, path: Path):
+    """The workload's plan at N = WORLD_SIZE, objective time_to_accuracy: searched once and
+    saved (a resumed run reads it back); --quick: synthetic profiles, no search."""
+    from tula_ray.planning.plan import Plan
+
+    if path.exists() and not quick:
+        return Plan.from_json(path)
+    if quick:
+        from tula_ray.planning.context import PlanContext
+        from tula_ray.planning.plan import build_plan
+        from tula_ray.planning.synthetic import example_params, synthetic_profiles
+        from tula_ray.space import SearchSpace
+
+        space = SearchSpace((WORLD_SIZE,), (workload.min_batch, workload.max_batch))
+        profiles = synthetic_profiles(space.candidates(), example_params()).assign(
+            grad_sqr=1.0, grad_var=20.0, noise_steps=3)
+        context = PlanContext(epochs=1, dataset_size=workload.train_images,
+                              objective="time_to_accuracy", workload=workload.name)
+        plan = build_plan(space, profiles, context, search_strategy="full")
+    else:
+        import tula_ray
+
+        plan = tula_ray.search(protocol_workload(workload), cluster_sizes=(WORLD_SIZE,),
+                               min_batch=workload.min_batch, max_batch=workload.max_batch,
+                               objective="time_to_accuracy", training_strategy=STRATEGY)
+    plan.to_json(path)
+    return plan
+
+
+def plan_adaptive_seconds(plan) -> float | None:
+    """The plan's predicted time to its target for the adaptive batch, where the adaptive
+    planning (issue 44) records it (meta["adaptive"]["time_to_accuracy_s"]); None until
+    it does (the report says "the plan has no adaptive row")."""
+    value = (plan.meta.get("adaptive") or {}).get("time_to_accuracy_s")
+    return None if value is None else float(value)
+
+
+def planned_arms(plan, workload: WorkloadProtocol, runs: list[dict],
+                 protocol: Protocol) -> dict[str, Any]:
+    """What the selection runs decide, from validation data only: per target, E0 (the
+    median epochs of the B = M0 runs), the plan's static choice re-planned for it, the
+    plan's adaptive prediction, and the best fixed B."""
+    from benchmarks.accuracy.time_to_accuracy import replanned
+
+    table = plan.table[plan.table["num_workers"] == WORLD_SIZE]
+    batches = sorted(int(b) for b in table["global_batch"])
+    m0 = int(plan.meta.get("reference_batch", batches[0]))
+    arms: dict[str, Any] = {"fixed_batches": batches, "reference_batch": m0, "e0": {},
+                            "static": {}, "plan_adaptive_s": {}, "best": {}}
+    for target in workload.targets:
+        samples = [time_to_target(r, target)["samples"] for r in
+                   arm_runs(runs, workload.name, m0, protocol.selection_seeds)]
+        e0 = statistics.median(samples) / workload.train_images if samples else float("inf")
+        arms["e0"][str(target)] = e0
+        arms["best"][str(target)] = best_fixed(runs, workload.name, batches,
+                                               protocol.selection_seeds, target, TIME_MEASURE)[0]
+        if e0 == float("inf"):
+            continue
+        made = replanned(plan, round(e0), workload.train_images, "time_to_accuracy")
+        arms["static"][str(target)] = made.choice.global_batch
+        arms["plan_adaptive_s"][str(target)] = plan_adaptive_seconds(made)
+    return arms
+
+
+# --------------------------------------------------------------------------- the runs
+
+def adaptive_support(train_fn: Callable) -> str:
+    """"ok" when `train_fn` takes `batch=` (the adaptive arm can run), else why not."""
+    return "ok" if "batch" in inspect.signature(train_fn).parameters else ADAPTIVE_MISSING
+
+
+def run_key(spec: dict[str, Any]) -> tuple:
+    return spec["workload"], spec["batch"], spec["seed"], spec["version"]
+
+
+def selection_specs(workload: WorkloadProtocol, protocol: Protocol,
+                    batches: list[int]) -> list[dict[str, Any]]:
+    """Every fixed B on every selection seed: seeds in turn, the batches' order rotating
+    (no B always runs first after the machine idled)."""
+    specs = []
+    for turn, seed in enumerate(protocol.selection_seeds):
+        shift = turn % len(batches)
+        specs += [{"workload": workload.name, "batch": b, "seed": seed,
+                   "version": protocol.version} for b in batches[shift:] + batches[:shift]]
+    return specs
+
+
+def scoring_specs(workload: WorkloadProtocol, protocol: Protocol, arms: dict[str, Any],
+                  adaptive: bool) -> list[dict[str, Any]]:
+    """On every scoring seed: the adaptive arm (when train has batch=), the best fixed B
+    and the static choice of each target, and B = M0; each (B, seed) once."""
+    batches = [*arms["best"].values(), *arms["static"].values(), arms["reference_batch"]]
+    chosen = [ADAPTIVE] * adaptive + sorted({b for b in batches if b is not None})
+    return [{"workload": workload.name, "batch": b, "seed": seed, "version": protocol.version}
+            for seed in protocol.scoring_seeds for b in chosen]
+
+
+def train_run(spec: dict[str, Any], workload: WorkloadProtocol, plan) -> dict[str, Any]:
+    """One `tula_ray.train` to the late target; its record (what the report reads)."""
+    import tula_ray
+
+    adaptive = spec["batch"] == ADAPTIVE
+    started = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="tula-adaptive-batch-") as storage:
+        result = tula_ray.train(
+            plan if adaptive else with_batch(plan, spec["batch"]), STRATEGY,
+            **({"batch": "adaptive"} if adaptive else {}),
+            workload=protocol_workload(workload), epochs=workload.max_epochs,
+            target_accuracy=max(workload.targets),
+            eval_every_samples=workload.eval_every_samples, seed=spec["seed"],
+            storage_path=storage, verbose=0)
+        evaluations = json.loads(result.evaluations.to_json(orient="records"))
+    metrics = result.metrics
+    return {**spec, "evaluations": evaluations,
+            "eval_seconds_each": float(metrics["val_seconds"].sum()) / max(len(evaluations), 1),
+            "test_accuracy": float(metrics["test_accuracy"].dropna().iloc[-1]),
+            "epochs": int(len(metrics)), "notes": list(result.notes),
+            "wall_s": time.perf_counter() - started}
+
+
+def run_missing(specs: list[dict], workload: WorkloadProtocol, plan, log: Path,
+                limit_s: float) -> int:
+    """Trains the specs `log` does not record yet, appending each record as it ends; none
+    starts once the log's runs' wall passes `limit_s`. Returns the specs left undone."""
+    done = {run_key(r) for r in read_runs(log)}
+    left = 0
+    for spec in specs:
+        if run_key(spec) in done:
+            continue
+        if sum(r["wall_s"] for r in read_runs(log)) >= limit_s:
+            left += 1
+            continue
+        record = train_run(spec, workload, plan)
+        with open(log, "a") as stream:
+            stream.write(json.dumps(record, default=float) + "\n")
+        done.add(run_key(spec))
+    return left
+
+
+def gpu_record(workloads: list[str]) -> dict[str, Any]:
+    """The GPU step times the projection uses: gpu-acceptance's recorded results."""
+    paths = sorted(p for p in RESULTS_DIR.glob(GPU_RESULTS_GLOB) if "_quick" not in p.stem)
+    recorded = [json.loads(p.read_text()) for p in paths]
+    step_s = {name: {str(b): s for b, s in gpu_step_seconds(recorded, name).items()}
+              for name in workloads}
+    gpus = sorted({r.get("environment", {}).get("gpu", "?") for r in recorded})
+    source = (f"the statistical curves here times the step times {', '.join(p.name for p in paths)}"
+              f" recorded on {', '.join(gpus)} (fp32, one GPU, the whole global batch)"
+              if paths else "no projection: no GPU step times recorded (run gpu-acceptance)")
+    return {"step_s": step_s, "source": source}
+
+
+def run(quick: bool = False) -> dict:
+    import tula_ray
+    from tula_ray.cluster import ray_session
+
+    protocol = QUICK if quick else PROTOCOL
+    if split_digest() != SPLIT_SHA256:
+        raise RuntimeError("the protocol's split moved (torch permutes differently here): "
+                           "its digest is not SPLIT_SHA256; no run on another split")
+    benchmark = Benchmark(NAME, quick)
+    log = benchmark.log()
+    adaptive = adaptive_support(tula_ray.train)
+    arms, left = {}, 0
+    with ray_session(None, None):
+        for workload in protocol.workloads:
+            plan = make_plan(workload, quick, benchmark.path(f"_{workload.name}.plan.json"))
+            batches = sorted(int(b) for b in plan.table.loc[
+                plan.table["num_workers"] == WORLD_SIZE, "global_batch"])
+            left += run_missing(selection_specs(workload, protocol, batches), workload, plan,
+                                log, protocol.total_limit_s)
+            arms[workload.name] = planned_arms(plan, workload, read_runs(log), protocol)
+            left += run_missing(scoring_specs(workload, protocol, arms[workload.name],
+                                              adaptive == "ok"),
+                                workload, plan, log, protocol.total_limit_s)
+    runs = [r for r in read_runs(log) if r["version"] == protocol.version]
+    wall = sum(r["wall_s"] for r in runs)
+    limit = (f"{len(runs)} runs, {wall / 3600:.2f} h of the {protocol.total_limit_s / 3600:g} h "
+             f"limit" + (f"; {left} runs not started (the limit)" if left else "") + ".")
+    gpu = gpu_record([w.name for w in protocol.workloads])
+    return benchmark.record({"quick": quick, "protocol": protocol_record(protocol),
+                             "workloads": arms, "runs": runs, "adaptive_arm": adaptive,
+                             "limit": limit, "gpu": gpu}, report)

@@ -1,0 +1,192 @@
+"""The adaptive-batch benchmark's pure parts (issue 44, item 4), on made-up run records: the
+time to a target, the selection, the ratio of medians and its bootstrap interval, the goals'
+verdicts, the GPU projection, the report (rebuilt alike from its JSON), the protocol's
+split and the runner's schedule. Nothing trains and no Ray starts."""
+
+import dataclasses
+import json
+import math
+
+import pytest
+
+from benchmarks.accuracy import adaptive_batch_protocol as protocol_module
+from benchmarks.accuracy.adaptive_batch import (ADAPTIVE_MISSING, adaptive_support,
+                                                scoring_specs, selection_specs)
+from benchmarks.accuracy.adaptive_batch_protocol import (
+    PROTOCOL, QUICK, Protocol, WorkloadProtocol, gpu_step_seconds, projected_seconds,
+    protocol_record, step_seconds_at)
+from benchmarks.accuracy.adaptive_batch_report import (ADAPTIVE, best_fixed, report,
+                                                       steps_by_batch, time_to_target,
+                                                       verdicts, judge)
+from benchmarks.common.bootstrap import Bootstrap, ratio, ratio_of_medians
+
+EARLY, LATE = 0.5, 0.8
+WORKLOAD = WorkloadProtocol("fashion-mnist-cnn", 1000, 500, (EARLY, LATE), ("made up", "made up"),
+                            eval_every_samples=100, max_epochs=5, min_batch=32, max_batch=128)
+MADE_UP = Protocol((WORKLOAD,), bootstrap=Bootstrap(resamples=200))
+
+
+def made_run(batch, seed, reach_s, eval_s=0.5, steps_each=10, batches=None):
+    """A run whose evaluations climb 0.1 a time, reaching EARLY at reach_s[0] and LATE at
+    reach_s[1] (seconds on train's clock, evaluations included); None: never."""
+    early_s, late_s = reach_s
+    evaluations = []
+    for index, accuracy in enumerate((0.3, 0.5, 0.6, 0.8)):
+        seconds = {1: early_s, 3: late_s}.get(index, 1.0 + index)
+        if seconds is None:
+            seconds, accuracy = 1.0 + index, 0.4
+        row = {"steps": steps_each * (index + 1), "samples": steps_each * (index + 1) * 64,
+               "seconds": seconds, "val_accuracy": accuracy}
+        if batches:
+            row["global_batch"] = batches[index]
+        evaluations.append(row)
+    return {"workload": WORKLOAD.name, "batch": batch, "seed": seed, "version": 1,
+            "evaluations": evaluations, "eval_seconds_each": eval_s, "test_accuracy": 0.81,
+            "epochs": 2, "notes": [], "wall_s": 10.0}
+
+
+def test_time_to_target_is_the_first_evaluation_there_less_the_evaluations():
+    run = made_run(64, 0, (4.0, 9.0))
+    assert time_to_target(run, EARLY) == {"seconds": 4.0, "train_seconds": 3.0, "samples": 1280,
+                                          "steps": 20}
+    assert time_to_target(run, LATE)["train_seconds"] == 9.0 - 4 * 0.5
+    assert math.isinf(time_to_target(run, 0.95)["train_seconds"])
+
+
+def test_steps_by_batch_fixed_and_adaptive():
+    assert steps_by_batch(made_run(64, 0, (4.0, 9.0)), LATE) == {64: 40}
+    adaptive = made_run(ADAPTIVE, 0, (4.0, 9.0), batches=[32, 32, 64, 128])
+    assert steps_by_batch(adaptive, EARLY) == {32: 20}
+    assert steps_by_batch(adaptive, LATE) == {32: 20, 64: 10, 128: 10}
+    assert steps_by_batch(made_run(ADAPTIVE, 0, (4.0, 9.0)), LATE) == {}  # no batch recorded
+    assert steps_by_batch(made_run(64, 0, (4.0, None)), LATE) == {64: math.inf}
+
+
+def test_the_best_fixed_batch_is_picked_on_the_selection_seeds_only():
+    runs = [made_run(32, s, (3.0, 9.0)) for s in (0, 1, 2)] + \
+           [made_run(64, s, (3.0, 7.0)) for s in (0, 1, 2)] + \
+           [made_run(32, s, (3.0, 1.0)) for s in (3, 4, 5)]  # scoring seeds: not seen
+    best, medians = best_fixed(runs, WORKLOAD.name, [32, 64, 128], (0, 1, 2), LATE,
+                               "train_seconds")
+    assert best == 64 and math.isnan(medians[128])
+    assert best_fixed(runs, WORKLOAD.name, [32, 64], (0, 1, 2), EARLY, "train_seconds")[0] == 32
+
+
+def test_ratio_of_medians_and_its_interval():
+    assert ratio_of_medians([2.0, 2.0, 2.0], [1.0, 1.0, 1.0], 100, 0) == (2.0, 2.0, 2.0)
+    point, low, high = ratio_of_medians([1.0, 2.0, 3.0], [2.0, 2.0, 2.0], 500, 0)
+    assert point == 1.0 and low < 1.0 < high
+    assert ratio_of_medians([1.0, 2.0, 3.0], [2.0, 2.0, 2.0], 500, 0) == (point, low, high)
+    assert ratio_of_medians([], [1.0], 10, 0)[0] != ratio_of_medians([], [1.0], 10, 0)[0]  # NaN
+    assert ratio_of_medians([math.inf] * 3, [1.0] * 3, 50, 0)[:2] == (math.inf, math.inf)
+    assert ratio(1.0, math.inf) == 0.0 and math.isnan(ratio(math.inf, math.inf))
+
+
+def test_gpu_step_seconds_and_the_projection():
+    recorded = [{"rows": [
+        {"workload": "cnn", "global_batch": 32, "precision": "fp32", "step_s": 0.002},
+        {"workload": "cnn", "global_batch": 128, "precision": "fp32", "step_s": 0.008},
+        {"workload": "cnn", "global_batch": 128, "precision": "bf16", "step_s": 1.0},
+        {"workload": "resnet18", "skipped": "torchvision is not installed"}]}]
+    step_s = gpu_step_seconds(recorded, "fashion-mnist-cnn")
+    assert step_s == {32: 0.002, 128: 0.008}
+    assert step_seconds_at(step_s, 64) == pytest.approx(0.004)  # log-log between 32 and 128
+    assert step_seconds_at(step_s, 256) is None
+    assert projected_seconds({32: 100, 64: 50}, step_s) == (pytest.approx(0.4), "")
+    seconds, why = projected_seconds({256: 10}, step_s)
+    assert seconds is None and why.startswith("no projection: B = 256")
+    assert projected_seconds({32: 10}, {})[1].startswith("no projection: no GPU step times")
+    assert projected_seconds({32: math.inf}, step_s) == (math.inf, "")
+
+
+def made_result(adaptive_late=5.0, static_late=9.0, plan_adaptive=None, adaptive=True):
+    """Fixed 32 (slow late), 64 (best), 128 on the selection seeds; the arms on 3-5."""
+    runs = []
+    for seed in (0, 1, 2):
+        runs += [made_run(32, seed, (2.0, 9.0 + 2)), made_run(64, seed, (3.0, 7.0)),
+                 made_run(128, seed, (4.0, None))]
+    for seed in (3, 4, 5):
+        runs += [made_run(32, seed, (2.0, static_late + 2)), made_run(64, seed, (3.0, 7.0))]
+        if adaptive:
+            runs.append(made_run(ADAPTIVE, seed, (2.0, adaptive_late + 2),
+                                 batches=[32, 32, 64, 64]))
+    return {"command": "python -m benchmarks adaptive-batch", "commit": "abc", "date": "today",
+            "machine": "here", "quick": False, "protocol": protocol_record(MADE_UP),
+            "workloads": {WORKLOAD.name: {
+                "fixed_batches": [32, 64, 128], "reference_batch": 32, "e0": {},
+                "static": {str(EARLY): 32, str(LATE): 32}, "best": {},
+                "plan_adaptive_s": {str(LATE): plan_adaptive}}},
+            "runs": runs, "adaptive_arm": "ok" if adaptive else ADAPTIVE_MISSING,
+            "limit": "made up.", "gpu": {"step_s": {WORKLOAD.name: {"32": 0.002, "128": 0.008}},
+                                        "source": "made up"}}
+
+
+def _verdicts(result):
+    workload = result["protocol"]["workloads"][0]
+    judged = {t: judge(result, workload, t) for t in workload["targets"]}
+    return [met for _, _, met in verdicts(result, workload, judged)]
+
+
+def test_the_goals_verdicts():
+    # Adaptive late 5 s against the best fixed (64) 5 s and the static (32) 9 s.
+    assert _verdicts(made_result(plan_adaptive=5.5)) == [
+        "yes", "yes", "yes", "n/a (the plan has no adaptive row)", "yes"]
+    # Slower than the best fixed B late, and not 15 % under the static choice.
+    slow = _verdicts(made_result(adaptive_late=8.0, plan_adaptive=5.0))
+    assert slow[1:3] == ["**no**", "**no**"] and slow[4] == "**no**"
+    missing = _verdicts(made_result(adaptive=False))
+    assert missing[:3] == [f"n/a ({ADAPTIVE_MISSING})"] * 3
+
+
+def test_the_report_is_rebuilt_alike_from_its_json():
+    result = made_result(plan_adaptive=5.5)
+    markdown = report(result)
+    assert report(json.loads(json.dumps(result, default=float))) == markdown
+    assert "best fixed B picked on the selection seeds: 64" in markdown
+    assert "no projection: the run records no steps per batch" not in markdown
+    assert "| adaptive | adaptive |" in markdown and "| static | 32 |" in markdown
+    assert f"n/a ({ADAPTIVE_MISSING})" in report(made_result(adaptive=False))
+
+
+def test_adaptive_support_reads_trains_signature():
+    def old_train(plan, strategy="ags-ns", *, seed=0):
+        pass
+
+    def new_train(plan, strategy="ags-ns", *, batch=None, seed=0):
+        pass
+
+    assert adaptive_support(old_train) == ADAPTIVE_MISSING
+    assert adaptive_support(new_train) == "ok"
+
+
+def test_the_schedule():
+    specs = selection_specs(WORKLOAD, MADE_UP, [32, 64, 128])
+    assert [s["batch"] for s in specs] == [32, 64, 128, 64, 128, 32, 128, 32, 64]
+    arms = {"best": {"0.5": 32, "0.8": 64}, "static": {"0.5": 32, "0.8": None},
+            "reference_batch": 32}
+    scored = scoring_specs(WORKLOAD, MADE_UP, arms, adaptive=True)
+    assert [(s["batch"], s["seed"]) for s in scored[:3]] == [(ADAPTIVE, 3), (32, 3), (64, 3)]
+    assert len(scored) == 9
+    assert ADAPTIVE not in [s["batch"] for s in scoring_specs(WORKLOAD, MADE_UP, arms, False)]
+
+
+def test_the_protocol_is_fixed_and_keeps_selection_and_scoring_apart():
+    assert not set(PROTOCOL.selection_seeds) & set(PROTOCOL.scoring_seeds)
+    for workload in PROTOCOL.workloads:
+        early, late = workload.targets
+        assert 0 < early < late < 1
+        assert workload.train_images <= protocol_module.VAL_START
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        PROTOCOL.selection_seeds = (0,)
+    assert QUICK.workloads[0].train_images < PROTOCOL.workloads[0].train_images
+
+
+def test_the_split_is_pinned_and_disjoint_from_what_other_benchmarks_use():
+    torch = pytest.importorskip("torch")
+    assert protocol_module.split_digest() == protocol_module.SPLIT_SHA256
+    taken = set(range(30_000)) | set(torch.randperm(
+        60_000, generator=torch.Generator().manual_seed(0))[:10_000].tolist())
+    for workload in PROTOCOL.workloads:
+        train, val = protocol_module.split_indices(workload)
+        assert len(set(train)) == workload.train_images and len(set(val)) == workload.val_images
+        assert not set(train) & set(val) and not (set(train) | set(val)) & taken
