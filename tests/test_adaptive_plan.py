@@ -15,7 +15,8 @@ from tula_ray.models import perf
 from tula_ray.models.goodput import SWITCH_GAIN_DEFAULT, goodput
 from tula_ray.models.noise_scale import efficiency
 from tula_ray.planning.adaptive_batch import (accumulated_step_s, adaptive_memory_bound,
-                                              adaptive_step_times, integrate_adaptive_run,
+                                              adaptive_step_times, fixed_run_time_s,
+                                              integrate_adaptive_run,
                                               memory_bound, reference_samples)
 from tula_ray.planning.context import PlanContext
 from tula_ray.planning.noise_trajectory import NoiseTrajectory, constant_trajectory
@@ -140,6 +141,8 @@ def test_adapting_is_within_the_hysteresis_of_every_fixed_batch(costs, start, gr
     run = integrate_adaptive_run(cost, trajectory, total, 32)
     fixed = [integrate_adaptive_run({b: c}, trajectory, total, 32).time_s
              for b, c in cost.items()]
+    assert fixed == pytest.approx([fixed_run_time_s(c, b, trajectory, total, 32)
+                                   for b, c in cost.items()])
     assert run.time_s <= min(fixed) * (1 + SWITCH_GAIN_DEFAULT) * (1 + 1e-12)
     flat = constant_trajectory(start, total, "test")
     steady = integrate_adaptive_run(cost, flat, total, 32)

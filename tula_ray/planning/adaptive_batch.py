@@ -136,6 +136,17 @@ def integrate_adaptive_run(cost_per_sample: Mapping[int, float], trajectory: Noi
     return AdaptiveRun(time_s, samples, tuple(schedule))
 
 
+def fixed_run_time_s(cost_per_sample: float, global_batch: int, trajectory: NoiseTrajectory,
+                     total_samples: float, reference_batch: int,
+                     slices: int = ADAPTIVE_SLICES) -> float:
+    """The seconds of a run kept at B over the same slices as `integrate_adaptive_run`
+    (start-up not included): sum of dp x cost(B) / E(B, phi), vectorised."""
+    edges = np.linspace(0.0, total_samples, slices + 1)
+    phis = trajectory.at((edges[:-1] + edges[1:]) / 2)
+    gains = np.array([efficiency(float(phi), global_batch, reference_batch) for phi in phis])
+    return float(np.sum(np.diff(edges) * cost_per_sample / gains))
+
+
 def allowed_rows(table: pd.DataFrame, num_workers: int, dataset_size: int,
                  max_global_batch: int | None) -> pd.DataFrame:
     """N's candidates an adaptive run may train at: those the plan refuses for no memory

@@ -28,7 +28,8 @@ from tula_ray.models.goodput import SWITCH_GAIN_DEFAULT
 from tula_ray.models.pricing import NodeBilling
 from tula_ray.planning.accuracy import ProfiledNoise
 from tula_ray.planning.adaptive_batch import (ADAPTIVE_SLICES, AdaptiveRun, accumulated_step_s,
-                                              allowed_rows, integrate_adaptive_run,
+                                              allowed_rows, fixed_run_time_s,
+                                              integrate_adaptive_run,
                                               reference_samples, seconds_per_sample)
 from tula_ray.planning.context import PlanContext
 from tula_ray.planning.noise_trajectory import NoiseTrajectory, noise_trajectory
@@ -68,7 +69,7 @@ def _batch_costs(rows: pd.DataFrame, context: PlanContext, params: perf.PerfPara
 def _best_fixed(costs: dict[int, tuple[float, int, float]], trajectory: NoiseTrajectory,
                 total: float, reference_batch: int) -> tuple[int, float]:
     """(B, seconds) of the fastest batch that needs no accumulation, kept throughout."""
-    fixed = {b: integrate_adaptive_run({b: cost}, trajectory, total, reference_batch).time_s
+    fixed = {b: fixed_run_time_s(cost, b, trajectory, total, reference_batch)
              for b, (cost, micro, _) in costs.items() if micro == 1}
     if not fixed:
         return 0, math.nan
