@@ -121,6 +121,8 @@ def noise_trajectory(profiles: pd.DataFrame, noise: ProfiledNoise, total_samples
     phi = noise.noise_scale
     if not math.isfinite(phi):
         return None
+    if not total_samples > 0:  # a training set smaller than M0: no work to spread phi over
+        return constant_trajectory(phi, 0.0, "the plan's phi; the run has no reference steps")
     given = not math.isnan(noise.given)
     rows = row_noise_scales(profiles)
     owner = "the given" if given else "the plan's"
