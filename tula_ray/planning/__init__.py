@@ -7,6 +7,9 @@
   estimates          the predicted table and the dense curve the policy chooses on;
   candidates         the plan's table: predicted, measured beside it, which it may choose;
   policy             min time, min cost, knee, weighted; ties within noise;
+  noise_trajectory   phi over a run's progress, fitted to the profiles or constant;
+  adaptive_batch     an adaptive-batch run's seconds: goodput integrated over that trajectory;
+  adaptive_rows      the plan's row "adaptive at N" per N, and when the choice takes it;
   context            `PlanContext`: what a plan needs beyond its rows, checked once, its defaults;
   plan               `build_plan` and the `Plan` it returns (JSON round trip, plots in plotting);
   summary            the plan's summary as a person reads it: 100 columns, the rows that matter;

@@ -18,7 +18,7 @@ import math
 from dataclasses import MISSING, dataclass, fields
 from typing import Any, Callable, Collection, Iterable, Mapping
 
-from tula_ray.arguments import check_choice, check_int, check_number, check_text
+from tula_ray.arguments import check_bool, check_choice, check_int, check_number, check_text
 from tula_ray.models.memory import MemoryParams
 from tula_ray.models.perf import COLLECTIVE_DEFAULT, COLLECTIVES, FORM_DEFAULT, FORMS
 from tula_ray.models.pricing import Pricing, parse_pricing, pricing_to_dict
@@ -61,6 +61,9 @@ CHECKS: dict[str, Callable[[Any], Any]] = {
         "noise_calibration", value, low=0.0, low_open=True, high=math.inf, high_open=True,
         hint="the factor the profiles' noise scale is multiplied by"),
     "workload": lambda value: check_text("workload", value, hint="the workload's name"),
+    "adaptive_batch": lambda value: check_bool(
+        "adaptive_batch", value, hint="whether time_to_accuracy and cost_to_accuracy may "
+        "choose an adaptive run (the plan's adaptive rows)"),
 }
 
 
@@ -97,6 +100,9 @@ class PlanContext:
     plain_steps: the (N, B) where that strategy trains plain SGD steps: its measured cost
       per step is not added there (the table's `plain_steps`).
     workload: the workload's name, for the plan.
+    adaptive_batch: whether `time_to_accuracy` and `cost_to_accuracy` may choose an
+      adaptive run (a row of `Plan.adaptive`, `tula_ray.planning.adaptive_rows`), the batch
+      following the noise scale inside N; the rows are predicted either way.
     """
 
     epochs: int
@@ -117,6 +123,7 @@ class PlanContext:
     untrainable: tuple[tuple[Pair, str], ...] = ()
     plain_steps: frozenset[Pair] = frozenset()
     workload: str = WORKLOAD_NAME_DEFAULT
+    adaptive_batch: bool = True
 
     def __post_init__(self) -> None:
         check_plan_values(**{name: getattr(self, name) for name in CHECKS})

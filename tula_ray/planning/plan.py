@@ -26,6 +26,8 @@ from tula_ray.models import memory as memory_model, perf
 from tula_ray.models.batch_limit import BatchLimit
 from tula_ray.models.pricing import NodeBilling, pricing_to_dict
 from tula_ray.planning.accuracy import ProfiledNoise, add_time_to_accuracy, profiled_noise
+from tula_ray.planning.adaptive_batch import memory_bound
+from tula_ray.planning.adaptive_rows import adaptive_meta, adaptive_prediction, choose_adaptive
 from tula_ray.planning.candidates import add_feasibility, candidate_table
 from tula_ray.planning.context import PlanContext
 from tula_ray.planning.estimates import (EpochCosts, add_estimates, add_uncertainty,
@@ -34,7 +36,9 @@ from tula_ray.planning.noise_checks import choose_to_accuracy
 from tula_ray.planning.policy import ACCURACY_OBJECTIVES, Choice
 from tula_ray.planning.search_strategies import (SEARCH_STRATEGY_DEFAULT, make_search_strategy,
                                                  topology_options)
-from tula_ray.planning.summary import compact_table, rows_that_matter, shown_rows_line, wrapped
+from tula_ray.planning.summary import (choice_line, compact_table, noise_lines,
+                                      rows_that_matter, shown_rows_line, strategy_cost_line,
+                                      wrapped)
 from tula_ray.profile_table import profile_frame, usable
 from tula_ray.space import SearchSpace
 
@@ -52,7 +56,11 @@ FORMER_NAMES = {"strategy": "train's strategy is the training strategy",
 
 @dataclass
 class Plan:
-    """Result of a search: profiles, fitted models, one row per candidate, and the choice."""
+    """Result of a search: profiles, fitted models, one row per candidate, and the choice.
+
+    adaptive: one row per N, the adaptive run at N (issue 44: `planning.adaptive_rows`),
+    predicted over the noise scale trajectory in meta["noise_trajectory"]; empty where the
+    plan has no noise scale, and in plans written before them."""
 
     workload: str
     # the search strategy (tula_ray.planning.search_strategies) that chose the fitted rows
@@ -67,6 +75,7 @@ class Plan:
     table: pd.DataFrame
     choice: Choice
     meta: dict[str, Any] = field(default_factory=dict)
+    adaptive: pd.DataFrame = field(default_factory=pd.DataFrame)
 
     @property
     def strategy(self) -> str:
@@ -79,10 +88,15 @@ class Plan:
 
     @property
     def chosen(self) -> pd.Series:
-        """The table row of the chosen candidate."""
+        """The table row of the chosen candidate; of an adaptive choice, the row of the
+        batch it starts at with the adaptive row's figures over it (its time and cost to
+        the target, its epochs, its batches)."""
         match = self.table[(self.table["num_workers"] == self.choice.num_workers)
                            & (self.table["global_batch"] == self.choice.global_batch)]
-        return match.iloc[0]
+        if not self.choice.adaptive or self.adaptive.empty:
+            return match.iloc[0]
+        row = self.adaptive[self.adaptive["num_workers"] == self.choice.num_workers]
+        return pd.Series({**match.iloc[0].to_dict(), **row.iloc[0].to_dict()})
 
     @property
     def epochs_to_train(self) -> int:
@@ -111,6 +125,7 @@ class Plan:
             "table": _frame_to_json(self.table),
             "choice": self.choice.to_dict(),
             "meta": self.meta,
+            "adaptive": _frame_to_json(self.adaptive),
         }
 
     def to_json(self, path: str | Path | None = None) -> str:
@@ -142,6 +157,9 @@ class Plan:
             else memory_model.MemoryParams.from_dict(data["memory"]),
             pricing=data["pricing"], table=_frame_from_json(data["table"]),
             choice=Choice.from_dict(data["choice"]), meta=data["meta"],
+            # plans written before the adaptive rows (issue 44) have none
+            adaptive=_frame_from_json(data["adaptive"]) if "adaptive" in data
+            else pd.DataFrame(),
         )
 
     def plot(self, directory: str | Path) -> list[Path]:
@@ -152,23 +170,7 @@ class Plan:
 
     def describe_strategy_cost(self) -> str:
         """What the training times include of the training strategy's own cost per step."""
-        name = self.meta.get("training_strategy")
-        measured = "strategy_extra_s" in self.profiles and \
-            self.profiles["strategy_extra_s"].notna().any()
-        if measured:
-            extra = self.table.groupby("num_workers")["strategy_extra_s"].max()
-            per_n = ", ".join(f"N={n}: +{1e3 * v:.3g} ms" for n, v in extra.items())
-            text = (f"training times include {name or 'the training strategy'}'s measured "
-                    f"cost per step ({per_n})")
-            if "plain_steps" in self.table and self.table["plain_steps"].any():
-                plain = self.table[self.table["plain_steps"].astype(bool)]
-                text += (", except where it trains plain optimizer steps (B <= "
-                         f"{int(plain['global_batch'].max())})")
-            return text
-        if name:
-            return (f"training times: plain optimizer steps ({name}'s cost per step was not "
-                    "measured: no profiled batch suits it)")
-        return "training times: plain optimizer steps (no training strategy measured)"
+        return strategy_cost_line(self.meta, self.profiles, self.table)
 
     def summary(self, all_rows: bool = False) -> str:
         """The candidates and the choice as a person reads them, in lines of at most 100
@@ -187,16 +189,13 @@ class Plan:
             f"performance model: {self.search_strategy} search's fit, {self.perf.form} form, "
             f"{self.perf.num_profiles} profiles, leave-one-out error "
             + ("n/a" if loo is None else f"{loo:.1%}"),
-            f"choice ({c.objective}): N={c.num_workers}, B={c.global_batch} "
-            f"(b={c.local_batch}) - {c.reason}",
+            choice_line(c),
             c.describe_ties(),
             self.describe_strategy_cost(),
             EpochCosts.from_profiles(self.profiles,
                                      check_s=self.meta.get("workload_check_s")).describe(),
         ]
-        if "noise" in self.meta:
-            noise = ProfiledNoise.from_dict(self.meta["noise"])
-            lines.append(noise.describe(self.meta["reference_batch"]))
+        lines += noise_lines(self.meta, self.adaptive)
         if self.meta.get("noise_warning"):
             lines.append(f"warning: {self.meta['noise_warning']}")
         if "trainable" in self.table and not self.table["trainable"].all():
@@ -281,12 +280,11 @@ def build_plan(
     oom_bound = add_feasibility(table, profiles, context,
                                 None if limit is None else BatchLimit.from_dict(limit))
     estimates = add_estimates(table, billing)
-    noise = profiled_noise(profiles, context.noise_calibration, context.noise_scale)
-    add_time_to_accuracy(estimates, noise, context.reference_batch, context.epochs, billing,
-                         peak_column="estimated_peak_mem_bytes",
-                         dataset_size=context.dataset_size)
-    for column in ACCURACY_COLUMNS:
-        table[column] = estimates[column]
+    noise = _add_time_to_accuracy(table, estimates, profiles, context, billing)
+    bound = memory_bound(oom_bound, None if limit is None
+                         else BatchLimit.from_dict(limit).local_batch, context.max_local_batch)
+    adaptive, trajectory = adaptive_prediction(estimates, profiles, noise, context, params,
+                                               memory, billing, bound)
     half_data = context.dataset_size // 2  # the knee's curve stops where the candidates do
     dense = dense_curve(space, params, memory, billing, context.epochs, context.dataset_size,
                         oom_bound, context.max_local_batch, context.max_workers,
@@ -296,14 +294,29 @@ def build_plan(
     dense = through_measurements(dense, table, billing)
     add_time_to_accuracy(dense, noise, context.reference_batch, context.epochs, billing,
                          dataset_size=context.dataset_size)
-    choice, noise_warning = _choose(estimates, noise, dense, predicted_u, context)
+    choice, noise_warning = _choose(estimates, noise, dense, predicted_u, context, adaptive)
     meta = {**dict(meta or {}), "plan_context": context.to_dict(),
             "reference_batch": context.reference_batch,
             "workers_per_node": context.workers_per_node, "noise": noise.to_dict(),
-            **({"noise_warning": noise_warning} if noise_warning else {})}
+            **({"noise_warning": noise_warning} if noise_warning else {}),
+            **adaptive_meta(trajectory, bound)}
     return Plan(context.workload, search_strategy, context.objective, context.epochs,
                 context.dataset_size, profiles, params, memory, pricing_to_dict(context.pricing),
-                table, choice, meta)
+                table, choice, meta, adaptive)
+
+
+def _add_time_to_accuracy(table: pd.DataFrame, estimates: pd.DataFrame,
+                          profiles: pd.DataFrame, context: PlanContext,
+                          billing: NodeBilling) -> ProfiledNoise:
+    """Each candidate's way to the target (`ACCURACY_COLUMNS`) on its estimates, in
+    `estimates` and `table` alike; returns the profiled noise they rest on."""
+    noise = profiled_noise(profiles, context.noise_calibration, context.noise_scale)
+    add_time_to_accuracy(estimates, noise, context.reference_batch, context.epochs, billing,
+                         peak_column="estimated_peak_mem_bytes",
+                         dataset_size=context.dataset_size)
+    for column in ACCURACY_COLUMNS:
+        table[column] = estimates[column]
+    return noise
 
 
 def _fitted_models(profiles: pd.DataFrame, context: PlanContext, search_strategy: str
@@ -325,17 +338,22 @@ def _fitted_models(profiles: pd.DataFrame, context: PlanContext, search_strategy
 
 
 def _choose(estimates: pd.DataFrame, noise: ProfiledNoise, dense: pd.DataFrame,
-            predicted_u: Any, context: PlanContext) -> tuple[Choice, str | None]:
+            predicted_u: Any, context: PlanContext,
+            adaptive: pd.DataFrame) -> tuple[Choice, str | None]:
     """The policy's choice on the estimates and the dense curve (with the noise checks'
-    warning, if any), its reason naming where the choice's own figures come from."""
+    warning, if any), or an adaptive row that beats it (`choose_adaptive`), its reason
+    naming where the choice's own figures come from."""
     choice, noise_warning = choose_to_accuracy(
         estimates, context.objective, noise, context.dataset_size, dense=dense,
         weight_time=context.weight_time, uncertainty="rel_uncertainty",
         dense_uncertainty=predicted_u)
+    choice = choose_adaptive(choice, estimates, adaptive, context.objective,
+                             context.adaptive_batch)
     source = estimates.loc[(estimates["num_workers"] == choice.num_workers)
                            & (estimates["global_batch"] == choice.global_batch), "estimate"]
-    choice = replace(choice, reason=f"{choice.reason}; the choice's own figures are "
-                                    f"{source.iloc[0]}")
+    source = ("integrated from the estimates of its batches over the noise scale "
+              "trajectory" if choice.adaptive else source.iloc[0])
+    choice = replace(choice, reason=f"{choice.reason}; the choice's own figures are {source}")
     return choice, noise_warning
 
 

@@ -36,7 +36,8 @@ def plot_plan(plan: "Plan", directory: Path) -> list[Path]:
         chosen = plan.chosen
         axis.plot(chosen["global_batch"], chosen[predicted], "*", markersize=16, color="crimson",
                   label=f"choice ({plan.choice.objective}): N={plan.choice.num_workers}, "
-                        f"B={plan.choice.global_batch}")
+                        f"B={plan.choice.global_batch}"
+                        + (" (adaptive: its start)" if plan.choice.adaptive else ""))
         if plan.choice.knee_global_batch is not None:
             axis.axvline(plan.choice.knee_global_batch, color="grey", linestyle=":",
                          label=f"knee B~{plan.choice.knee_global_batch:.0f}")

@@ -61,6 +61,9 @@ class Choice:
     # the tie-break chose another), and how the tie was broken ("" where none tied).
     ties: tuple[tuple[int, int], ...] = ()
     tie_break: str = ""
+    # An adaptive run at num_workers (issue 44): global_batch is the batch it starts at,
+    # and the batch follows the noise scale (`tula_ray.planning.adaptive_rows`).
+    adaptive: bool = False
 
     @property
     def local_batch(self) -> int:

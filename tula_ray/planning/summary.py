@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import pandas as pd
 
+from tula_ray.planning.accuracy import ProfiledNoise
+from tula_ray.planning.noise_trajectory import NoiseTrajectory
 from tula_ray.planning.policy import ACCURACY_OBJECTIVES, Choice
 from tula_ray.verbosity import LINE_WIDTH, wrap
 
@@ -47,7 +49,7 @@ def notes(table: pd.DataFrame, choice: Choice, objective: str) -> list[str]:
     words = []
     for (n, b), reason in zip(_pairs(table), table["infeasible_reason"]):
         if (n, b) == (choice.num_workers, choice.global_batch):
-            words.append("choice")
+            words.append("adaptive starts here" if choice.adaptive else "choice")
         elif (n, b) in ties:
             words.append("tie")
         elif reason:
@@ -99,6 +101,58 @@ def shown_rows_line(shown: int, total: int) -> str:
     """What the table leaves out, and where it is."""
     return (f"{shown} of {total} candidates shown (the choice, its ties, the best of each N); "
             "all in plan.json")
+
+
+def adaptive_line(adaptive: pd.DataFrame, trajectory: NoiseTrajectory) -> str:
+    """One line: each N's adaptive run (its time to the target, its batches, against the
+    best fixed batch under the same trajectory) and the trajectory it follows."""
+    runs = "; ".join(
+        f"N={int(row.num_workers)} {row.time_to_accuracy_s:.4g} s ({row.batches}"
+        + (f", accumulating up to {int(row.accumulation_steps)} micro-steps"
+           if row.accumulation_steps > 1 else "")
+        + f"; fixed B={int(row.fixed_batch)} {row.fixed_time_to_accuracy_s:.4g} s)"
+        for row in adaptive.itertuples()) if not adaptive.empty else "none"
+    return (f"adaptive batch to the target (plan.adaptive): {runs}; noise scale trajectory "
+            f"(meta['noise_trajectory']): {trajectory.describe()}")
+
+
+def strategy_cost_line(meta: dict, profiles: pd.DataFrame, table: pd.DataFrame) -> str:
+    """What the training times include of the training strategy's own cost per step."""
+    name = meta.get("training_strategy")
+    measured = "strategy_extra_s" in profiles and \
+        profiles["strategy_extra_s"].notna().any()
+    if measured:
+        extra = table.groupby("num_workers")["strategy_extra_s"].max()
+        per_n = ", ".join(f"N={n}: +{1e3 * v:.3g} ms" for n, v in extra.items())
+        text = (f"training times include {name or 'the training strategy'}'s measured "
+                f"cost per step ({per_n})")
+        if "plain_steps" in table and table["plain_steps"].any():
+            plain = table[table["plain_steps"].astype(bool)]
+            text += (", except where it trains plain optimizer steps (B <= "
+                     f"{int(plain['global_batch'].max())})")
+        return text
+    if name:
+        return (f"training times: plain optimizer steps ({name}'s cost per step was not "
+                "measured: no profiled batch suits it)")
+    return "training times: plain optimizer steps (no training strategy measured)"
+
+
+def choice_line(choice: Choice) -> str:
+    """The choice: N, its batch (or the batch an adaptive run starts at), and why."""
+    batch = (f"adaptive batch from B={choice.global_batch}" if choice.adaptive else
+             f"B={choice.global_batch} (b={choice.local_batch})")
+    return f"choice ({choice.objective}): N={choice.num_workers}, {batch} - {choice.reason}"
+
+
+def noise_lines(meta: dict, adaptive: pd.DataFrame) -> list[str]:
+    """The plan's noise scale (meta["noise"]) and, where it has a trajectory, its adaptive
+    rows (`adaptive_line`)."""
+    lines = []
+    if "noise" in meta:
+        lines.append(ProfiledNoise.from_dict(meta["noise"]).describe(meta["reference_batch"]))
+    if meta.get("noise_trajectory"):
+        lines.append(adaptive_line(adaptive, NoiseTrajectory.from_dict(meta["noise_trajectory"])))
+    return lines
 
 
 def wrapped(lines: list[str]) -> str:
