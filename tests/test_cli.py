@@ -113,7 +113,7 @@ def test_train_arguments_are_parsed():
                           .choices["train"]._actions if a.dest == "batch")
     assert tuple(parser_batches) == BATCH_MODES
     adaptive = build_parser().parse_args(["train", "plan.json", "--batch", "adaptive"])
-    assert adaptive.batch == "adaptive" and budget.batch == "fixed"
+    assert adaptive.batch == "adaptive" and budget.batch is None  # None: the plan's choice
 
 
 def test_train_of_a_missing_plan_is_a_clear_error(tmp_path, capsys):

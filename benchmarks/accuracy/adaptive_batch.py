@@ -101,11 +101,14 @@ def make_plan(workload: WorkloadProtocol, quick: bool, path: Path):
 
 
 def plan_adaptive_seconds(plan) -> float | None:
-    """The plan's predicted time to its target for the adaptive batch, where the adaptive
-    planning (issue 44) records it (meta["adaptive"]["time_to_accuracy_s"]); None until
-    it does (the report says "the plan has no adaptive row")."""
-    value = (plan.meta.get("adaptive") or {}).get("time_to_accuracy_s")
-    return None if value is None else float(value)
+    """The plan's predicted time to its target for the adaptive batch at the protocol's N:
+    its "adaptive at N" row (`Plan.adaptive`, issue 44, item 2); None where the plan has
+    none (no noise scale measured: the report says "the plan has no adaptive row")."""
+    rows = plan.adaptive
+    if rows.empty:
+        return None
+    at_n = rows[rows["num_workers"] == WORLD_SIZE]
+    return None if at_n.empty else float(at_n["time_to_accuracy_s"].iloc[0])
 
 
 def planned_arms(plan, workload: WorkloadProtocol, runs: list[dict],

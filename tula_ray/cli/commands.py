@@ -79,7 +79,7 @@ def train_and_write_metrics(plan: Any, args: argparse.Namespace,
     print(result.metrics[shown].to_string(index=False, float_format=lambda v: f"{v:.4g}"))
     if result.target is not None:
         print(target_line(result.target))
-    if getattr(args, "batch", "fixed") == "adaptive":
+    if "batch_switches" in result.metrics:  # an adaptive batch's run
         print(schedule_line(result.batch_schedule))
     args.out.mkdir(parents=True, exist_ok=True)
     result.metrics.to_csv(args.out / METRICS_FILE, index=False)

@@ -128,9 +128,10 @@ def add_train_options(parser: argparse.ArgumentParser) -> None:
                              "evaluations of the validation split (default: a quarter epoch); "
                              "with --batch adaptive, between two choices of B")
     # tula_ray.runs.adaptive_batch.BATCH_MODES, repeated as --budget's are
-    parser.add_argument("--batch", choices=("fixed", "adaptive"), default="fixed",
+    parser.add_argument("--batch", choices=("fixed", "adaptive"), default=None,
                         help="fixed: the plan's B throughout; adaptive: B chosen again as the "
-                             "noise scale grows, among the plan's candidates at its N")
+                             "noise scale grows, among the plan's candidates at its N "
+                             "(default: what the plan chose)")
     parser.add_argument("--validation-fraction", type=float, default=None,
                         help="with --target-accuracy: the share of the training set held out "
                              "as the validation split (default 0.1; never the test set)")

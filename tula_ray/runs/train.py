@@ -34,8 +34,9 @@ from tula_ray.arguments import (check_bool, check_choice, check_int, check_mappi
 from tula_ray.cluster import (PROVISION_TIMEOUT_S_DEFAULT, Workers, check_runtime_env,
                               check_worker_request, cluster_for_run, scaling_config)
 from tula_ray.planning.plan import Plan
-from tula_ray.runs.adaptive_batch import BATCH_MODES, adaptive_batch_of
+from tula_ray.runs.adaptive_batch import BATCH_MODES, adaptive_batch_of, batch_mode
 from tula_ray.runs.training_job import Job, checked_on_worker, dry_run, resolve_job
+from tula_ray.training.batch_controller import AdaptiveBatch
 from tula_ray.training.budget import BUDGETS
 from tula_ray.training.strategies import TRAINING_STRATEGY_DEFAULT, TrainingStrategy
 from tula_ray.training.target import TARGET_SUMMARY, check_target
@@ -133,7 +134,7 @@ def train(
     validation_fraction: float | None = None,
     keep_checkpoints: int | None = KEEP_CHECKPOINTS_DEFAULT,
     collective_timeout_s: float = COLLECTIVE_TIMEOUT_S_DEFAULT,
-    batch: str = "fixed",
+    batch: str | None = None,
 ) -> TrainResult:
     """Train the plan's chosen N and B as a Ray Train job and return the per-epoch metrics.
 
@@ -184,8 +185,9 @@ def train(
       every epoch's); `metrics` has every epoch whatever k is.
     collective_timeout_s: how long a collective (an all-reduce) may wait for a peer before
       the job fails and restarts from its checkpoint (default 600 s; torch's own is 1800).
-    batch: "fixed" (the plan's B throughout) or "adaptive": inside the plan's N, B is
-      chosen again every `eval_every_samples` (default about a quarter epoch) among the
+    batch: "fixed" (the plan's B throughout) or "adaptive"; default the plan's own choice
+      ("adaptive" when it chose its "adaptive at N" row, `Plan.adaptive`). Adaptive:
+      inside the plan's N, B is chosen again every `eval_every_samples` (default about a quarter epoch) among the
       plan's feasible candidates at N, the one with the most goodput = samples/s(B) (the
       plan's step-time model) x E(B) (the noise scale measured while training), switched
       to for a predicted gain of 5 % or more (`tula_ray.training.batch_controller`). The
@@ -198,7 +200,8 @@ def train(
     """
     _check_arguments(locals())
     check_choice("budget", budget, BUDGETS)
-    check_choice("batch", batch, BATCH_MODES)
+    if batch is not None:
+        check_choice("batch", batch, BATCH_MODES)
     check_verbose(verbose)
     resources = check_worker_request(resources_per_worker, provision_timeout_s, use_gpu)
     check_runtime_env(runtime_env)
@@ -208,8 +211,8 @@ def train(
     _check_fail_at_epoch(job, fail_at_epoch)
     _check_validation(job, validation_fraction)
     dry_run(job, plan.dataset_size)
-    adaptive = (adaptive_batch_of(plan, job.num_workers, job.global_batch)
-                if batch == "adaptive" else None)
+    adaptive = _adaptive_batch(plan, job, batch_mode(plan, batch), eval_every_samples,
+                               target_accuracy)
     marker_dir = tempfile.mkdtemp(prefix="tula-fail-") if fail_at_epoch is not None else None
     try:
         with cluster_for_run(job.num_workers, resources, address=address,
@@ -253,12 +256,22 @@ def _check_arguments(a: Mapping[str, Any]) -> None:
               hint="the last k checkpoints kept; None keeps every epoch's")
     check_number("collective_timeout_s", a["collective_timeout_s"], low=0.0, low_open=True,
                  hint="seconds a collective waits for a peer")
-    check_target(a["target_accuracy"], a["eval_every_samples"], a["batch"] == "adaptive")
+    check_target(a["target_accuracy"], a["eval_every_samples"], a["batch"] != "fixed")
     check_number("validation_fraction", a["validation_fraction"], low=0.0, high=1.0,
                  low_open=True, high_open=True, optional=True)
     if a["validation_fraction"] is not None and a["target_accuracy"] is None:
         raise ValueError(f"validation_fraction={a['validation_fraction']} is only used with a "
                          "target_accuracy: give one, or leave validation_fraction out")
+
+
+def _adaptive_batch(plan: Plan, job: Job, batch: str, eval_every_samples: int | None,
+                    target_accuracy: float | None) -> AdaptiveBatch | None:
+    """The adaptive batch of a run with batch="adaptive" (`adaptive_batch_of`), else None:
+    then an interval without a target is refused (it would choose nothing)."""
+    if batch == "adaptive":
+        return adaptive_batch_of(plan, job.num_workers, job.global_batch)
+    check_target(target_accuracy, eval_every_samples)
+    return None
 
 
 def _check_validation(job: Job, validation_fraction: float | None) -> None:
