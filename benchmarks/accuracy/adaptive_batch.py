@@ -68,7 +68,7 @@ def with_batch(plan, batch: int):
     """The plan with (WORLD_SIZE, batch) as its choice: how a fixed-B arm makes `train`
     train that B (train trains a plan's choice). The plan's tables are left as searched."""
     return dataclasses.replace(plan, choice=dataclasses.replace(
-        plan.choice, num_workers=WORLD_SIZE, global_batch=batch))
+        plan.choice, num_workers=WORLD_SIZE, global_batch=batch, adaptive=False))
 
 
 def make_plan(workload: WorkloadProtocol, quick: bool, path: Path):
@@ -132,7 +132,10 @@ def planned_arms(plan, workload: WorkloadProtocol, runs: list[dict],
                                                protocol.selection_seeds, target, TIME_MEASURE)[0]
         if e0 == float("inf"):
             continue
-        made = replanned(plan, round(e0), workload.train_images, "time_to_accuracy")
+        # The static choice: the plan's best fixed B for this target (its adaptive row,
+        # predicted beside, is the adaptive arm's prediction).
+        made = replanned(plan, round(e0), workload.train_images, "time_to_accuracy",
+                         adaptive_batch=False)
         arms["static"][str(target)] = made.choice.global_batch
         arms["plan_adaptive_s"][str(target)] = plan_adaptive_seconds(made)
     return arms
@@ -180,7 +183,7 @@ def train_run(spec: dict[str, Any], workload: WorkloadProtocol, plan) -> dict[st
     with tempfile.TemporaryDirectory(prefix="tula-adaptive-batch-") as storage:
         result = tula_ray.train(
             plan if adaptive else with_batch(plan, spec["batch"]), STRATEGY,
-            **({"batch": "adaptive"} if adaptive else {}),
+            batch="adaptive" if adaptive else "fixed",
             workload=protocol_workload(workload), epochs=workload.max_epochs,
             target_accuracy=max(workload.targets),
             eval_every_samples=workload.eval_every_samples, seed=spec["seed"],

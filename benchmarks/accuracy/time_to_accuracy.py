@@ -96,10 +96,12 @@ def make_plan(settings: dict, quick: bool, index: int = 0):
 
 
 def replanned(plan, epochs: int, train_size: int, objective: str,
-              noise_scale: float | None = None):
+              noise_scale: float | None = None, adaptive_batch: bool = True):
     """The plan re-made from its own profiles for `epochs` at the reference batch over the
     training split's size, by this tree's planning (its noise calibration included), with
-    the user's `noise_scale` if given: what a user asking for that target would be given."""
+    the user's `noise_scale` if given: what a user asking for that target would be given.
+    adaptive_batch=False: the choice among the fixed rows only (the adaptive rows are
+    predicted all the same)."""
     from tula_ray.planning.context import PlanContext
     from tula_ray.planning.plan import build_plan
     from tula_ray.space import SearchSpace
@@ -110,7 +112,8 @@ def replanned(plan, epochs: int, train_size: int, objective: str,
     pairs = [(c.num_workers, c.global_batch) for c in space.candidates()]
     context = PlanContext(epochs=max(1, epochs), dataset_size=train_size, objective=objective,
                           reference_batch=REFERENCE_BATCH, noise_scale=noise_scale,
-                          plain_steps=plain_steps(STRATEGY, {}, pairs))
+                          plain_steps=plain_steps(STRATEGY, {}, pairs),
+                          adaptive_batch=adaptive_batch)
     return build_plan(space, plan.profiles, context, search_strategy=plan.search_strategy,
                       meta=plan.meta)
 
