@@ -46,11 +46,9 @@ def _phases(sweep) -> dict:
     them; what each returned."""
     from tula_ray.training import profile_phases as phases
 
-    from tula_ray.training.epochs import EpochTally
-
     training = sweep.training
     batches = sweep.batches(BATCH // sweep.world_size)
-    tally = EpochTally(training.model, training.plain, training.loss_fn, training.device)
+    tally = training.tally(BATCH // sweep.world_size)
 
     def run_step() -> None:
         tally.step(*next(batches))
@@ -79,9 +77,12 @@ def _rank(rank: int, directory: str) -> None:
     settings = ProfileSettings(workload=_workload(), **SETTINGS)
     sweep = Sweep(settings, SweepWorker.of_process_group(), first_batch=BATCH)
     row = profile_batch(sweep, BATCH, round_index=1)
+    # The timed steps carried `train`'s online noise work: its pairs, read on both ranks.
+    sweep.training.noise.read()
+    online = {"mode": sweep.training.noise.mode, "pairs": sweep.training.noise.average.steps}
     measured = _phases(sweep)
     with open(f"{directory}/{rank}.json", "w") as handle:
-        json.dump({"row": row, "phases": measured,
+        json.dump({"row": row, "phases": measured, "online": online,
                    "ray_imported": any(name == "ray" or name.startswith("ray.")
                                        for name in sys.modules)}, handle)
 
@@ -97,6 +98,14 @@ def test_the_phases_run_under_a_plain_process_group_without_ray(ranks):
     for rank, result in ranks.items():
         assert not result["ray_imported"], rank
         assert result["phases"]["distributed"]  # DDP over two ranks
+
+
+def test_the_timed_steps_carry_the_online_noise_scales_work(ranks):
+    """Issue 43, item 3: `train` measures the noise scale at every step (a comm hook, an
+    optimizer pre-hook); the profiled steps do the same work, so the plan times it."""
+    first, second = ranks[0]["online"], ranks[1]["online"]
+    assert first == second  # the same pairs, read at the same point
+    assert first["mode"] == "workers" and first["pairs"] >= 4
 
 
 def test_each_phase_returns_its_measurements(ranks):

@@ -5,8 +5,9 @@ scalar) to `tula_ray.models.noise_scale.NoiseAverage`.
 
   N >= 2 workers: each worker's own gradient (b = B / N, a backward under DDP's
       `no_sync`) and their mean (B), all-reduced here with the workers' squared norms in
-      one flat buffer: what DDP's all-reduce would have given, and no comm hook on the
-      profiled model (it would change the synced steps the profile times);
+      one flat buffer: what DDP's all-reduce would have given, the model's comm hook
+      (the online noise scale's, which the profiled steps carry as `train`'s do) not
+      called under no_sync;
   N = 1: the two halves of the batch (b = B / 2 each) and their mean (B).
 The weights do not move (no optimizer step): every pair is taken at the profiled point.
 

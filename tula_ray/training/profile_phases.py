@@ -22,11 +22,12 @@ from typing import Any, Callable, Iterator
 import torch
 from torch import nn
 
-from tula_ray.distributed import max_over_ranks
+from tula_ray.distributed import max_over_ranks, world_size
 from tula_ray.models.noise_scale import NoiseAverage
 from tula_ray.training.epochs import EpochTally
 from tula_ray.training.gradient_noise import measure_gradient_noise
 from tula_ray.training.measure import memtracker_peak_bytes, train_step
+from tula_ray.training.online_noise import OnlineNoise, captured_comm_hook
 from tula_ray.training.phase_agreement import PhaseAgreement
 from tula_ray.training.step_timing import (alternating_blocks, max_measure_steps,
                                            mean_step_s, measured_step_count, time_block,
@@ -49,7 +50,10 @@ class ProfiledTraining:
     than one worker), its plain step (`plain`: optimizer, autocast, loss scaler) and loss,
     the device, and the workers' agreement that ends each phase.
     prepare_model: how the launcher wraps a further model as it wrapped this one (Ray
-    Train's `prepare_model`; `profile_sweep.data_parallel` without Ray)."""
+    Train's `prepare_model`; `profile_sweep.data_parallel` without Ray).
+    noise: the online noise scale `train` measures at every step (`attach_noise`), so
+    the timed steps carry its work: its comm hook around DDP's all-reduce, its optimizer
+    pre-hook, one worker's half-batch backward every so many steps (issue 43, item 3)."""
 
     model: nn.Module
     plain: StrategySetup
@@ -59,6 +63,7 @@ class ProfiledTraining:
     prepare_model: Callable[[nn.Module], nn.Module]
     distributed: bool = field(init=False)
     transition: int = field(init=False)
+    noise: OnlineNoise | None = None
 
     def __post_init__(self) -> None:
         self.distributed = isinstance(self.model, nn.parallel.DistributedDataParallel)
@@ -68,6 +73,19 @@ class ProfiledTraining:
     def no_sync(self) -> contextlib.AbstractContextManager:
         """DDP's no_sync (no all-reduce in the backward); nothing without DDP."""
         return self.model.no_sync() if self.distributed else contextlib.nullcontext()
+
+    def attach_noise(self) -> None:
+        """The online noise scale on the plain step, as `prepare_run` attaches it (no
+        strategy hook to wrap here: DDP's all-reduce)."""
+        self.noise = OnlineNoise.attach(self.model, self.plain, self.loss_fn, local_batch=1)
+
+    def tally(self, local_batch: int) -> EpochTally:
+        """The plain steps at `local_batch`, `train`'s per-step noise work included."""
+        before_step = None
+        if self.noise is not None:
+            self.noise.local_batch = local_batch
+            before_step = self.noise.before_step
+        return EpochTally(self.model, self.plain, self.loss_fn, self.device, before_step)
 
 
 def agree_first_step_fits(step: Callable[[], list[float]], device: torch.device,
@@ -226,7 +244,7 @@ def strategy_extra_s(training: ProfiledTraining, run: StrategyRun, batches: Iter
     measured 2-9 ms for the same AGS-NS step so). Each part ends with the workers'
     agreement: the second model out of memory on one worker stops them all."""
     agree, device = training.agreement.run, training.device
-    plain = EpochTally(training.model, training.plain, training.loss_fn, device)
+    plain = training.tally(run.global_batch // world_size_of(training))
     first = agree("strategy: first plain step",
                   lambda: time_block(1, lambda: plain.step(*next(batches)), device))
     (first_s,) = max_over_ranks(first, device)
@@ -259,13 +277,25 @@ def _strategy_tally(training: ProfiledTraining, run: StrategyRun,
     (DDP), with the strategy's optimizer and hooks, in its precision."""
     wrapped = training.prepare_model(model)
     wrapped.train()
-    setup = build_strategy(
-        get_training_strategy(run.strategy), wrapped, global_batch=run.global_batch,
-        steps_per_epoch=run.steps_per_epoch, epochs=run.epochs, options=run.options,
-        optimizer_fn=run.workload.optimizer_fn)
+    with captured_comm_hook(wrapped) as comm_hook:  # wrapped by the noise's, as in `train`
+        setup = build_strategy(
+            get_training_strategy(run.strategy), wrapped, global_batch=run.global_batch,
+            steps_per_epoch=run.steps_per_epoch, epochs=run.epochs, options=run.options,
+            optimizer_fn=run.workload.optimizer_fn)
     setup.set_precision(run.workload.precision, training.device)  # as `train` sets it
     setup.start_epoch(0)
-    return EpochTally(wrapped, setup, training.loss_fn, training.device)
+    if training.noise is None:
+        return EpochTally(wrapped, setup, training.loss_fn, training.device)
+    # The strategy's noise work, as `train` does it (AGS-NS's sub-batch reused on one
+    # worker): the extra measured is the strategy's and its noise's over the plain ones.
+    noise = OnlineNoise.attach(wrapped, setup, training.loss_fn,
+                               run.global_batch // world_size_of(training), comm_hook)
+    return EpochTally(wrapped, setup, training.loss_fn, training.device, noise.before_step)
+
+
+def world_size_of(training: ProfiledTraining) -> int:
+    """The workers the profiled model's steps are split over (1 without DDP)."""
+    return world_size(training.model.process_group) if training.distributed else 1
 
 
 __all__ = ["NOISE_MIN_STEPS", "NOISE_SECONDS", "ProfiledTraining", "StrategyRun",

@@ -30,7 +30,6 @@ from tula_ray.space import check_batch_in_dataset
 from tula_ray.training.batches import tensor_source, training_batches
 from tula_ray.training.data import evaluation_batch, loader_options
 from tula_ray.training.epoch_costs import checkpoint_s, evaluation_s
-from tula_ray.training.epochs import EpochTally
 from tula_ray.training.measure import collective_buffer_bytes, reset_peak_memory
 from tula_ray.training.phase_agreement import PhaseAgreement
 from tula_ray.training.profile_phases import (ProfiledTraining, StrategyRun,
@@ -162,8 +161,10 @@ class Sweep:
         # The step `train` takes, plain (its autocast; fp16's loss scaler).
         plain = StrategySetup("plain", optimizer)
         plain.set_precision(self.workload.precision, self.device)
-        return ProfiledTraining(model, plain, loss_fn, self.device, self.agreement,
-                                       self.worker.wrap)
+        training = ProfiledTraining(model, plain, loss_fn, self.device, self.agreement,
+                                    self.worker.wrap)
+        training.attach_noise()  # its per-step work is `train`'s: timed with the steps
+        return training
 
     def batches(self, local_batch: int) -> Iterator:
         """This rank's batches at `local_batch`, forever: the data path `train` takes
@@ -210,7 +211,7 @@ class Sweep:
         check_batch_in_dataset("global_batch", global_batch, self.workload.name,
                                len(self.dataset))  # type: ignore[arg-type]
         batches = self.batches(local_batch)
-        tally = EpochTally(training.model, training.plain, training.loss_fn, device)
+        tally = training.tally(local_batch)
 
         def run_step() -> None:
             tally.step(*next(batches))
