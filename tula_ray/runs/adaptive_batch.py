@@ -3,7 +3,7 @@ the batches it may choose among, from the plan, as its "adaptive at N" row count
 (`tula_ray.planning.adaptive_batch.allowed_rows`): N's candidates the plan refuses for no
 memory reason, each at its predicted step time (eq. 2a plus the training strategy's
 measured cost per step), and those over the memory bound in micro-batches
-(`adaptive_step_times`). The run starts at the plan's choice. The decisions are
+(`accumulated_step_s`). The run starts at the plan's choice. The decisions are
 `tula_ray.training.batch_controller`'s, applied by the workers' loop.
 """
 
@@ -13,7 +13,7 @@ import math
 
 import pandas as pd
 
-from tula_ray.planning.adaptive_batch import (adaptive_memory_bound, adaptive_step_times,
+from tula_ray.planning.adaptive_batch import (accumulated_step_s, adaptive_memory_bound,
                                               allowed_rows)
 from tula_ray.planning.plan import Plan
 from tula_ray.training.batch_controller import AdaptiveBatch, BatchOption
@@ -26,7 +26,7 @@ def batch_mode(plan: Plan, batch: str | None) -> str:
     (`Choice.adaptive`: the plan's time to accuracy is that run's), else "fixed"."""
     if batch is not None:
         return batch
-    return "adaptive" if getattr(plan.choice, "adaptive", False) else "fixed"
+    return "adaptive" if plan.choice.adaptive else "fixed"
 
 
 def adaptive_batch_of(plan: Plan, num_workers: int, start: int) -> AdaptiveBatch:
@@ -47,14 +47,13 @@ def _options(plan: Plan, num_workers: int) -> list[BatchOption]:
     memory bound) accumulated micro-batches; the strategy's cost per step added."""
     rows = allowed_rows(plan.table, num_workers, plan.dataset_size, None)
     bound = adaptive_memory_bound(plan.meta)
-    accumulated = adaptive_step_times(plan.perf, num_workers, rows["global_batch"], bound)
     options = []
     for _, row in rows.iterrows():
         batch, extra = int(row["global_batch"]), _extra_s(row)
         if bool(row["feasible"]):
             options.append(BatchOption(batch, float(row["step_time_s"]) + extra))
         elif bound is not None and row["local_batch"] > bound:
-            step_s, micro = accumulated[batch]
+            step_s, micro = accumulated_step_s(plan.perf, num_workers, batch, bound)
             options.append(BatchOption(batch, step_s + extra, micro))
     return options
 

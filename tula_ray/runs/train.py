@@ -187,10 +187,11 @@ def train(
       the job fails and restarts from its checkpoint (default 600 s; torch's own is 1800).
     batch: "fixed" (the plan's B throughout) or "adaptive"; default the plan's own choice
       ("adaptive" when it chose its "adaptive at N" row, `Plan.adaptive`). Adaptive:
-      inside the plan's N, B is chosen again every `eval_every_samples` (default about a quarter epoch) among the
-      plan's feasible candidates at N, the one with the most goodput = samples/s(B) (the
-      plan's step-time model) x E(B) (the noise scale measured while training), switched
-      to for a predicted gain of 5 % or more (`tula_ray.training.batch_controller`). The
+      inside the plan's N, B is chosen again every `eval_every_samples` (default about a
+      quarter epoch) among the plan's candidates at N (those over the memory bound in
+      micro-batches), the one with the most goodput = samples/s(B) (the plan's step-time
+      model) x E(B) (the noise scale measured while training), switched to for a
+      predicted gain of 5 % or more (`tula_ray.training.batch_controller`). The
       LR follows: AdaScale's gain (ags, ags-ns), the linear rule (lrs, lars), unchanged
       (lbt); polo cannot change its B. The training set must be in-memory tensors.
       Each epoch's row has the B it ended at; `TrainResult.batch_schedule` every decision.

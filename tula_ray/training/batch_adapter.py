@@ -16,7 +16,7 @@ from tula_ray.training.batch_controller import AdaptiveBatch, BatchOption
 from tula_ray.training.batches import Batches
 from tula_ray.training.online_noise import OnlineNoise
 from tula_ray.training.strategy_base import StrategySetup
-from tula_ray.training.target import TargetTracker
+from tula_ray.training.target import TargetTracker, interval_due
 
 
 class BatchAdapter:
@@ -30,23 +30,19 @@ class BatchAdapter:
         self.num_replicas, self.rank = num_replicas, rank
         self.loader, self.setup, self.noise, self.tracker = loader, setup, noise, tracker
         self.steps = self.samples = 0
-        self.batch = controller.start  # the global batch the setup and loader are at
-
-    @property
-    def global_batch(self) -> int:
-        return self.batch
+        self.global_batch = controller.start  # the B the setup and loader are at
 
     def start(self, built_at: int) -> None:
         """Moves a run built at `built_at` to the controller's current batch (the start, or
         a resumed schedule's last). Before any state is loaded into the setup."""
-        self.batch = built_at
+        self.global_batch = built_at
         self._apply(self.controller.current)
 
     def after_step(self) -> None:
         """Counts a step at the current B; at an interval, decides and applies."""
         before = self.samples
-        self.steps, self.samples = self.steps + 1, self.samples + self.batch
-        if self.samples // self.every_samples == before // self.every_samples:
+        self.steps, self.samples = self.steps + 1, self.samples + self.global_batch
+        if not interval_due(before, self.samples, self.every_samples):
             return
         phi = float("nan") if self.noise is None else self.noise.read()["noise_scale"]
         entry = None
@@ -60,13 +56,14 @@ class BatchAdapter:
 
     def _apply(self, option: BatchOption) -> None:
         local = option.global_batch // self.num_replicas
-        self.setup.set_global_batch(self.batch, option.global_batch, option.accumulation)
+        self.setup.set_global_batch(self.global_batch, option.global_batch,
+                                    option.accumulation)
         self.loader.resize(local)
         if self.noise is not None:
             self.noise.local_batch = local
         if self.tracker is not None:
             self.tracker.global_batch = option.global_batch
-        self.batch = option.global_batch
+        self.global_batch = option.global_batch
 
     def state_dict(self) -> dict[str, Any]:
         """The schedule, and the steps and samples it counts (a resumed run continues)."""

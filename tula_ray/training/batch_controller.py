@@ -17,8 +17,8 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any, Sequence
 
-from tula_ray.models.goodput import (SWITCH_GAIN_DEFAULT, accumulation_steps, goodput,
-                                     switched_batch)
+from tula_ray.models.goodput import (SWITCH_GAIN_DEFAULT, accumulation_steps, best_batch,
+                                     goodput, switched_batch)
 
 
 @dataclass(frozen=True)
@@ -109,7 +109,7 @@ class AdaptiveBatch:
         return option
 
     def _reason(self, before: int, chosen: int, goodputs: dict[int, float]) -> str:
-        best = max(goodputs, key=lambda batch: goodputs[batch])
+        best = best_batch(goodputs)
         gain = goodputs[best] / goodputs[before] - 1.0 if goodputs[before] > 0 else math.inf
         if chosen != before:
             return (f"B {before} -> {chosen}: goodput {goodputs[chosen]:.4g} over "

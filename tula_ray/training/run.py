@@ -218,7 +218,7 @@ def prepare_run(workload: str | Workload, *, global_batch: int,
     if target_accuracy is not None:
         validation_fraction = validation_fraction or VALIDATION_FRACTION_DEFAULT
     built_at = _adaptive_build_batch(adaptive, global_batch, num_replicas)
-    _epoch_size(workload, built_at, num_replicas, validation_fraction)
+    _epoch_size(workload, built_at, num_replicas, validation_fraction)  # its largest B fits too
     train_size, steps_per_epoch = _epoch_size(workload, global_batch, num_replicas,
                                               validation_fraction)
     device = torch.device(device)
@@ -249,12 +249,11 @@ def prepare_run(workload: str | Workload, *, global_batch: int,
                                    comm_hook)
     if run.noise.note:
         setup.notes.append(run.noise.note)
+    interval = evaluation_interval(eval_every_samples, global_batch, steps_per_epoch)
     if target_accuracy is not None:
-        interval = evaluation_interval(eval_every_samples, global_batch, steps_per_epoch)
         run.tracker = TargetTracker(Target(target_accuracy, interval), global_batch,
                                     run.validation_scores)
     if adaptive is not None:
-        interval = evaluation_interval(eval_every_samples, global_batch, steps_per_epoch)
         run.adapter = BatchAdapter(adaptive, every_samples=interval * global_batch,
                                    num_replicas=num_replicas, rank=rank,
                                    loader=train_loader, setup=setup, noise=run.noise,
@@ -278,7 +277,6 @@ def _adaptive_build_batch(adaptive: AdaptiveBatch | None, global_batch: int,
         raise ValueError(f"the adaptive batch's {uneven} are not multiples of the "
                          f"{num_replicas} workers: every global batch must divide evenly")
     return max(batches)
-
 
 
 def _epoch_size(workload: Workload, global_batch: int, num_replicas: int,

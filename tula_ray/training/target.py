@@ -53,6 +53,13 @@ def check_target(target_accuracy: float | None, eval_every_samples: int | None,
                          "eval_every_samples out")
 
 
+def interval_due(samples_before: int, samples_after: int, every_samples: int) -> bool:
+    """Whether a step that took the sample count from `samples_before` to `samples_after`
+    crossed a multiple of `every_samples` (an interval counted in samples: the same every
+    step at a fixed B, and as often in samples when B changes)."""
+    return samples_after // every_samples != samples_before // every_samples
+
+
 def evaluation_interval(eval_every_samples: int | None, global_batch: int,
                         steps_per_epoch: int) -> int:
     """Steps between two evaluations: `eval_every_samples` rounded to whole steps of
@@ -98,7 +105,7 @@ class TargetTracker:
         before = self.samples
         self.steps += 1
         self.samples += self.global_batch
-        if self.samples // self.every_samples == before // self.every_samples:
+        if not interval_due(before, self.samples, self.every_samples):
             return False
         started = time.perf_counter()
         scores = self.evaluate()
