@@ -11,7 +11,6 @@ import math
 from types import SimpleNamespace
 
 import pytest
-import ray.autoscaler.sdk
 from hypothesis import given, strategies as st
 
 from tula_ray.cluster import (GPU_WORKER, Workers, can_place, groups_that_fit,
@@ -139,12 +138,12 @@ class _Cluster:
         self.nodes, self.delivered, self.requests = list(nodes), delivered, []
         monkeypatch.setattr(workers, "alive_node_resources", lambda: list(self.nodes))
         monkeypatch.setattr(workers, "joined_node_types", lambda: node_types)
-        monkeypatch.setattr(ray.autoscaler.sdk, "request_resources", self.request)
+        monkeypatch.setattr(workers, "request_workers", self.request)
         monkeypatch.setattr(workers.ray, "cluster_resources", lambda: {"CPU": 1.0})
         monkeypatch.setattr(workers.ray, "is_initialized", lambda: False)
         monkeypatch.setattr(workers, "PROVISION_POLL_S", 0.01)
 
-    def request(self, num_cpus=None, bundles=None):
+    def request(self, bundles):
         self.requests.append(bundles)
         if bundles and self.delivered is not None:
             self.nodes = list(self.delivered)
@@ -256,6 +255,44 @@ def test_a_trial_that_cannot_place_n_on_one_node_says_so(monkeypatch):
     # A failed group's rows say where it ran when its placement fixes it.
     assert trial._placed_nodes(4, settings(4)) == 1.0
     assert math.isnan(trial._placed_nodes(8, settings(4)))
+
+
+def test_each_round_asks_the_autoscaler_for_its_own_n(monkeypatch):
+    """On an autoscaling cluster (the driver holds a keeper) a trial makes its N the
+    request, so a smaller N after a larger lets the larger's nodes go idle, and waits for
+    its nodes as long as provision_timeout_s."""
+    import trainables.profiling_trial as trial
+
+    nodes, held = [HEAD], []
+
+    def hold(keeper, bundles):
+        held.append(bundles)
+        nodes[:] = [HEAD] + [FOUR_GPU] * len(bundles)  # the autoscaler delivers
+
+    monkeypatch.setattr(trial, "job_keeper", lambda: "the driver's keeper")
+    monkeypatch.setattr(trial, "hold_request", hold)
+    monkeypatch.setattr(trial, "alive_node_resources", lambda: list(nodes))
+    settings = ProfileSettings(resources_per_worker=GPU_WORKER, use_gpu=True,
+                               provision_timeout_s=5, workers_per_node=4)
+    assert trial._cannot_place(8, settings) == "" and trial._cannot_place(2, settings) == ""
+    assert held == [[{"CPU": 4.0, "GPU": 4.0}] * 2, [{"CPU": 2.0, "GPU": 2.0}]]
+    # Without a keeper (no autoscaler) nothing is asked, and a lost node is waited for.
+    monkeypatch.setattr(trial, "job_keeper", lambda: None)
+    assert trial._cannot_place(2, settings) == "" and len(held) == 2
+
+
+def test_the_search_provisions_one_worker_first_and_checks_its_largest_n(monkeypatch):
+    cluster = _Cluster(monkeypatch, [HEAD], CLUSTER_YAML_TYPES, delivered=[HEAD, FOUR_GPU])
+    settled = provision_workers(1, GPU_WORKER, timeout_s=5, most_workers=16)
+    assert cluster.requests == [[{"CPU": 1.0, "GPU": 1.0}]]  # the probe's, not N = 16's
+    assert (settled.requested, settled.workers_per_node) == (True, 4)
+    cluster = _Cluster(monkeypatch, [HEAD], CLUSTER_YAML_TYPES)
+    with pytest.raises(ValueError, match="cannot place 21 workers .* cluster sizes <= 16"):
+        provision_workers(1, GPU_WORKER, timeout_s=5, most_workers=21)
+    assert cluster.requests == []  # refused before asking
+    _Cluster(monkeypatch, [{"CPU": 2.0}], None)
+    with pytest.raises(ValueError, match="cluster size 3 is larger than the cluster's 2 CPUs"):
+        provision_workers(1, {"CPU": 1.0}, most_workers=3)
 
 
 def test_train_and_tuning_trials_place_n_as_it_was_profiled(monkeypatch):

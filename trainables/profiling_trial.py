@@ -46,11 +46,12 @@ from ray.train.torch import TorchConfig, TorchTrainer
 from ray.tune.integration.ray_train import TuneReportCallback
 
 from trainables.profiling_loop import PROFILE_GRID_KEY, SETTINGS_KEY, profile_loop_per_worker
-from tula_ray.cluster import (alive_node_resources, can_place, scaling_config, trial_resources,
+from tula_ray.cluster import (PROVISION_TIMEOUT_S_DEFAULT, alive_node_resources, can_place,
+                              hold_request, job_keeper, scaling_config, trial_resources,
                               worker_shape, workers_that_fit)
 from tula_ray.failures import (FAILURE_INFRASTRUCTURE, FAILURE_OOM, FAILURE_USER_CODE,
                                UserCodeError, is_out_of_memory)
-from tula_ray.models.topology import STRICT_PACK, placement_strategy
+from tula_ray.models.topology import STRICT_PACK, node_bundles, placement_strategy
 from tula_ray.profile_table import (LAUNCH_TOTAL_KEY, STATUS_ERROR, STATUS_OOM, TRACEBACK_KEY,
                                     profile_row)
 from tula_ray.space import ProfileGrid, check_batch_in_dataset
@@ -154,7 +155,6 @@ def profile_cluster_size(config: dict[str, Any]) -> None:
     workers) and, should the worker group fail, for every batch (the searcher keeps a
     batch's first row, so the ones already measured stay measured).
     """
-    started_at = time.time()
     os.environ.setdefault(PREEMPTION_WATCHER_ENV, "0")
     _quiet_termination()
     settings = ProfileSettings.from_config(config)  # read once here, as its batches
@@ -169,6 +169,9 @@ def profile_cluster_size(config: dict[str, Any]) -> None:
             tune.report(profile_row(num_workers, global_batch, error=missing,
                                     failure=FAILURE_INFRASTRUCTURE))
         return
+    # The launch's wall time starts once its nodes are there: waiting for an autoscaler is
+    # the search's, not a `train` launch's (train provisions before it starts its group).
+    started_at = time.time()
     # The Train run is stored inside its Tune trial unless the config names a place.
     config = {**config, "trial_started_at": started_at,
               "storage_path": config.get("storage_path") or tune.get_context().get_trial_dir()}
@@ -258,14 +261,22 @@ def describe_failure(error: BaseException) -> tuple[str, str, str]:
 
 def _cannot_place(num_workers: int, settings: ProfileSettings) -> str:
     """Why the cluster cannot hold N workers now, placed as the trial places them (N <= G on
-    one node; `tula_ray.cluster.can_place`), "" when it can, after waiting for it to hold
-    them again (at most LOST_NODE_WAIT_S). The search checked that it did when it started
-    (tula_ray.cluster.provision_workers); a node lost since then would leave the Train run
-    waiting for its workers forever."""
+    one node; `tula_ray.cluster.can_place`), "" when it can, after waiting for them.
+
+    On an autoscaling cluster (the driver holds a request through its keeper) this round's
+    N becomes the request, so the autoscaler adds its nodes, or lets a larger N's go idle,
+    and they are waited for as long as the search's provision_timeout_s. Otherwise the
+    search checked that the cluster held them when it started, and a node lost since then
+    is waited for at most LOST_NODE_WAIT_S (the Train run would wait forever)."""
     worker = worker_shape(settings.resources_per_worker, use_gpu=settings.use_gpu)
     per_node = settings.workers_per_node
     given_s = settings.provision_timeout_s
-    wait_s = min(LOST_NODE_WAIT_S if given_s is None else float(given_s), LOST_NODE_WAIT_S)
+    keeper = job_keeper()
+    if keeper is not None:
+        hold_request(keeper, node_bundles(worker, num_workers, per_node))
+        wait_s = PROVISION_TIMEOUT_S_DEFAULT if given_s is None else float(given_s)
+    else:
+        wait_s = min(LOST_NODE_WAIT_S if given_s is None else float(given_s), LOST_NODE_WAIT_S)
     deadline = time.monotonic() + wait_s
     while not can_place(worker, num_workers, per_node, nodes := alive_node_resources()):
         if time.monotonic() >= deadline:
@@ -286,7 +297,8 @@ def _not_placed(worker: dict[str, float], num_workers: int, per_node: int | None
     else:
         now = (f"the cluster holds {held} workers of {worker} now, fewer than "
                f"N={num_workers}")
-    return (f"{now} (a node lost since the search started?), after waiting {wait_s:.0f} s "
+    return (f"{now} (a node lost since the search started, or not added by the autoscaler?),"
+            f" after waiting {wait_s:.0f} s "
             "for it; the search goes on with the other cluster sizes. Run the search again "
             "once the nodes are back to profile this one")
 

@@ -5,6 +5,8 @@ these from here, never from each other.
   workers  what one worker holds, provisioning N of them, a trial driver's resources;
   placement where a group of N workers goes on given nodes, and the ScalingConfig that
            places it so (N <= G workers per node on one node; issue 26);
+  requests the autoscaler request, held by a keeper that withdraws it once its driver
+           is gone (SIGKILL, an ssh drop);
   storage  a storage path every node of a multi-node cluster reaches;
   lifetime `cluster_for_run`: the three above for the length of one entry point's run.
 """
@@ -12,6 +14,9 @@ these from here, never from each other.
 from tula_ray.cluster.lifetime import cluster_for_run
 from tula_ray.cluster.placement import (can_place, groups_that_fit, scaling_config,
                                         workers_that_fit)
+from tula_ray.cluster.requests import (KEEPER_NAMESPACE, STALE_S, RequestKeeper, driver_keeper,
+                                       hold_request, job_keeper, keeper_name,
+                                       withdraw_request)
 from tula_ray.cluster.session import (ADDRESS_ENV, DRIVER_RESOURCE, DRIVER_SLOTS_DEFAULT,
                                       LOCAL_ADDRESS, LOCAL_NODE_IP, LOCAL_ONLY_ENV,
                                       check_address, check_runtime_env, ensure_ray,
@@ -25,10 +30,11 @@ from tula_ray.cluster.workers import (AUTOSCALING_CONFIG_ENV, AUTOSCALING_CONFIG
                                       alive_node_resources, autoscaler_node_types,
                                       check_resources_per_worker, check_worker_request,
                                       gpu_worker, joined_node_types, node_memory_bytes, provision_workers,
-                                      release_workers, task_options, trial_resources,
+                                      release_workers, request_workers, task_options, trial_resources,
                                       use_gpu_default, worker_shape, workers_per_node)
 
-__all__ = ['ADDRESS_ENV', 'cluster_for_run', 'AUTOSCALING_CONFIG_ENV', 'AUTOSCALING_CONFIG_PATH',
+__all__ = ['ADDRESS_ENV', 'KEEPER_NAMESPACE', 'RequestKeeper', 'driver_keeper', 'hold_request',
+           'job_keeper', 'keeper_name', 'STALE_S', 'withdraw_request', 'request_workers', 'cluster_for_run', 'AUTOSCALING_CONFIG_ENV', 'AUTOSCALING_CONFIG_PATH',
            'CPU_MEMORY_SHARE_DEFAULT', 'CPU_WORKER', 'DRIVER_RESOURCE',
            'DRIVER_SLOTS_DEFAULT', 'GPU_WORKER', 'LOCAL_ADDRESS', 'LOCAL_NODE_IP',
            'LOCAL_ONLY_ENV', 'PROVISION_POLL_S', 'PROVISION_TIMEOUT_S_DEFAULT',

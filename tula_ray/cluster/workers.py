@@ -18,6 +18,7 @@ import yaml
 from tula_ray.arguments import check_mapping, check_number
 from tula_ray.cluster.placement import (bundles_fit, holds_placed, most_on_one_node,
                                         workers_that_fit)
+from tula_ray.cluster.requests import driver_keeper, hold_request
 from tula_ray.cluster.session import DRIVER_RESOURCE, started_ray_here
 from tula_ray.models.topology import STRICT_PACK, node_bundles, placement_strategy
 
@@ -196,18 +197,22 @@ def workers_per_node(worker: dict[str, float], nodes: list[dict[str, float]] | N
 
 def provision_workers(num_workers: int, resources_per_worker: dict[str, float] | None = None,
                       *, use_gpu: bool | None = None,
-                      timeout_s: float = PROVISION_TIMEOUT_S_DEFAULT) -> Workers:
+                      timeout_s: float = PROVISION_TIMEOUT_S_DEFAULT,
+                      most_workers: int | None = None) -> Workers:
     """Make sure the cluster holds `num_workers` workers placed as a trial places them
-    (`holds_placed`), asking its autoscaler for them.
+    (`holds_placed`), asking its autoscaler for them; first check that it can ever hold
+    `most_workers` (default `num_workers`), the most the run will ask for later.
 
     The worker's shape: `worker_shape(resources_per_worker, use_gpu=use_gpu)`; G, the most
-    of them one node holds: `workers_per_node` (returned in `Workers`). When the running
-    nodes do not hold them and this is an autoscaling cluster, the workers are requested
-    from the autoscaler (`ray.autoscaler.sdk.request_resources`) in the bundles that place
-    them as the trial does (`topology.node_bundles`) and waited for, at most `timeout_s`:
-    an autoscaler adds nodes only on demand, and the GPU nodes of cluster.yaml start at
-    zero. Raises ValueError when the cluster can never hold them, TimeoutError when the
-    autoscaler did not deliver in time; each names what is missing and what to do.
+    of them one node holds: `workers_per_node` (returned in `Workers`). On an autoscaling
+    cluster the request for them (`ray.autoscaler.sdk.request_resources`, in the bundles
+    that place them as the trial does: `topology.node_bundles`) is made, replacing the one
+    before, so that nodes a larger N asked for may go once idle; it is held by the
+    driver's `RequestKeeper`, which withdraws it should the driver die (`request_workers`).
+    The workers are then waited for, at most `timeout_s`: an autoscaler adds nodes only on
+    demand, and the GPU nodes of cluster.yaml start at zero. Raises ValueError when the
+    cluster can never hold `most_workers`, TimeoutError when the autoscaler did not deliver
+    in time; each names what is missing and what to do.
     """
     node_types = joined_node_types()
     worker = worker_shape(resources_per_worker, use_gpu=use_gpu)
@@ -215,43 +220,64 @@ def provision_workers(num_workers: int, resources_per_worker: dict[str, float] |
     per_node = workers_per_node(worker, nodes, node_types or [])
     settled = Workers(worker, worker.get("GPU", 0) > 0, requested=False,
                       workers_per_node=per_node)
+    most = max(num_workers, most_workers or 0)
+    if node_types is None:
+        _check_static_cluster_holds(worker, most, per_node, nodes)
+        return settled
+    _check_autoscaler_can_place(worker, most, per_node, node_bundles(worker, most, per_node),
+                                nodes, node_types)
+    request_workers(node_bundles(worker, num_workers, per_node))
+    settled = replace(settled, requested=True)
     if holds_placed(worker, num_workers, per_node, nodes):
         return settled
-    fits_now = workers_that_fit(worker, nodes)
-    if node_types is None:
-        # G is then the most one running node holds: one node holds any N <= G, so what is
-        # missing is workers in all.
-        held = (f"the cluster's {fits_now} {'GPU' if worker.get('GPU') else 'CPU'}s"
-                if worker in (GPU_WORKER, CPU_WORKER) else
-                f"the {fits_now} workers of {worker} the cluster holds")
-        raise ValueError(f"cluster size {num_workers} is larger than {held}; allowed cluster "
-                         f"sizes are <= {fits_now} (or ask less per worker with "
-                         "resources_per_worker, or add nodes)")
-    bundles = node_bundles(worker, num_workers, per_node)
-    _check_autoscaler_can_place(worker, num_workers, per_node, bundles, nodes, node_types)
-    from ray.autoscaler.sdk import request_resources
-
     shape = _placed(worker, num_workers, per_node)
-    logger.info("asking the autoscaler for %s (the running nodes hold %d)", shape, fits_now)
-    request_resources(bundles=bundles)
+    logger.info("asked the autoscaler for %s (the running nodes hold %d)", shape,
+                workers_that_fit(worker, nodes))
     deadline = time.monotonic() + timeout_s
     while True:
         nodes = alive_node_resources()
         if holds_placed(worker, num_workers, per_node, nodes):
             logger.info("the cluster now holds %s", shape)
-            return replace(settled, requested=True)
+            return settled
         if time.monotonic() >= deadline:
-            release_workers(Workers(worker, False, requested=True))
-            counts = [workers_that_fit(worker, [node]) for node in nodes]
-            raise TimeoutError(
-                f"waited {timeout_s:.0f} s for the autoscaler to add nodes for {shape}; the "
-                f"cluster holds {sum(counts)}, at most {max(counts, default=0)} on one node "
-                f"(resources now: {_rounded(ray.cluster_resources())})."
-                " See `ray status` and the autoscaler's log on the head "
-                "(/tmp/ray/session_latest/logs/monitor.*) for failed launches (quota, "
-                "instance type, setup commands); or raise provision_timeout_s, or start the "
-                "nodes beforehand (min_workers in the cluster config)")
+            release_workers(settled)
+            raise TimeoutError(_not_delivered(worker, shape, nodes, timeout_s))
         time.sleep(PROVISION_POLL_S)
+
+
+def request_workers(bundles: list[dict[str, float]]) -> None:
+    """Make `bundles` the cluster's autoscaler request, held by the driver's
+    `RequestKeeper` (started here on first use; the driver's trials find it by name)."""
+    hold_request(driver_keeper(), bundles)
+
+
+def _check_static_cluster_holds(worker: dict[str, float], num_workers: int,
+                                per_node: int | None, nodes: list[dict[str, float]]) -> None:
+    """ValueError when a cluster without an autoscaler cannot place `num_workers`."""
+    if holds_placed(worker, num_workers, per_node, nodes):
+        return
+    # G is then the most one running node holds: one node holds any N <= G, so what is
+    # missing is workers in all.
+    fits_now = workers_that_fit(worker, nodes)
+    held = (f"the cluster's {fits_now} {'GPU' if worker.get('GPU') else 'CPU'}s"
+            if worker in (GPU_WORKER, CPU_WORKER) else
+            f"the {fits_now} workers of {worker} the cluster holds")
+    raise ValueError(f"cluster size {num_workers} is larger than {held}; allowed cluster "
+                     f"sizes are <= {fits_now} (or ask less per worker with "
+                     "resources_per_worker, or add nodes)")
+
+
+def _not_delivered(worker: dict[str, float], shape: str, nodes: list[dict[str, float]],
+                   timeout_s: float) -> str:
+    """`provision_workers`'s time-out: what the cluster holds, and where to look."""
+    counts = [workers_that_fit(worker, [node]) for node in nodes]
+    return (f"waited {timeout_s:.0f} s for the autoscaler to add nodes for {shape}; the "
+            f"cluster holds {sum(counts)}, at most {max(counts, default=0)} on one node "
+            f"(resources now: {_rounded(ray.cluster_resources())})."
+            " See `ray status` and the autoscaler's log on the head "
+            "(/tmp/ray/session_latest/logs/monitor.*) for failed launches (quota, "
+            "instance type, setup commands); or raise provision_timeout_s, or start the "
+            "nodes beforehand (min_workers in the cluster config)")
 
 
 def _placed(worker: dict[str, float], num_workers: int, per_node: int | None) -> str:
@@ -298,11 +324,10 @@ def _check_autoscaler_can_place(worker: dict[str, float], num_workers: int,
 
 
 def release_workers(workers: Workers | None) -> None:
-    """Withdraw the autoscaler request of `provision_workers`, so idle nodes can go."""
+    """Withdraw the autoscaler request of `provision_workers`, so idle nodes can go (the
+    keeper stays, idle, until its driver ends)."""
     if workers is not None and workers.requested and ray.is_initialized():
-        from ray.autoscaler.sdk import request_resources
-
-        request_resources(bundles=[])
+        request_workers([])
 
 
 def alive_node_resources() -> list[dict[str, float]]:

@@ -158,9 +158,12 @@ def search(
     search_strategy = renamed_search_strategy(search_strategy, strategy, mode)
     request = search_request(locals())  # every argument, by name, into one checked value
     resources = check_worker_request(resources_per_worker, provision_timeout_s)
+    # One worker now, for the probe: each round's trial asks for its own N when it starts
+    # (smallest first), so no node idles while a smaller N is profiled (issue 45).
     with cluster_for_run(request.cluster_sizes[-1], resources, address=address,
                          runtime_env=runtime_env, storage_path=request.storage_path,
-                         timeout_s=provision_timeout_s, verbose=verbose) as workers:
+                         timeout_s=provision_timeout_s, verbose=verbose,
+                         first_workers=1) as workers:
         name = experiment_name(request.name, request.workload.name)
         saved_at = experiment_path(request.storage_path, name)
         saved = saved_search(saved_at) if resume else None
