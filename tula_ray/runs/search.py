@@ -34,7 +34,8 @@ from tula_ray.planning.search_strategies import (SEARCH_STRATEGY_DEFAULT, topolo
 from tula_ray.profile_table import STATUS_OK, profile_frame
 from tula_ray.runs.search_experiment import (check_same_search, experiment_name,
                                              experiment_path, recorded_bounds, resume_record,
-                                             run_experiment, saved_search, trial_param_space)
+                                             run_experiment, saved_search, storage_root,
+                                             trial_param_space)
 from tula_ray.runs.search_request import (SearchRequest, check_dataset_size,
                                           check_search_arguments, json_options, search_identity,
                                           search_request)
@@ -324,7 +325,9 @@ def _profile_settings(request: SearchRequest, bounds: SearchBounds, workers: Wor
         resources_per_worker=workers.resources,
         # N <= G workers are placed on one node, as `train` places them (topology)
         workers_per_node=workers.workers_per_node,
-        provision_timeout_s=request.provision_timeout_s)
+        provision_timeout_s=request.provision_timeout_s,
+        # the profiled checkpoint is uploaded there, as `train`'s are to its storage
+        storage_path=storage_root(request.storage_path))
 
 
 def _profile(request: SearchRequest, bounds: SearchBounds, plan_context: PlanContext,
