@@ -19,8 +19,8 @@ from torch.utils.data import TensorDataset
 
 from benchmarks.common import spawn_gloo
 from tula_ray.profile_table import PROFILE_COLUMNS
-from tula_ray.training.profile_settings import (FLAT_KEYS, PROFILE_SETTINGS_KEY,
-                                                ProfileSettings)
+from tula_ray.training.profile_settings import (FIRST_NESTED_KEYS, FLAT_KEYS,
+                                                PROFILE_SETTINGS_KEY, ProfileSettings)
 from tula_ray.workloads import Workload
 
 GROUP_TIMEOUT_S = 30
@@ -204,11 +204,37 @@ def test_a_trial_config_saved_before_the_settings_were_one_dict_is_read_alike():
 
 
 def test_a_resumed_search_keeps_the_layout_it_was_saved_with():
-    from tula_ray.runs.search_experiment import SETTINGS_LAYOUT_KEY, trial_param_space
+    from tula_ray.runs.search_experiment import (SETTINGS_LAYOUT_KEY, SETTINGS_NAMES_KEY,
+                                                 trial_param_space)
 
     new = trial_param_space(SEARCH_SETTINGS, None)
     assert set(new) == {PROFILE_SETTINGS_KEY}
-    saved_now = SimpleNamespace(resume_record={SETTINGS_LAYOUT_KEY: PROFILE_SETTINGS_KEY})
+    assert set(new[PROFILE_SETTINGS_KEY]) == set(SEARCH_SETTINGS.to_dict())
+    saved_now = SimpleNamespace(resume_record={
+        SETTINGS_LAYOUT_KEY: PROFILE_SETTINGS_KEY,
+        SETTINGS_NAMES_KEY: list(SEARCH_SETTINGS.to_dict())})
     assert trial_param_space(SEARCH_SETTINGS, saved_now) == new
+    # One dict, saved before its names were recorded (and before storage_path): Tune
+    # restores it only with the keys it started with.
+    saved_nested = SimpleNamespace(resume_record={SETTINGS_LAYOUT_KEY: PROFILE_SETTINGS_KEY})
+    restored = trial_param_space(SEARCH_SETTINGS, saved_nested)[PROFILE_SETTINGS_KEY]
+    assert set(restored) == set(FIRST_NESTED_KEYS) and "storage_path" not in restored
+    assert ProfileSettings.from_config({PROFILE_SETTINGS_KEY: restored}).storage_path is None
     saved_before = SimpleNamespace(resume_record={"request": {}})  # no layout: each key at the top
     assert set(trial_param_space(SEARCH_SETTINGS, saved_before)) == set(FLAT_KEYS)
+
+
+def test_a_new_search_restores_with_every_setting_it_started_with():
+    from tula_ray.models.memory import MemoryParams
+    from tula_ray.planning.bounds import MemoryProbe, SearchBounds
+    from tula_ray.runs.search_experiment import resume_record, trial_param_space
+    from tula_ray.space import SearchSpace
+
+    settings = ProfileSettings(workload="fashion-mnist-cnn", storage_path="/tmp/storage")
+    bounds = SearchBounds(SearchSpace((1, 2), (32, 64)),
+                          MemoryProbe(MemoryParams(1e6, 0.0, 1e3, 1e2), [], max_local_batch=64),
+                          2e9)
+    record = json.loads(json.dumps(resume_record(bounds, False, 1.0, {})))  # as saved
+    restored = trial_param_space(settings, SimpleNamespace(resume_record=record))
+    assert restored == trial_param_space(settings, None)
+    assert restored[PROFILE_SETTINGS_KEY]["storage_path"] == "/tmp/storage"

@@ -119,6 +119,11 @@ def test_resumed_search_profiles_no_finished_candidate_again(killed_then_resumed
     done_before = {(r["num_workers"], r["global_batch"]) for r in killed["rows"].values()}
     later = plan.meta["sweeps"][len(killed["sweeps"]):]  # the worker groups after the kill
     assert later, "the resumed search launched nothing"
+    # What the search cost counts both drivers' launches, and the first driver's probe.
+    cost = plan.meta["search_cost"]
+    assert sum(entry["launches"] for entry in cost["by_num_workers"]) == \
+        len(plan.meta["sweeps"])
+    assert plan.meta["probe_wall_s"] == 0 and cost["probe"]["seconds"] > 0
     for sweep in later:
         assert not {(sweep["num_workers"], b) for b in sweep["global_batches"]} & done_before
 

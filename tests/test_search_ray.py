@@ -149,6 +149,23 @@ def test_the_adaptive_search_predicts_every_candidate_it_did_not_measure(adaptiv
     assert adaptive_plan.epochs == 2  # search(epochs=...) over the workload's 3
 
 
+def test_the_plan_says_what_the_search_cost_and_no_checkpoint_probe_is_left(adaptive_plan):
+    """Issue 45: the launches' and the memory probe's node-hours, in the plan and its
+    summary; the profiled checkpoints' uploads to the storage path are removed."""
+    from pathlib import Path
+
+    from tula_ray.training.epoch_costs import CHECKPOINT_PROBE_PREFIX
+
+    meta = adaptive_plan.meta
+    cost = meta["search_cost"]
+    assert sum(entry["launches"] for entry in cost["by_num_workers"]) == meta["launches"]
+    assert cost["probe"]["seconds"] == pytest.approx(meta["probe_wall_s"])
+    assert cost["node_hours"] > cost["probe"]["node_hours"] > 0
+    assert "the search: " in summary_words(adaptive_plan)
+    storage = Path(meta["experiment_path"]).parent
+    assert storage.is_dir() and not list(storage.glob(f"{CHECKPOINT_PROBE_PREFIX}*"))
+
+
 def test_a_search_of_every_candidate_measures_them_in_one_group_per_n(full_plan):
     table = full_plan.table
     assert len(table) == 6 and (table["source"] == "measured").all()

@@ -37,8 +37,8 @@ from tula_ray.planning.policy import ACCURACY_OBJECTIVES, Choice
 from tula_ray.planning.search_strategies import (SEARCH_STRATEGY_DEFAULT, make_search_strategy,
                                                  topology_options)
 from tula_ray.planning.summary import (choice_line, compact_table, noise_lines,
-                                      rows_that_matter, shown_rows_line, strategy_cost_line,
-                                      wrapped)
+                                      rows_that_matter, search_cost_line, shown_rows_line,
+                                      strategy_cost_line, wrapped)
 from tula_ray.profile_table import profile_frame, usable
 from tula_ray.space import SearchSpace
 
@@ -210,6 +210,7 @@ class Plan:
                          f"{BatchLimit.from_dict(self.meta['batch_limit']).reason()}")
         if self.meta.get("stop_reason"):
             lines.append(f"search stopped: {self.meta['stop_reason']}")
+        lines.append(search_cost_line(self.meta.get("search_cost")))
         if self.meta.get("errors"):
             lines.append(f"errors while profiling, each once:\n"
                          f"{describe_errors(self.meta['errors'])}")

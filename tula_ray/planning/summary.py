@@ -155,6 +155,19 @@ def noise_lines(meta: dict, adaptive: pd.DataFrame) -> list[str]:
     return lines
 
 
+def search_cost_line(cost: dict | None) -> str:
+    """What the search itself cost (meta["search_cost"]: `tula_ray.planning.search_cost`):
+    its node-hours, the memory probe's and each N's; "" for a plan without it (built
+    offline, or saved before it was recorded)."""
+    if not cost:
+        return ""
+    parts = [f"memory probe: {cost['probe']['node_hours']:.3g}"] + [
+        f"N={entry['num_workers']}: {entry['node_hours']:.3g} in {entry['launches']} "
+        f"launch{'es' if entry['launches'] != 1 else ''}" for entry in cost["by_num_workers"]]
+    usd = f", ${cost['usd']:.3g} at the plan's price" if "usd" in cost else ""
+    return f"the search: {cost['node_hours']:.3g} node-hours ({'; '.join(parts)}){usd}"
+
+
 def wrapped(lines: list[str]) -> str:
     """The summary's lines, each wrapped to LINE_WIDTH."""
     return "\n".join(wrap(line) for line in lines if line)

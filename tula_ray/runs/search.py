@@ -22,19 +22,21 @@ from tula_ray.cluster import (CPU_MEMORY_SHARE_DEFAULT, PROVISION_TIMEOUT_S_DEFA
 from tula_ray.failures import UserCodeError
 from tula_ray.models import memory as memory_model
 from tula_ray.models.perf import COLLECTIVE_DEFAULT
-from tula_ray.models.pricing import Pricing
+from tula_ray.models.pricing import NodeBilling, Pricing
 from tula_ray.planning.accuracy import REFERENCE_BATCH_DEFAULT
 from tula_ray.planning.bounds import (MemoryProbe, SearchBounds, bounded_space, candidate_space,
                                       memory_budget_bytes, probe_min_local_batch)
 from tula_ray.planning.context import OBJECTIVE_DEFAULT, PRICING_DEFAULT, PlanContext
 from tula_ray.planning.plan import Plan, build_plan, renamed_search_strategy
 from tula_ray.planning.policy import WEIGHT_TIME_DEFAULT
+from tula_ray.planning.search_cost import search_cost
 from tula_ray.planning.search_strategies import (SEARCH_STRATEGY_DEFAULT, topology_options,
                                                  with_plan_context)
 from tula_ray.profile_table import STATUS_OK, profile_frame
 from tula_ray.runs.search_experiment import (check_same_search, experiment_name,
                                              experiment_path, recorded_bounds, resume_record,
-                                             run_experiment, saved_search, trial_param_space)
+                                             run_experiment, saved_search, storage_root,
+                                             trial_param_space)
 from tula_ray.runs.search_request import (SearchRequest, check_dataset_size,
                                           check_search_arguments, json_options, search_identity,
                                           search_request)
@@ -186,8 +188,7 @@ def search(
         profiles = profile_frame(searcher.profiles)
         timings = {"probe_wall_s": probe_s,
                    "profiling_wall_s": time.perf_counter() - started - probe_s}
-        meta = _meta(request, bounds, searcher, path, workers.use_gpu, saved is not None,
-                     timings)
+        meta = _meta(request, bounds, searcher, path, workers, saved is not None, timings)
         return build_plan(bounds.space, profiles, plan_context,
                           search_strategy=request.search_strategy, meta=meta)
 
@@ -241,11 +242,17 @@ def _checked(request: SearchRequest, workload: Workload) -> SearchRequest:
 
 
 def _meta(request: SearchRequest, bounds: SearchBounds, searcher: TulaSearcher, path: str,
-          use_gpu: bool, resumed: bool, timings: dict[str, float]) -> dict[str, Any]:
+          workers: Workers, resumed: bool, timings: dict[str, float]) -> dict[str, Any]:
     """What the plan records of its search besides its context: the wall times, the
-    launches and rounds, the memory probe, the errors, and what `train` takes from it."""
-    probe = bounds.probe
+    launches and rounds, what they cost in node-hours, the memory probe, the errors, and
+    what `train` takes from it."""
+    probe, use_gpu = bounds.probe, workers.use_gpu
+    # A resumed search's probe ran in the driver that started it: its record keeps the time.
+    probe_s = searcher.resume_record.get("probe_wall_s", timings["probe_wall_s"])
+    cost = search_cost(searcher.sweeps, probe_s,
+                       NodeBilling(request.pricing, workers.workers_per_node))
     return {"probe_wall_s": timings["probe_wall_s"], "workload_check_s": probe.check_s,
+            "search_cost": cost,
             "profiling_wall_s": timings["profiling_wall_s"],
             "trials": len(searcher.sweeps), "launches": len(searcher.sweeps),
             "rounds": searcher.rounds, "stop_reason": searcher.stop_reason,
@@ -327,7 +334,9 @@ def _profile_settings(request: SearchRequest, bounds: SearchBounds, workers: Wor
         resources_per_worker=workers.resources,
         # N <= G workers are placed on one node, as `train` places them (topology)
         workers_per_node=workers.workers_per_node,
-        provision_timeout_s=request.provision_timeout_s)
+        provision_timeout_s=request.provision_timeout_s,
+        # the profiled checkpoint is uploaded there, as `train`'s are to its storage
+        storage_path=storage_root(request.storage_path))
 
 
 def _profile(request: SearchRequest, bounds: SearchBounds, plan_context: PlanContext,

@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+from dataclasses import fields
 from datetime import datetime
 from typing import Any, Iterator
 
@@ -26,7 +27,8 @@ from tula_ray.models.batch_limit import BatchLimit
 from tula_ray.models.memory import MemoryParams
 from tula_ray.planning.bounds import MemoryProbe, SearchBounds
 from tula_ray.space import SearchSpace
-from tula_ray.training.profile_settings import PROFILE_SETTINGS_KEY, ProfileSettings
+from tula_ray.training.profile_settings import (FIRST_NESTED_KEYS, PROFILE_SETTINGS_KEY,
+                                                ProfileSettings)
 from tula_ray.verbosity import ray_log_level, tune_verbosity
 
 logger = logging.getLogger(__name__)
@@ -37,6 +39,9 @@ SAME_SEARCH_KEYS = ("workload", "cluster_sizes", "min_batch", "max_batch", "stra
 # The saved context's key naming its trials' layout of the settings: PROFILE_SETTINGS_KEY
 # (one dict); absent from a search saved before (each setting at the top of the config).
 SETTINGS_LAYOUT_KEY = "trial_settings"
+# ... and the names of the settings in that dict; absent from a search saved before it
+# recorded them (their names then: FIRST_NESTED_KEYS).
+SETTINGS_NAMES_KEY = "trial_setting_names"
 # Ray Tune's switch between its output engines (documented in Tune's output guide). Its new
 # engine prints the experiment's box and paths even at verbose 0; its former one prints
 # nothing at 0 but errors and warnings.
@@ -47,10 +52,15 @@ def experiment_name(name: str | None, workload_name: str) -> str:
     return name or f"tula-{workload_name}-{datetime.now():%Y%m%d-%H%M%S}"
 
 
+def storage_root(storage_path: str | None) -> str:
+    """The storage Tune and Ray Train keep runs in: `storage_path`, else Ray's default
+    (~/ray_results on the driver's node)."""
+    return str(tune.RunConfig(storage_path=storage_path).storage_path).rstrip("/")
+
+
 def experiment_path(storage_path: str | None, name: str) -> str:
     """Where Tune keeps the experiment `name` (Tune's default storage when None)."""
-    storage = tune.RunConfig(storage_path=storage_path, name=name).storage_path
-    return f"{str(storage).rstrip('/')}/{name}"
+    return f"{storage_root(storage_path)}/{name}"
 
 
 def saved_search(path: str) -> TulaSearcher | None:
@@ -83,17 +93,22 @@ def resume_record(bounds: SearchBounds, use_gpu: bool, probe_s: float,
             "batch_limit": None if probe.batch_limit is None else probe.batch_limit.to_dict(),
             "memory_probe": probe.rows, "device_memory_bytes": bounds.device_memory_bytes,
             "use_gpu": use_gpu, "probe_wall_s": probe_s,
-            SETTINGS_LAYOUT_KEY: PROFILE_SETTINGS_KEY}
+            SETTINGS_LAYOUT_KEY: PROFILE_SETTINGS_KEY,
+            SETTINGS_NAMES_KEY: [setting.name for setting in fields(ProfileSettings)]}
 
 
 def trial_param_space(settings: ProfileSettings, saved: TulaSearcher | None) -> dict[str, Any]:
     """The Tuner's param space: what every trial shares (`ProfileSettings.to_config`), as
     the search `saved` (None: a new search) laid it out: Tune restores an experiment only
     with its param space's keys, and a search saved before the settings were one dict
-    spelled each at the top of its trials' configs (the trial reads both)."""
-    flat = (saved is not None
-            and saved.resume_record.get(SETTINGS_LAYOUT_KEY) != PROFILE_SETTINGS_KEY)
-    return settings.to_config(flat=flat)
+    spelled each at the top of its trials' configs (the trial reads both); one saved with
+    fewer settings in the dict restores with those (a setting left out takes its default)."""
+    if saved is None:
+        return settings.to_config()
+    record = saved.resume_record
+    if record.get(SETTINGS_LAYOUT_KEY) != PROFILE_SETTINGS_KEY:
+        return settings.to_config(flat=True)
+    return settings.to_config(names=record.get(SETTINGS_NAMES_KEY, FIRST_NESTED_KEYS))
 
 
 def recorded_bounds(record: dict[str, Any]) -> SearchBounds:

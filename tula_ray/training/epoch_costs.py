@@ -1,7 +1,8 @@
 """What an epoch of `tula_ray.train` costs beyond its training steps (issue 24), measured
 once per worker group while profiling: one evaluation pass (`train` scores the test set
-after every epoch) and one checkpoint write (rank 0 keeps one per epoch). The plan adds
-both to each epoch, as their own columns. No Ray here (core module).
+after every epoch) and one checkpoint write with its upload to the run's storage (rank 0
+keeps one per epoch). The plan adds both to each epoch, as their own columns. No Ray here
+(core module); the upload goes through pyarrow's file systems, as Ray Train's does.
 """
 
 from __future__ import annotations
@@ -9,9 +10,11 @@ from __future__ import annotations
 import contextlib
 import math
 import tempfile
+import uuid
 from pathlib import Path
-from typing import Callable, ContextManager
+from typing import Callable, ContextManager, Iterator
 
+import pyarrow.fs
 import torch
 from torch import nn
 from torch.utils.data import Dataset, Subset
@@ -24,6 +27,12 @@ from tula_ray.training.measure import StepTimer
 from tula_ray.training.strategy_base import StrategySetup
 
 EVAL_PROBE_BATCHES = 2  # evaluation batches timed per rank; the pass is scaled from them
+# The timed checkpoint's directory in the storage, removed after it: a dot name no run,
+# trial or experiment of Ray's takes, made unique per write.
+CHECKPOINT_PROBE_PREFIX = ".tula-checkpoint-probe-"
+# Ray Train's upload of a checkpoint (ray/train/_internal/storage.py,
+# `_pyarrow_fs_copy_files`): large chunks, and no threads on S3 (apache/arrow#32372).
+UPLOAD_CHUNK_BYTES = 64 * 1024 * 1024
 
 
 def evaluation_s(model: nn.Module, test_set: Dataset, loss_fn, device: torch.device, *,
@@ -58,14 +67,62 @@ def evaluation_s(model: nn.Module, test_set: Dataset, loss_fn, device: torch.dev
 
 
 def checkpoint_s(model: nn.Module, setup: StrategySetup, device: torch.device, *,
-                 rank: int = 0) -> float:
-    """Seconds rank 0 takes to write one epoch's checkpoint (`checkpoint_state`, then
-    `torch.save` to a local file), agreed over the ranks. A cloud upload is not in it:
-    the storage's speed is not known here."""
+                 rank: int = 0, storage_path: str | None = None,
+                 filesystem: pyarrow.fs.FileSystem | None = None) -> float:
+    """Seconds rank 0 takes to keep one epoch's checkpoint as `train` does, agreed over
+    the ranks: `checkpoint_state`, `torch.save` to a local directory, and that directory's
+    upload to `storage_path` (a local path or a URI such as s3://, file://), which Ray
+    Train makes of every reported checkpoint, by the same pyarrow copy
+    (`upload_directory`); the copy goes to a scratch directory (`scratch_directory`)
+    removed after the timing. `filesystem`: a pyarrow FileSystem that `storage_path` is a
+    path on, as Ray's `RunConfig(storage_filesystem=)`. Without a storage path the local
+    write is timed alone (the search passes its own, or Ray's default ~/ray_results)."""
     seconds = 0.0
     if rank == 0:
-        with tempfile.TemporaryDirectory() as directory, StepTimer(device) as timer:
-            torch.save(checkpoint_state(model, setup, 0), Path(directory) / "state.pt")
-        seconds = timer.seconds
+        target = (contextlib.nullcontext() if storage_path is None
+                  else scratch_directory(storage_path, filesystem))
+        with tempfile.TemporaryDirectory() as directory, target as scratch:
+            with StepTimer(device) as timer:
+                torch.save(checkpoint_state(model, setup, 0), Path(directory) / "state.pt")
+                if scratch is not None:
+                    upload_directory(directory, *scratch)
+            seconds = timer.seconds
     (seconds,) = max_over_ranks([seconds], device)
     return seconds
+
+
+def storage_filesystem(storage_path: str, filesystem: pyarrow.fs.FileSystem | None = None
+                       ) -> tuple[pyarrow.fs.FileSystem, str]:
+    """pyarrow's file system and path of `storage_path`, as Ray Train resolves them
+    (`get_fs_and_path`): `filesystem` and the path as given, else the URI's own file
+    system (a local path's, expanded)."""
+    if filesystem is not None:
+        return filesystem, storage_path
+    if "://" not in storage_path:
+        storage_path = str(Path(storage_path).expanduser().resolve())
+    return pyarrow.fs.FileSystem.from_uri(storage_path)
+
+
+@contextlib.contextmanager
+def scratch_directory(storage_path: str, filesystem: pyarrow.fs.FileSystem | None = None
+                      ) -> Iterator[tuple[pyarrow.fs.FileSystem, str]]:
+    """A file system and a new path under `storage_path` (CHECKPOINT_PROBE_PREFIX), with
+    whatever was written there removed on exit."""
+    storage, root = storage_filesystem(storage_path, filesystem)
+    scratch = f"{root.rstrip('/')}/{CHECKPOINT_PROBE_PREFIX}{uuid.uuid4().hex}"
+    try:
+        yield storage, scratch
+    finally:
+        if storage.get_file_info(scratch).type != pyarrow.fs.FileType.NotFound:
+            storage.delete_dir(scratch)
+
+
+def upload_directory(directory: str, storage: pyarrow.fs.FileSystem, path: str) -> None:
+    """Copies the local `directory` to `path` on `storage` as Ray Train persists a
+    checkpoint (`create_dir`, then `pyarrow.fs.copy_files`): a storage that refuses the
+    write raises, as it would fail `train`'s checkpoint."""
+    s3 = getattr(pyarrow.fs, "S3FileSystem", None)  # absent from a pyarrow built without S3
+    storage.create_dir(path, recursive=True)
+    pyarrow.fs.copy_files(directory, path, destination_filesystem=storage,
+                          chunk_size=UPLOAD_CHUNK_BYTES,
+                          use_threads=not (s3 is not None and isinstance(storage, s3)))

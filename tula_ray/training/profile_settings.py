@@ -13,7 +13,7 @@ caller's own trial config) is read alike.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 import torch
 
@@ -39,6 +39,10 @@ FLAT_KEYS = ("workload", "workload_options", "use_gpu", "warmup_steps", "measure
              "measure_seconds", "device_memory_bytes", "resources_per_worker",
              "workers_per_node", "provision_timeout_s", "epochs", "training_strategy",
              "training_options")
+# The settings of a search saved with them as one dict before it recorded their names
+# (SETTINGS_NAMES_KEY of its resume record, issue 45): restored, its trials' configs keep
+# these keys (Tune restores an experiment only with the keys it was started with).
+FIRST_NESTED_KEYS = FLAT_KEYS + ("warmup_seconds", "measure_memory", "seed")
 
 
 @dataclass(frozen=True)
@@ -58,6 +62,9 @@ class ProfileSettings:
     one worker's `resources_per_worker` (None: one device), `workers_per_node` (G: N <= G
     on one node; None: Ray's PACK), and `provision_timeout_s` (None: the trial's own
     wait) for a lost node to come back.
+    Where `train` keeps its checkpoints: `storage_path` (a local path or a URI; the
+    search's, else Ray's default), where the profiled checkpoint is uploaded and timed
+    with its write (None: the local write alone; `tula_ray.training.epoch_costs`).
     """
 
     workload: str | Workload | None = None
@@ -76,19 +83,22 @@ class ProfileSettings:
     resources_per_worker: dict[str, float] | None = None
     workers_per_node: int | None = None
     provision_timeout_s: float | None = None
+    storage_path: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """Every setting by name, as it is (a Workload stays an object: not `asdict`)."""
         return {f.name: getattr(self, f.name) for f in fields(self)}
 
-    def to_config(self, *, flat: bool = False) -> dict[str, Any]:
+    def to_config(self, *, flat: bool = False,
+                  names: Sequence[str] | None = None) -> dict[str, Any]:
         """The trial config's part that holds the settings: one plain dict under
-        PROFILE_SETTINGS_KEY; `flat`: FLAT_KEYS at the top, as a search saved before the
-        settings were one value restores with."""
+        PROFILE_SETTINGS_KEY, of every setting or of `names` only (those of the saved
+        search a restored one continues); `flat`: FLAT_KEYS at the top, as a search saved
+        before the settings were one value restores with."""
         values = self.to_dict()
         if flat:
             return {key: values[key] for key in FLAT_KEYS}
-        return {PROFILE_SETTINGS_KEY: values}
+        return {PROFILE_SETTINGS_KEY: {key: values[key] for key in names or values}}
 
     @classmethod
     def from_config(cls, config: Mapping[str, Any]) -> "ProfileSettings":

@@ -179,10 +179,12 @@ class Sweep:
     def epoch_costs(self, local_batch: int) -> dict[str, float]:
         """The epoch's costs beyond its steps, once per worker group: one evaluation pass
         (when the workload has a test set) at the batch `train` evaluates in after
-        training at `local_batch`, and one checkpoint write, each agreed on."""
+        training at `local_batch`, and one checkpoint write with its upload to the search's
+        storage, each agreed on."""
         model, plain = self.training.model, self.training.plain
         costs = {"checkpoint_time_s": self.agreement.run("checkpoint", lambda: checkpoint_s(
-            model, plain, self.device, rank=self.rank))}
+            model, plain, self.device, rank=self.rank,
+            storage_path=self.settings.storage_path))}
         if self.workload.test_dataset_fn is not None:
             name, eval_batch = self.workload.name, evaluation_batch(self.workload, local_batch)
 
