@@ -12,7 +12,7 @@ from benchmarks.common import spawn_gloo
 from gloo_scenarios import run_scenarios
 from trainables.profiling_trial import COLLECTIVE_TIMEOUT_S, build_trainer
 from tula_ray.cluster import WORKER_GROUP_START_RETRIES
-from tula_ray.failures import is_out_of_memory
+from tula_ray.failures import classify, is_out_of_memory, workload_code
 from tula_ray.training.phase_agreement import PeerOutOfMemoryError
 from tula_ray.training.profile_phases import agree_first_step_fits
 
@@ -21,10 +21,47 @@ NCCL_OOM = ("NCCL error in: ProcessGroupNCCL.cpp:1970, unhandled cuda error (run
             "to CUDA function failed.\nLast error:\nCuda failure 'out of memory'")
 
 
+# A CUDA library's device allocation failing, as torch raises it: a plain RuntimeError (an
+# AcceleratorError for the CUDA runtime's own), not torch.OutOfMemoryError (issue 46).
+CUBLAS_OOM = "CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`"
+LIBRARY_OOMS = [
+    CUBLAS_OOM,
+    "CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasLtMatmulAlgoGetHeuristic( "
+    "ltHandle, computeDesc.descriptor(), Adesc.descriptor(), Bdesc.descriptor(), ...)`",
+    "cuDNN error: CUDNN_STATUS_ALLOC_FAILED",
+    "cuDNN error: CUDNN_STATUS_INTERNAL_ERROR_DEVICE_ALLOCATION_FAILED",  # cuDNN 9's name
+    "cusolver error: CUSOLVER_STATUS_ALLOC_FAILED, when calling `cusolverDnCreate(handle)`",
+    "cuFFT error: CUFFT_ALLOC_FAILED",
+    "CUDA error: out of memory\nCUDA kernel errors might be asynchronously reported at some "
+    "other API call, so the stacktrace below might be incorrect.",
+]
+NCCL_SYSTEM_OOM = ("NCCL error in: ProcessGroupNCCL.cpp:2027, unhandled system error (run "
+                   "with NCCL_DEBUG=INFO for details), NCCL version 2.21.5\nncclSystemError: "
+                   "System call (e.g. socket, malloc) or external library call failed or "
+                   "device error.\nLast error:\nCuda failure 2 'out of memory'")
+
+
+@pytest.mark.parametrize("text", LIBRARY_OOMS)
+def test_a_cuda_librarys_allocation_failure_is_out_of_memory_not_user_code(text):
+    for error in (RuntimeError(text), torch.AcceleratorError(text)):
+        assert is_out_of_memory(error) and classify(error) == "oom"
+    with pytest.raises(RuntimeError):  # it leaves the workload's code as it is
+        with workload_code("cnn", "training at B=4096 on N=1 workers"):
+            raise RuntimeError(text)
+    assert is_out_of_memory(f"ray.exceptions.RayTaskError(RuntimeError): {text}")
+
+
 @pytest.mark.parametrize("error, oom", [
     (torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"), True),
     (dist.DistBackendError(NCCL_OOM), True),
+    (dist.DistBackendError(NCCL_SYSTEM_OOM), True),
+    (dist.DistBackendError("NCCL WARN Cuda failure 'CUDA_ERROR_OUT_OF_MEMORY'"), True),
     (RuntimeError("Failed to CUDA calloc async 4096 bytes"), True),
+    # Host memory and other library statuses are not the device running out.
+    (RuntimeError("cuDNN error: CUDNN_STATUS_INTERNAL_ERROR_HOST_ALLOCATION_FAILED"), False),
+    (RuntimeError("cuDNN error: CUDNN_STATUS_EXECUTION_FAILED"), False),
+    (RuntimeError("CUDA error: CUBLAS_STATUS_INVALID_VALUE when calling `cublasSgemm( "
+                  "handle, opa, opb, m, n, k, &alpha, a, lda, b, ldb, &beta, c, ldc)`"), False),
     ("ray.exceptions.RayTaskError(OutOfMemoryError): worker 1 ...", True),  # Ray's text
     (dist.DistBackendError("[Gloo] Timed out waiting 180000ms for recv operation"), False),
     (RuntimeError("mat1 and mat2 shapes cannot be multiplied (4x3 and 6x8)"), False),
@@ -101,3 +138,24 @@ def test_a_profiling_trial_gives_up_on_a_lost_peer_or_a_group_that_cannot_start(
     # A group that keeps failing to start gives up too (Ray Train's default: retry forever).
     assert 0 <= built["run_config"].failure_config.controller_failure_limit \
         == trial.PROFILING_START_RETRIES < WORKER_GROUP_START_RETRIES
+
+
+def test_the_memory_probe_reads_a_cublas_allocation_failure_as_out_of_memory(monkeypatch):
+    """The probe's check near the bound (one Ray task's body, `_peak_on_worker`): a step
+    whose cuBLAS handle cannot be allocated is a batch that does not fit (None), not the
+    workload's own code refusing it (a UserCodeError, which ended the probe in the driver
+    at its smallest batch and read as the model's own limit above it)."""
+    from types import SimpleNamespace
+
+    import trainables.memory_probe as memory_probe
+    from tula_ray.training import measure
+
+    def step_peak(workload, local_batch, **kwargs):  # the fake step: cuBLAS fails above 64
+        if local_batch > 64:
+            raise RuntimeError(CUBLAS_OOM)
+        return 1000 * local_batch
+
+    monkeypatch.setattr(measure, "peak_memory_bytes", step_peak)
+    workload = SimpleNamespace(name="fake-cnn")
+    assert memory_probe._peak_on_worker(workload, 64, False, None) == 64_000
+    assert memory_probe._peak_on_worker(workload, 128, False, None) is None
