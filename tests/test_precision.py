@@ -128,3 +128,52 @@ def test_train_takes_the_plans_precision_unless_told_otherwise():
     assert resolve_job(plan, "lbt", None, None, None, None, "fp32").workload.precision == "fp32"
     with pytest.raises(ValueError, match="precision='fp8' is not allowed"):
         resolve_job(plan, "lbt", None, None, None, None, "fp8")
+
+
+def _bf16_plan():
+    from tula_ray import SearchSpace, build_plan
+    from tula_ray.planning.synthetic import example_params, synthetic_profiles
+
+    space = SearchSpace((1,), (32, 64))
+    return build_plan(space, synthetic_profiles(space.candidates(), example_params()),
+                      epochs=1, dataset_size=256, search_strategy="full", objective="time",
+                      workload="fashion-mnist-cnn",
+                      meta={"workload_options": {"data": "fake", "fake_size": 256},
+                            "precision": "bf16"})
+
+
+def test_training_in_another_precision_than_the_plans_is_noted(caplog):
+    """Issue 46: the plan's step times and memory bound are those of the precision it was
+    profiled in; a run in another says so, in its warning and in TrainResult.notes."""
+    from tula_ray.runs.training_job import resolve_job
+
+    plan = _bf16_plan()
+    with caplog.at_level("WARNING"):
+        job = resolve_job(plan, "lbt", None, None, None, None, "fp32")
+    expected = "precision='fp32', but the plan's times were profiled in 'bf16'"
+    assert any(note.startswith(expected) for note in job.notes)
+    assert expected in caplog.text
+    for same in (None, "bf16"):  # the plan's own precision: nothing to note
+        assert not any("profiled in" in note for note in
+                       resolve_job(plan, "lbt", None, None, None, None, same).notes)
+
+
+def test_bf16_on_a_gpu_without_it_is_refused_before_any_trial_starts(monkeypatch):
+    """The workload's check on a worker (the Ray task `train` and `search` run before any
+    trial) refuses bf16 where torch.cuda.is_bf16_supported() is False, saying so."""
+    from trainables.memory_probe import _check_and_measure
+    from tula_ray.precision import check_precision_on_device
+
+    asked = []
+
+    def no_bf16(including_emulation: bool = True) -> bool:  # a V100 or a T4
+        asked.append(including_emulation)
+        return False
+
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", no_bf16)
+    with pytest.raises(ValueError, match=r"precision='bf16', but this GPU has no bfloat16 "
+                                         r"support \(torch.cuda.is_bf16_supported\(\) is False"):
+        _check_and_measure(_workload("bf16"), {}, [], use_gpu=True)
+    assert asked == [False]  # the GPU's own bfloat16, not torch's emulation of it
+    check_precision_on_device("fp16", "cuda")  # what the error suggests instead
+    check_precision_on_device("bf16", "cpu")  # torch's CPU autocast has it

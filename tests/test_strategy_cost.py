@@ -32,6 +32,9 @@ class _RecordingAgreement:
         self.labels.append(label)
         return fn()
 
+    def before_wait(self, label):  # one process: no peer to agree with before the wait
+        return lambda: None
+
 
 def test_plain_and_strategy_steps_alternate_in_blocks():
     workload = _tiny_workload()

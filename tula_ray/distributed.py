@@ -93,6 +93,15 @@ def side_group(timeout_s: float) -> Any:
     return dist.new_group(backend="gloo", timeout=timedelta(seconds=timeout_s))
 
 
+def abort_collectives() -> None:
+    """Abort this rank's collectives of the default group that are still in flight
+    (`ProcessGroup.abort`: NCCL's ncclCommAbort ends its kernels, freeing the device's
+    queue behind them; gloo cannot and leaves them to their timeout). The group is
+    unusable after it: for a worker group that ends. Nothing without torch.distributed."""
+    if is_distributed():
+        dist.group.WORLD.abort()
+
+
 def average_tensors_over_ranks(tensors: list[torch.Tensor], process_group: Any = None) -> None:
     """In place: each tensor's mean over the ranks of `process_group` (one all-reduce each).
 

@@ -28,11 +28,20 @@ from typing import Any, Iterator
 from tula_ray.profile_table import FAILURE_INFRASTRUCTURE, FAILURE_OOM, FAILURE_USER_CODE
 
 SAME_ERROR_LAUNCHES = 2  # an error that ended this many launches is the workload's own
-# How an allocation failure reads when it does not arrive as torch.OutOfMemoryError: NCCL's
-# own (a DistBackendError: "Cuda failure 'out of memory'", "Failed to CUDA calloc"), or a
-# worker's error passed on as text by Ray.
+# How an allocation failure reads when it does not arrive as torch.OutOfMemoryError (lower
+# case): a CUDA error raised as a plain RuntimeError ("CUDA error: out of memory"); NCCL's
+# own (a DistBackendError: "Cuda failure 'out of memory'", "Failed to CUDA calloc", the
+# driver API's CUDA_ERROR_OUT_OF_MEMORY); a CUDA library whose device allocation failed
+# (torch raises their status as a RuntimeError: "CUDA error: CUBLAS_STATUS_ALLOC_FAILED
+# when calling `cublasCreate(handle)`", "cuDNN error: CUDNN_STATUS_ALLOC_FAILED", cuDNN 9's
+# CUDNN_STATUS_INTERNAL_ERROR_DEVICE_ALLOCATION_FAILED, cuSOLVER's, cuSPARSE's, cuFFT's);
+# or a worker's error passed on as text by Ray.
 OUT_OF_MEMORY_TEXTS = ("outofmemoryerror", "out of memory", "failed to cuda calloc",
-                       "cudaerrormemoryallocation")
+                       "cudaerrormemoryallocation", "cuda_error_out_of_memory",
+                       "cublas_status_alloc_failed", "cudnn_status_alloc_failed",
+                       "cudnn_status_internal_error_device_allocation_failed",
+                       "cusolver_status_alloc_failed", "cusparse_status_alloc_failed",
+                       "cufft_alloc_failed")
 # Where collectives live (an error whose innermost frame is there came from one), and how
 # the backends name themselves in the errors they raise as plain RuntimeErrors.
 COLLECTIVE_CODE = ("torch/distributed/", "torch/nn/parallel/")

@@ -63,3 +63,25 @@ def set_math_mode(precision: str) -> dict[str, bool]:
     torch.backends.cuda.matmul.allow_tf32 = allow
     torch.backends.cudnn.allow_tf32 = allow
     return {"tf32_matmul": allow, "tf32_cudnn": allow}
+
+
+def profiled_precision_note(precision: str | None, profiled: str | None) -> str | None:
+    """The note of a training run in `precision` (None: the plan's own) when the plan's
+    steps were profiled in another (`profiled`, its meta's "precision"; None: unrecorded),
+    else None: its step times and memory are then that precision's, not this one's."""
+    if precision is None or profiled is None or check_precision(precision) == profiled:
+        return None
+    return (f"precision={precision!r}, but the plan's times were profiled in {profiled!r}: "
+            "its step times and memory bound are that precision's; search again with "
+            f"precision={precision!r} for a plan of this one")
+
+
+def check_precision_on_device(precision: str, device: torch.device | str) -> None:
+    """Refuse bf16 on a GPU without it (`torch.cuda.is_bf16_supported`, without torch's
+    emulation: compute capability 8.0 and later), naming what to train in instead."""
+    device = torch.device(device)
+    if (check_precision(precision) == "bf16" and device.type == "cuda"
+            and not torch.cuda.is_bf16_supported(including_emulation=False)):
+        raise ValueError("precision='bf16', but this GPU has no bfloat16 support "
+                         "(torch.cuda.is_bf16_supported() is False: before Ampere); "
+                         "train in 'fp16' (loss-scaled) or 'fp32'")

@@ -17,6 +17,7 @@ from trainables.memory_probe import check_workload
 from tula_ray.arguments import check_int, named_arguments
 from tula_ray.cluster import Workers
 from tula_ray.planning.plan import Plan
+from tula_ray.precision import profiled_precision_note
 from tula_ray.space import check_batch_in_dataset
 from tula_ray.training.strategies import (StrategySetup, TrainingStrategy, build_strategy,
                                           get_training_strategy, logger as strategies_logger,
@@ -83,6 +84,10 @@ def resolve_job(plan: Plan, strategy: str | TrainingStrategy, workload: str | Wo
         n, b, dict(strategy_options or {}))
     for note in notes:
         logger.warning("%s", note)
+    note = profiled_precision_note(precision, plan.meta.get("precision"))
+    if note is not None:
+        logger.warning("%s", note)
+        notes = [*notes, note]
     if precision is None:
         precision = plan.meta.get("precision")
     spec, options, resolved = in_precision(spec, options, resolved, precision)

@@ -235,7 +235,7 @@ def peak_or_none(workload: Workload, local_batch: int, device: torch.device | st
     workload's own code failing raises a UserCodeError naming the probe and the batch."""
     try:
         return _probe_step_peak(workload, local_batch, device, example)
-    except RuntimeError as exc:  # torch.OutOfMemoryError, or NCCL's allocation failure
+    except RuntimeError as exc:  # torch.OutOfMemoryError, a CUDA library's, or NCCL's
         if not is_out_of_memory(exc):
             raise
         if torch.device(device).type == "cuda":

@@ -7,8 +7,13 @@ waiting in the next collective until the process-group timeout and the row readi
 One small all-reduce per phase, the MAX of a failure code (0 when the phase succeeded
 here), on a gloo side group (`tula_ray.distributed.side_group`): it never pairs with a
 collective of the default group. When a rank fails inside a step whose collective its
-peers then wait in (DDP's all-reduce, a strategy's), the peers cannot come to the
-agreement: it times out after `AGREEMENT_TIMEOUT_S`, well under the trial's collective
+peers then wait in (DDP's all-reduce, a strategy's), the peers would wait for their
+device behind it; so the timed blocks agree once more between queuing their steps and
+that wait (`before_wait`, issue 46): the failing rank's agreement meets its peers' there,
+every rank raises at once, and the peers abort the default group's collectives in flight
+(`tula_ray.distributed.abort_collectives`), which frees their devices. A peer blocked
+before that point (its host waiting on the device inside a step) cannot come: the
+agreement times out after `AGREEMENT_TIMEOUT_S`, well under the trial's collective
 timeout, and the failing rank raises its own error, which the driver sorts
 (`trainables.profiling_trial.describe_failure` puts out of memory before a peer's
 collective error). No Ray here (core module).
@@ -23,7 +28,8 @@ from typing import Any, Callable, TypeVar
 
 import torch
 
-from tula_ray.distributed import gathered_objects, max_over_ranks, side_group
+from tula_ray.distributed import (abort_collectives, gathered_objects, max_over_ranks,
+                                  side_group)
 from tula_ray.failures import UserCodeError, classify
 from tula_ray.profile_table import FAILURE_INFRASTRUCTURE, FAILURE_OOM, FAILURE_USER_CODE
 
@@ -62,6 +68,8 @@ class PhaseAgreement:
         self.device = torch.device(device)
         self.group = process_group if process_group is not None else side_group(timeout_s)
         self.phases: list[str] = []  # every phase agreed on, in order (what tests read)
+        # What `before_wait`'s agreement raised: agreed on already, `run` raises it as is.
+        self.agreed_failure: Exception | None = None
 
     def run(self, phase: str, work: Callable[[], Result],
             inside: contextlib.AbstractContextManager | None = None) -> Result:
@@ -73,17 +81,41 @@ class PhaseAgreement:
             with inside if inside is not None else contextlib.nullcontext():
                 result = work()
         except Exception as error:  # noqa: BLE001 - agreed on, then raised again
+            if error is self.agreed_failure:
+                raise
             failure = error
             if classify(error) == FAILURE_OOM and self.device.type == "cuda":
                 torch.cuda.empty_cache()  # room for the agreement and the peers' report
         self.agree(phase, failure)
         return result
 
+    def before_wait(self, phase: str) -> Callable[[], None]:
+        """The agreement of a `phase` whose work queues collectives on the device and
+        then waits for it (`step_timing.time_block`'s `before_wait`), taken once this
+        rank queued its steps: a peer whose step failed as it was queued (out of memory)
+        meets it from `run`, and this rank raises that peer's error at once, without
+        waiting for a device held by a collective that the peer never joined. The
+        collectives this rank left in flight are aborted (`abort_collectives`): the
+        worker group ends after a failed batch."""
+        def agree_queued() -> None:
+            try:
+                self._settle(phase, None)
+            except Exception as error:
+                self.phases.append(phase)  # the phase ends here: `run` agrees no more
+                abort_collectives()
+                self.agreed_failure = error
+                raise
+        return agree_queued
+
     def agree(self, phase: str, failure: Exception | None) -> None:
         """Raise on every rank when `failure` (this rank's, None when the phase succeeded
         here) or a peer's is not None: this rank's own error when it has the agreed class,
         else one of that class naming the peer (`peer_error`)."""
         self.phases.append(phase)
+        self._settle(phase, failure)
+
+    def _settle(self, phase: str, failure: Exception | None) -> None:
+        """`agree`'s exchange with the peers, and what it raises."""
         code = FAILURE_CODES[classify(failure)] if failure is not None else 0
         try:
             (worst,) = max_over_ranks([float(code)], "cpu", self.group)

@@ -147,7 +147,9 @@ def warm_up(training: ProfiledTraining, run_step: RunStep, *, min_steps: int,
         # DDP's first synced step, and the next, whose forward rebuilds the buckets
         # with a broadcast (once per model, even under no_sync): inside this phase, no
         # compute block below holds a collective.
-        seconds += agree("first synced steps", lambda: time_block(2, run_step, device))
+        seconds += agree("first synced steps", lambda: time_block(
+            2, run_step, device,
+            before_wait=training.agreement.before_wait("first synced steps")))
     # The step count comes from an untracked step (MemTracker slows the one it watches).
     (settled_s,) = max_over_ranks([settled[-1]], device)
     return seconds, settled_s
@@ -164,7 +166,8 @@ def compute_only_block(training: ProfiledTraining, run_step: RunStep,
 def synced_block(training: ProfiledTraining, run_step: RunStep, steps: int) -> list[float]:
     """`steps` ordinary DDP steps (the all-reduce in the backward), each one's seconds."""
     return training.agreement.run("synced steps", lambda: time_block(
-        steps, run_step, training.device, transition=training.transition))
+        steps, run_step, training.device, transition=training.transition,
+        before_wait=training.agreement.before_wait("synced steps")))
 
 
 def compute_and_synced_steps(training: ProfiledTraining, run_step: RunStep, steps: int
@@ -262,7 +265,8 @@ def strategy_extra_s(training: ProfiledTraining, run: StrategyRun, batches: Iter
     def block(label: str, steps: EpochTally) -> Callable[[int], list[float]]:
         return lambda count: agree(label, lambda: time_block(
             count, lambda: steps.step(*next(batches)), device,
-            transition=training.transition))
+            transition=training.transition,
+            before_wait=training.agreement.before_wait(label)))
 
     plain_s, seconds = alternating_blocks(block("strategy: plain steps", plain),
                                           block("strategy: steps", tally), count)

@@ -338,7 +338,7 @@ def profile_batch(sweep: Sweep, global_batch: int, *, launch_s: float = math.nan
         with workload_code(sweep.workload.name, f"training at B={global_batch} on "
                                                 f"N={world_size} workers"):
             row.update(sweep.profile(global_batch))
-    except RuntimeError as exc:  # torch's OOM, NCCL's (DistBackendError), or a peer's
+    except RuntimeError as exc:  # torch's OOM, a CUDA library's, NCCL's, or a peer's
         if not is_out_of_memory(exc):
             raise
         logger.warning("out of memory at B=%d N=%d: %s", global_batch, world_size, exc)

@@ -36,10 +36,15 @@ def cycle(batches: Iterable) -> Iterator:
 
 
 def time_block(count: int, run_step: Callable[[], object], device: torch.device | str, *,
-               transition: int = 0) -> list[float]:
+               transition: int = 0,
+               before_wait: Callable[[], object] | None = None) -> list[float]:
     """Seconds of each of `count` calls of `run_step()`, run back to back after
     `transition` untimed ones (a block's first step may differ: with BatchNorm, DDP
-    broadcasts buffers in the forward after a synced step, not after a `no_sync` one)."""
+    broadcasts buffers in the forward after a synced step, not after a `no_sync` one).
+
+    before_wait: called once every step is queued, before the wait for the device (the
+    workers' agreement, `PhaseAgreement.before_wait`): a collective that a peer never
+    joined holds the device's queue, and a wait behind it would never end."""
     device = torch.device(device)
     for _ in range(transition):
         run_step()
@@ -50,12 +55,17 @@ def time_block(count: int, run_step: Callable[[], object], device: torch.device 
         for mark in marks[1:]:
             run_step()
             mark.record()
+        if before_wait is not None:
+            before_wait()
         marks[-1].synchronize()
         return [start.elapsed_time(end) / 1e3 for start, end in zip(marks, marks[1:])]
     clock = [time.perf_counter()]
     for _ in range(count):
         run_step()
         clock.append(time.perf_counter())
+    if before_wait is not None:
+        before_wait()
+    synchronize(device)  # the block's wait; nothing is left queued on a CPU
     return [end - start for start, end in zip(clock, clock[1:])]
 
 

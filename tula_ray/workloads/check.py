@@ -21,6 +21,7 @@ import torch
 from torch.utils.data import default_collate
 
 from tula_ray.failures import workload_code
+from tula_ray.precision import check_precision_on_device
 from tula_ray.workloads.workload import Workload
 
 EXAMPLE_SAMPLES = 2  # samples in the check's batch: BatchNorm needs more than one to train
@@ -45,7 +46,9 @@ class WorkloadFacts:
 def inspect_workload(workload: Workload, device: torch.device | str = "cpu") -> WorkloadFacts:
     """Load the first training samples, build the model and train one step on them on
     `device` (module docstring). Raises UserCodeError for the workload's own code,
-    ValueError for data or outputs no training step can use."""
+    ValueError for data or outputs no training step can use, or for a precision the
+    device lacks (`check_precision_on_device`)."""
+    check_precision_on_device(workload.precision, device)
     name = workload.name
     with workload_code(name, "train_dataset_fn()"):
         dataset = workload.train_dataset_fn()
