@@ -268,6 +268,19 @@ def test_cuda_memory_in_use_is_total_minus_free(monkeypatch):
     assert measure.device_in_use_bytes("cpu") == 0.0
 
 
+def test_a_cuda_try_resets_the_reserved_peak_after_emptying_the_cache(monkeypatch):
+    # No GPU here: the order is what counts. reset_peak_memory_stats sets the peak to the
+    # memory reserved now, so an earlier try's cached blocks must be released before it.
+    from tula_ray.training import measure
+
+    calls = []
+    for name in ("synchronize", "empty_cache", "reset_peak_memory_stats"):
+        monkeypatch.setattr(torch.cuda, name,
+                            lambda *args, name=name: calls.append(name))
+    measure.reset_reserved_peak(torch.device("cuda:0"))
+    assert calls == ["synchronize", "empty_cache", "reset_peak_memory_stats"]
+
+
 # ------------------------------------------------- each cost counted once (issue 26 item 3)
 
 def test_a_cuda_peak_holding_ddp_buckets_is_checked_without_them():
