@@ -291,6 +291,27 @@ def test_a_cuda_peak_holding_ddp_buckets_is_checked_without_them():
     assert memory.budget_peak_bytes(9.5 * GB, bucket_bytes=1 * GB) == 8.5 * GB
 
 
+def test_a_dataset_kept_on_the_gpu_is_counted_once():
+    """Issue 46: the probe counts the dataset the data path keeps on the GPU in the memory
+    in use (off the budget); a row's CUDA peak holds it too, so it is taken off there."""
+    from tula_ray.training.batches import TensorSource
+
+    data = [torch.zeros(1000, 250), torch.zeros(1000, dtype=torch.int64)]  # 1 MB + 8 kB
+    on_gpu = TensorSource(data, None, torch.device("cpu"), "device")  # placed "on the GPU"
+    assert on_gpu.device_bytes == 1_008_000
+    assert TensorSource(data, None, torch.device("cpu"), "pinned").device_bytes == 0
+    budget = memory.device_budget_bytes(10 * GB, grad_bytes=0, num_workers=1,
+                                        in_use_bytes=on_gpu.device_bytes)
+    peak = budget + 0.5 * on_gpu.device_bytes  # the model's share fits; with the data twice not
+    assert memory.over_budget(peak, budget, resident_bytes=on_gpu.device_bytes) == ""
+    error = memory.over_budget(peak, budget)
+    assert "device_memory_bytes" in error and "dataset" not in error
+    assert "less the dataset on the device" in memory.over_budget(
+        peak + GB, budget, resident_bytes=on_gpu.device_bytes)
+    with pytest.raises(ValueError, match="resident_bytes=-1"):
+        memory.budget_peak_bytes(GB, resident_bytes=-1)
+
+
 def test_measured_nccl_buffers_replace_the_budgeted_constant():
     constant = memory.NCCL_BUFFER_BYTES_DEFAULT
     assert memory.budget_peak_bytes(GB, nccl_buffer_bytes=None) == GB  # constant stands

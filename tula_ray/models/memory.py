@@ -258,7 +258,8 @@ def device_budget_bytes(device_bytes: float, *, grad_bytes: float, num_workers: 
 
 
 def budget_peak_bytes(measured_peak_bytes: float, *, bucket_bytes: float = 0.0,
-                      nccl_buffer_bytes: float | None = None) -> float:
+                      nccl_buffer_bytes: float | None = None,
+                      resident_bytes: float = 0.0) -> float:
     """The part of a data-parallel worker's measured peak that a budget from
     `device_budget_bytes` is to hold, each cost counted once. That budget already took
     off DDP's gradient buckets and NCCL's buffers (`NCCL_BUFFER_BYTES_DEFAULT`), so:
@@ -267,31 +268,38 @@ def budget_peak_bytes(measured_peak_bytes: float, *, bucket_bytes: float = 0.0,
       taken off it;
     - nccl_buffer_bytes: NCCL's buffers as measured on this worker group (no peak counter
       sees them): what they take beyond the budgeted constant is added, what they take
-      less is taken off; None (not measured: CPU, N = 1) leaves the constant standing.
+      less is taken off; None (not measured: CPU, N = 1) leaves the constant standing;
+    - resident_bytes: the dataset the data path keeps on the device, which the budget took
+      off as in use (`measure.probe_peaks`'s device_in_use_bytes) and CUDA's peak holds
+      too: taken off it (counted twice, it made false "oom" rows near the bound).
     """
     for name, value in (("measured_peak_bytes", measured_peak_bytes),
-                        ("bucket_bytes", bucket_bytes)):
+                        ("bucket_bytes", bucket_bytes), ("resident_bytes", resident_bytes)):
         if not value >= 0:
             raise ValueError(f"{name}={value!r}; it must be >= 0")
     nccl_excess = 0.0 if nccl_buffer_bytes is None or np.isnan(nccl_buffer_bytes) \
         else float(nccl_buffer_bytes) - NCCL_BUFFER_BYTES_DEFAULT
-    return float(measured_peak_bytes) - float(bucket_bytes) + nccl_excess
+    return float(measured_peak_bytes) - float(bucket_bytes) - float(resident_bytes) + nccl_excess
 
 
 def over_budget(measured_peak_bytes: float, budget_bytes: float, *, bucket_bytes: float = 0.0,
-                nccl_buffer_bytes: float | None = None) -> str:
+                nccl_buffer_bytes: float | None = None, resident_bytes: float = 0.0) -> str:
     """Why a profiled row does not fit the budget (its error text), "" when it does: the
     peak counted as `budget_peak_bytes` counts it, against `budget_bytes`."""
     counted = budget_peak_bytes(measured_peak_bytes, bucket_bytes=bucket_bytes,
-                                nccl_buffer_bytes=nccl_buffer_bytes)
+                                nccl_buffer_bytes=nccl_buffer_bytes,
+                                resident_bytes=resident_bytes)
     if counted <= float(budget_bytes):
         return ""
     parts = [f"peak {measured_peak_bytes:.4g} bytes"]
     if bucket_bytes:
         parts.append(f"less DDP's buckets {bucket_bytes:.4g} (budgeted apart)")
-    if counted != measured_peak_bytes - bucket_bytes:
+    if resident_bytes:
+        parts.append(f"less the dataset on the device {resident_bytes:.4g} (budgeted apart)")
+    nccl_excess = counted - measured_peak_bytes + bucket_bytes + resident_bytes
+    if nccl_excess:
         parts.append(f"plus NCCL's buffers beyond the budgeted {NCCL_BUFFER_BYTES_DEFAULT:.4g}:"
-                     f" {counted - measured_peak_bytes + bucket_bytes:.4g}")
+                     f" {nccl_excess:.4g}")
     return f"{', '.join(parts)} = {counted:.4g} > device_memory_bytes {float(budget_bytes):.4g}"
 
 
