@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Callable, Iterable
 import numpy as np
 
 from tula_ray.arguments import check_int
+from tula_ray.models.peak_curve import curve_peak_bytes
 
 if TYPE_CHECKING:
     import torch
@@ -131,21 +132,6 @@ def with_curve(params: MemoryParams, points: Iterable[tuple[float, float]]) -> M
                          f"got {sorted(peaks)}")
     batches = tuple(sorted(peaks))
     return replace(params, curve_batches=batches, curve_peaks=tuple(peaks[b] for b in batches))
-
-
-def curve_peak_bytes(batches: Iterable[float], peaks: Iterable[float], local_batch) -> np.ndarray:
-    """The monotone piecewise-linear curve through measured (b, peak) points at b.
-
-    The peaks' running maximum (a larger batch never needs less memory: a lower reading is
-    the allocator's noise) joined point to point; beyond the last point the last segment's
-    slope goes on (the regime nearest the bound, where eq. 3's line fitted at small b
-    under-predicted by up to 59 % on an H100); below the first point its peak, the most a
-    smaller batch can need on a monotone curve."""
-    xs = np.asarray(list(batches), dtype=float)
-    ys = np.maximum.accumulate(np.asarray(list(peaks), dtype=float))
-    b = np.asarray(local_batch, dtype=float)
-    slope = (ys[-1] - ys[-2]) / (xs[-1] - xs[-2])
-    return np.where(b > xs[-1], ys[-1] + slope * (b - xs[-1]), np.interp(b, xs, ys))
 
 
 def fit(
