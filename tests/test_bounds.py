@@ -114,6 +114,38 @@ def test_the_bound_check_pulls_the_bound_under_a_small_device():
     assert probe.max_local_batch == 200 and calls == [200]  # eq. 3 exact: one check
 
 
+def convex_peak(b: int) -> float:
+    """A model whose activations grow faster than linearly: the line fitted on the probe's
+    b <= 64 under-predicts large batches, as it did on an H100 (issue 46)."""
+    return STATIC.total_bytes + PER_SAMPLE_BYTES * b + 2e3 * b * b
+
+
+def test_on_a_gpu_the_bound_is_found_by_doubling_and_bisection():
+    """doubling=True (a GPU): no extrapolated line; the bound is a measured batch within
+    5 % under the true one, and the plan's peaks come from the curve through every
+    measured point, which is exact at them and above the line beyond the probe."""
+    probe = bounds.fitted_probe(measured_on_worker(peak=convex_peak))
+    candidates = SearchSpace.build((1, 2), min_batch=32, max_batch=8192)  # local b <= 8192
+    device = convex_peak(3000)  # the true bound: 3000
+    calls = []
+
+    def measure_peak(b: int) -> float | None:
+        calls.append(b)
+        return None if convex_peak(b) > device else convex_peak(b)  # None: out of memory
+
+    assert memory.max_local_batch(probe.params, device, 0.0) > 5000  # the line overshoots
+    probe = bounds.checked_bound(probe, measure_peak, device, headroom=0.0, space=candidates,
+                                 doubling=True)
+    assert 0.95 * 3000 <= probe.max_local_batch <= 3000
+    assert calls[:6] == [128, 256, 512, 1024, 2048, 4096] and len(calls) <= 6 + 6
+    assert probe.batch_limit is None
+    fitted = [b for b in calls if convex_peak(b) <= device]
+    assert memory.predict_peak_bytes(probe.params, fitted) == pytest.approx(
+        [convex_peak(b) for b in fitted])
+    assert memory.predict_peak_bytes(probe.params, 8192) > memory.line_peak_bytes(
+        memory.fit_probe([(b, convex_peak(b)) for b in (16, 32, 64)], STATIC, 0.0), 8192)
+
+
 def test_the_models_own_limit_bounds_the_search_with_a_warning(caplog):
     """A forward asserting b <= 256 under B up to 4096 (N 1, 2): bound 256, the limit kept
     with its error, and a warning naming the max_batch that skips the check."""

@@ -268,6 +268,19 @@ def test_cuda_memory_in_use_is_total_minus_free(monkeypatch):
     assert measure.device_in_use_bytes("cpu") == 0.0
 
 
+def test_a_cuda_try_resets_the_reserved_peak_after_emptying_the_cache(monkeypatch):
+    # No GPU here: the order is what counts. reset_peak_memory_stats sets the peak to the
+    # memory reserved now, so an earlier try's cached blocks must be released before it.
+    from tula_ray.training import measure
+
+    calls = []
+    for name in ("synchronize", "empty_cache", "reset_peak_memory_stats"):
+        monkeypatch.setattr(torch.cuda, name,
+                            lambda *args, name=name: calls.append(name))
+    measure.reset_reserved_peak(torch.device("cuda:0"))
+    assert calls == ["synchronize", "empty_cache", "reset_peak_memory_stats"]
+
+
 # ------------------------------------------------- each cost counted once (issue 26 item 3)
 
 def test_a_cuda_peak_holding_ddp_buckets_is_checked_without_them():
@@ -276,6 +289,27 @@ def test_a_cuda_peak_holding_ddp_buckets_is_checked_without_them():
     assert memory.over_budget(9.5 * GB, budget, bucket_bytes=1 * GB) == ""
     assert "device_memory_bytes" in memory.over_budget(9.5 * GB, budget)  # counted twice
     assert memory.budget_peak_bytes(9.5 * GB, bucket_bytes=1 * GB) == 8.5 * GB
+
+
+def test_a_dataset_kept_on_the_gpu_is_counted_once():
+    """Issue 46: the probe counts the dataset the data path keeps on the GPU in the memory
+    in use (off the budget); a row's CUDA peak holds it too, so it is taken off there."""
+    from tula_ray.training.batches import TensorSource
+
+    data = [torch.zeros(1000, 250), torch.zeros(1000, dtype=torch.int64)]  # 1 MB + 8 kB
+    on_gpu = TensorSource(data, None, torch.device("cpu"), "device")  # placed "on the GPU"
+    assert on_gpu.device_bytes == 1_008_000
+    assert TensorSource(data, None, torch.device("cpu"), "pinned").device_bytes == 0
+    budget = memory.device_budget_bytes(10 * GB, grad_bytes=0, num_workers=1,
+                                        in_use_bytes=on_gpu.device_bytes)
+    peak = budget + 0.5 * on_gpu.device_bytes  # the model's share fits; with the data twice not
+    assert memory.over_budget(peak, budget, resident_bytes=on_gpu.device_bytes) == ""
+    error = memory.over_budget(peak, budget)
+    assert "device_memory_bytes" in error and "dataset" not in error
+    assert "less the dataset on the device" in memory.over_budget(
+        peak + GB, budget, resident_bytes=on_gpu.device_bytes)
+    with pytest.raises(ValueError, match="resident_bytes=-1"):
+        memory.budget_peak_bytes(GB, resident_bytes=-1)
 
 
 def test_measured_nccl_buffers_replace_the_budgeted_constant():

@@ -116,10 +116,11 @@ def check_max_local_batch(probe: MemoryProbe, device_bytes: float, *, headroom: 
                           space: SearchSpace, resources: dict[str, float],
                           use_gpu: bool) -> MemoryProbe:
     """`tula_ray.planning.bounds.checked_bound` with each measurement one Ray task on a
-    worker: the probe's bound checked up to the largest local batch of `space`'s
-    candidates, the model's own limit found, eq. 3 refitted. Updates and returns `probe`."""
+    worker: the bound found up to the largest local batch of `space`'s candidates (on a
+    GPU by doubling and bisection, on a CPU eq. 3's bound checked), the model's own limit
+    found, eq. 3 refitted. Updates and returns `probe`."""
     task = _on_one_worker(_peak_on_worker, resources)
     workload, example = ray.put(probe.workload), ray.put(probe.facts.example)
     name = probe.workload.name
     return checked_bound(probe, lambda b: _get(task.remote(workload, b, use_gpu, example), name),
-                         device_bytes, headroom=headroom, space=space)
+                         device_bytes, headroom=headroom, space=space, doubling=use_gpu)

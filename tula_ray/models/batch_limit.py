@@ -6,7 +6,9 @@ code fails at as it takes one that runs out of memory: as a bound, not as the en
 search. `checked_max_local_batch` runs the memory bound check
 (`memory.verified_max_local_batch`) and, once the code has refused a batch, bisects the
 candidates' local batches between the largest that ran and fitted and the smallest that
-did not: a few more probe steps, and the search goes on below the limit. Core: no Ray.
+did not: a few more probe steps, and the search goes on below the limit. On a GPU,
+`measured_max_local_batch` finds the bound by measuring alone (`bound_search`), a
+refused batch failing there as one out of memory does. Core: no Ray.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, Callable, Iterable, Mapping
 
 from tula_ray.failures import UserCodeError
+from tula_ray.models.bound_search import measured_bound
 from tula_ray.models.memory import HEADROOM_DEFAULT, MemoryParams, verified_max_local_batch
 
 
@@ -122,3 +125,37 @@ def _bisect(measure: Callable[[int], float | None], limit_bytes: float,
         else:
             inside = [x for x in inside if x < b]
     return largest_fit
+
+
+def measured_max_local_batch(
+    measure_peak: Callable[[int], float | None],
+    device_bytes: float,
+    *,
+    local_batches: Iterable[int],
+    headroom: float = HEADROOM_DEFAULT,
+    measured: Iterable[tuple[int, float]] = (),
+    refused: Mapping[int, str] | None = None,
+) -> tuple[int, list[Check], BatchLimit | None]:
+    """`checked_max_local_batch` found by measuring (`bound_search.measured_bound`: the
+    probe's largest fitting batch doubled until a step fails, then bisected to within 5 %),
+    up to the largest of `local_batches`; no eq. 3 line is extrapolated. A batch the
+    workload's code refuses (measure_peak raises UserCodeError) fails as one out of memory
+    does, and the smallest refused is the model's own limit. Returns (bound, checks, limit)
+    as `checked_max_local_batch` does (a refused batch has no peak to list)."""
+    refusals = dict(refused or {})
+
+    def measure(b: int) -> float | None:
+        try:
+            return measure_peak(b)
+        except UserCodeError as error:
+            refusals[b] = error.message
+            return None
+
+    known = [*measured, *((b, None) for b in refusals)]
+    bound, tries = measured_bound(measure, device_bytes * (1.0 - headroom),
+                                  cap=max(local_batches), measured=known)
+    checks = [(b, peak) for b, peak in tries if b not in refusals]
+    if not refusals:
+        return bound, checks, None
+    smallest = min(refusals)
+    return bound, checks, BatchLimit(smallest, refusals[smallest])

@@ -2,19 +2,22 @@
 
 The static terms come from the model and optimizer themselves; the terms that
 grow with the local batch b are fitted from >= 2 measured peaks (CUDA's
-max_memory_allocated on GPU, a tensor-allocation tracker on CPU).
+max_memory_reserved on GPU, a tensor-allocation tracker on CPU). The plan reads a
+b's peak from the monotone curve through the measured points (`predict_peak_bytes`),
+not from the line, which, fitted at small b, under-predicts large ones.
 """
 
 from __future__ import annotations
 
 import copy
 import logging
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import TYPE_CHECKING, Callable, Iterable
 
 import numpy as np
 
 from tula_ray.arguments import check_int
+from tula_ray.models.peak_curve import curve_peak_bytes
 
 if TYPE_CHECKING:
     import torch
@@ -88,25 +91,47 @@ def gradient_bytes(model: torch.nn.Module) -> int:
     return sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
 
 
+CURVE_FIELDS = ("curve_batches", "curve_peaks")
+
+
 @dataclass(frozen=True)
 class MemoryParams:
-    """Eq. 3 with the batch-dependent terms linear in the local batch b."""
+    """Eq. 3 with the batch-dependent terms linear in the local batch b, and the measured
+    (b, peak) points that `predict_peak_bytes` reads in place of the line (issue 46)."""
 
     static_bytes: float  # M_param + M_grad + M_opt
     overhead_bytes: float  # fitted batch-independent extra (allocator, workspace); may be < 0
     activation_bytes_per_sample: float  # M_act / b
     batch_bytes_per_sample: float  # M_batch / b: the input tensors themselves
+    # The measured points, b ascending, one peak per b (`with_curve`); empty: the line
+    # alone, as in every plan saved before the curve, which then prices as it did.
+    curve_batches: tuple[float, ...] = ()
+    curve_peaks: tuple[float, ...] = ()
 
     @property
     def bytes_per_sample(self) -> float:
         return self.activation_bytes_per_sample + self.batch_bytes_per_sample
 
-    def to_dict(self) -> dict[str, float]:
-        return asdict(self)
+    def to_dict(self) -> dict[str, float | list[float]]:
+        return {k: list(v) if k in CURVE_FIELDS else v for k, v in asdict(self).items()}
 
     @classmethod
-    def from_dict(cls, data: dict[str, float]) -> "MemoryParams":
-        return cls(**{k: float(v) for k, v in data.items()})
+    def from_dict(cls, data: dict[str, float | list[float]]) -> "MemoryParams":
+        curve = {k: tuple(float(x) for x in data.get(k, ())) for k in CURVE_FIELDS}
+        return cls(**{k: float(v) for k, v in data.items() if k not in CURVE_FIELDS}, **curve)
+
+
+def with_curve(params: MemoryParams, points: Iterable[tuple[float, float]]) -> MemoryParams:
+    """`params` with the measured (b, peak) `points` as its curve (`predict_peak_bytes`):
+    sorted by b, the largest peak where a b was measured twice."""
+    peaks: dict[float, float] = {}
+    for b, peak in points:
+        peaks[float(b)] = max(float(peak), peaks.get(float(b), -np.inf))
+    if len(peaks) < 2:
+        raise ValueError(f"a memory curve needs peaks at >= 2 distinct local batch sizes; "
+                         f"got {sorted(peaks)}")
+    batches = tuple(sorted(peaks))
+    return replace(params, curve_batches=batches, curve_peaks=tuple(peaks[b] for b in batches))
 
 
 def fit(
@@ -140,7 +165,15 @@ def fit(
 
 
 def predict_peak_bytes(params: MemoryParams, local_batch) -> np.ndarray:
-    """Eq. 3: predicted peak memory of one worker at local batch b."""
+    """Predicted peak memory of one worker at local batch b: the curve through the
+    measured points (`curve_peak_bytes`) where `params` has one, else eq. 3's line."""
+    if params.curve_batches:
+        return curve_peak_bytes(params.curve_batches, params.curve_peaks, local_batch)
+    return line_peak_bytes(params, local_batch)
+
+
+def line_peak_bytes(params: MemoryParams, local_batch) -> np.ndarray:
+    """Eq. 3: the fitted line's peak memory of one worker at local batch b."""
     b = np.asarray(local_batch, dtype=float)
     return params.static_bytes + params.overhead_bytes + params.bytes_per_sample * b
 
@@ -151,9 +184,10 @@ def probe_batches(min_local_batch: int) -> list[int]:
 
 
 def peak_rows(params: MemoryParams, points: Iterable[tuple[int, float]]) -> list[dict]:
-    """One row per measured (local batch, peak) with eq. 3's prediction beside it."""
+    """One row per measured (local batch, peak) with eq. 3's line beside it (the curve
+    passes through the points: beside them it would say nothing)."""
     points = list(points)
-    predicted = predict_peak_bytes(params, [b for b, _ in points])
+    predicted = line_peak_bytes(params, [b for b, _ in points])
     return [{"local_batch": b, "peak_mem_bytes": peak, "predicted_peak_mem_bytes": float(q)}
             for (b, peak), q in zip(points, predicted)]
 
@@ -161,10 +195,12 @@ def peak_rows(params: MemoryParams, points: Iterable[tuple[int, float]]) -> list
 def fit_probe(points: Iterable[tuple[int, float]], static: StaticMemory,
               input_bytes_per_sample: float) -> MemoryParams:
     """Eq. 3 from the probe's (local batch, peak) points: the static terms measured on the
-    model and optimizer (`static_memory`), M_batch from the input size, M_act fitted."""
+    model and optimizer (`static_memory`), M_batch from the input size, M_act fitted; and
+    the curve through the points (`with_curve`), which the plan's peaks are read from."""
     points = list(points)
-    return fit([b for b, _ in points], [peak for _, peak in points],
+    line = fit([b for b, _ in points], [peak for _, peak in points],
                static_bytes=static.total_bytes, batch_bytes_per_sample=input_bytes_per_sample)
+    return with_curve(line, points)
 
 
 def device_budget_bytes(device_bytes: float, *, grad_bytes: float, num_workers: int,
@@ -208,7 +244,8 @@ def device_budget_bytes(device_bytes: float, *, grad_bytes: float, num_workers: 
 
 
 def budget_peak_bytes(measured_peak_bytes: float, *, bucket_bytes: float = 0.0,
-                      nccl_buffer_bytes: float | None = None) -> float:
+                      nccl_buffer_bytes: float | None = None,
+                      resident_bytes: float = 0.0) -> float:
     """The part of a data-parallel worker's measured peak that a budget from
     `device_budget_bytes` is to hold, each cost counted once. That budget already took
     off DDP's gradient buckets and NCCL's buffers (`NCCL_BUFFER_BYTES_DEFAULT`), so:
@@ -217,37 +254,45 @@ def budget_peak_bytes(measured_peak_bytes: float, *, bucket_bytes: float = 0.0,
       taken off it;
     - nccl_buffer_bytes: NCCL's buffers as measured on this worker group (no peak counter
       sees them): what they take beyond the budgeted constant is added, what they take
-      less is taken off; None (not measured: CPU, N = 1) leaves the constant standing.
+      less is taken off; None (not measured: CPU, N = 1) leaves the constant standing;
+    - resident_bytes: the dataset the data path keeps on the device, which the budget took
+      off as in use (`measure.probe_peaks`'s device_in_use_bytes) and CUDA's peak holds
+      too: taken off it (counted twice, it made false "oom" rows near the bound).
     """
     for name, value in (("measured_peak_bytes", measured_peak_bytes),
-                        ("bucket_bytes", bucket_bytes)):
+                        ("bucket_bytes", bucket_bytes), ("resident_bytes", resident_bytes)):
         if not value >= 0:
             raise ValueError(f"{name}={value!r}; it must be >= 0")
     nccl_excess = 0.0 if nccl_buffer_bytes is None or np.isnan(nccl_buffer_bytes) \
         else float(nccl_buffer_bytes) - NCCL_BUFFER_BYTES_DEFAULT
-    return float(measured_peak_bytes) - float(bucket_bytes) + nccl_excess
+    return float(measured_peak_bytes) - float(bucket_bytes) - float(resident_bytes) + nccl_excess
 
 
 def over_budget(measured_peak_bytes: float, budget_bytes: float, *, bucket_bytes: float = 0.0,
-                nccl_buffer_bytes: float | None = None) -> str:
+                nccl_buffer_bytes: float | None = None, resident_bytes: float = 0.0) -> str:
     """Why a profiled row does not fit the budget (its error text), "" when it does: the
     peak counted as `budget_peak_bytes` counts it, against `budget_bytes`."""
     counted = budget_peak_bytes(measured_peak_bytes, bucket_bytes=bucket_bytes,
-                                nccl_buffer_bytes=nccl_buffer_bytes)
+                                nccl_buffer_bytes=nccl_buffer_bytes,
+                                resident_bytes=resident_bytes)
     if counted <= float(budget_bytes):
         return ""
     parts = [f"peak {measured_peak_bytes:.4g} bytes"]
     if bucket_bytes:
         parts.append(f"less DDP's buckets {bucket_bytes:.4g} (budgeted apart)")
-    if counted != measured_peak_bytes - bucket_bytes:
+    if resident_bytes:
+        parts.append(f"less the dataset on the device {resident_bytes:.4g} (budgeted apart)")
+    nccl_excess = counted - measured_peak_bytes + bucket_bytes + resident_bytes
+    if nccl_excess:
         parts.append(f"plus NCCL's buffers beyond the budgeted {NCCL_BUFFER_BYTES_DEFAULT:.4g}:"
-                     f" {counted - measured_peak_bytes + bucket_bytes:.4g}")
+                     f" {nccl_excess:.4g}")
     return f"{', '.join(parts)} = {counted:.4g} > device_memory_bytes {float(budget_bytes):.4g}"
 
 
 def max_local_batch(params: MemoryParams, device_bytes: float,
                     headroom: float = HEADROOM_DEFAULT) -> int:
-    """Largest local batch b whose predicted peak fits device_bytes * (1 - headroom); 0 if none."""
+    """Largest local batch b whose peak on eq. 3's line fits device_bytes * (1 - headroom);
+    0 if none (the start of the CPU probe's bound check, `verified_max_local_batch`)."""
     if not device_bytes > 0:
         raise ValueError(f"device_bytes={device_bytes!r}; it must be positive")
     if not 0.0 <= headroom < 1.0:
@@ -259,9 +304,9 @@ def max_local_batch(params: MemoryParams, device_bytes: float,
     b = int(np.floor(budget / params.bytes_per_sample))
     # Float rounding at the boundary: make predict(b) <= budget < predict(b + 1) exact.
     limit = device_bytes * (1.0 - headroom)
-    while b > 0 and predict_peak_bytes(params, b) > limit:
+    while b > 0 and line_peak_bytes(params, b) > limit:
         b -= 1
-    while predict_peak_bytes(params, b + 1) <= limit:
+    while line_peak_bytes(params, b + 1) <= limit:
         b += 1
     return max(b, 0)
 

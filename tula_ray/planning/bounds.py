@@ -14,7 +14,8 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 from tula_ray.failures import UserCodeError
 from tula_ray.models import memory as memory_model
-from tula_ray.models.batch_limit import BatchLimit, checked_max_local_batch
+from tula_ray.models.batch_limit import (BatchLimit, checked_max_local_batch,
+                                         measured_max_local_batch)
 from tula_ray.space import SearchSpace
 
 if TYPE_CHECKING:  # what the probe's worker filled in; torch is not needed to plan
@@ -116,19 +117,28 @@ def candidate_space(cluster_sizes: Sequence[int], *, min_batch: int, max_batch: 
 
 
 def checked_bound(probe: MemoryProbe, measure_peak: Callable[[int], float | None],
-                  device_bytes: float, *, headroom: float, space: SearchSpace) -> MemoryProbe:
-    """The probe's bound checked by measuring near it (`measure_peak(b)`: the peak at local
-    batch b, None when out of memory, a UserCodeError when the workload's code refuses b),
-    up to the largest local batch of `space`'s candidates
-    (`batch_limit.checked_max_local_batch`: the memory bound, and the model's own limit
-    when its code refuses a batch, logged as a warning); then eq. 3 refitted on every
-    measured peak, so the plan's memory predictions cover large batches too. Updates and
-    returns `probe`."""
+                  device_bytes: float, *, headroom: float, space: SearchSpace,
+                  doubling: bool = False) -> MemoryProbe:
+    """The probe's bound found by measuring (`measure_peak(b)`: the peak at local batch b,
+    None when out of memory, a UserCodeError when the workload's code refuses b), up to
+    the largest local batch of `space`'s candidates, with the model's own limit when its
+    code refuses a batch (logged as a warning):
+    - doubling (a GPU): b doubled until a step fails, then bisected to within 5 %
+      (`batch_limit.measured_max_local_batch`), about log2(bound / probe's b) + 5 steps;
+    - else (a CPU, where a step at a large b is slow and memory a share of RAM): eq. 3's
+      bound checked with at most 3 steps near it (`batch_limit.checked_max_local_batch`).
+    Then eq. 3 and its curve refitted on every measured peak, so the plan's memory
+    predictions cover large batches too. Updates and returns `probe`."""
     measured = [(row["local_batch"], row["peak_mem_bytes"]) for row in probe.rows]
-    bound, checks, limit = checked_max_local_batch(
-        probe.params, measure_peak, device_bytes,
-        local_batches=[c.local_batch for c in space.candidates()],
-        headroom=headroom, measured=measured, refused=probe.refused)
+    local_batches = [c.local_batch for c in space.candidates()]
+    if doubling:
+        bound, checks, limit = measured_max_local_batch(
+            measure_peak, device_bytes, local_batches=local_batches, headroom=headroom,
+            measured=measured, refused=probe.refused)
+    else:
+        bound, checks, limit = checked_max_local_batch(
+            probe.params, measure_peak, device_bytes, local_batches=local_batches,
+            headroom=headroom, measured=measured, refused=probe.refused)
     points = measured + [(b, peak) for b, peak in checks if peak is not None]
     if checks:
         probe.params = memory_model.fit_probe(points, probe.static, probe.input_bytes_per_sample)

@@ -45,6 +45,14 @@ class TensorSource:
     def __len__(self) -> int:
         return len(self.index) if self.index is not None else len(self.tensors[0])
 
+    @property
+    def device_bytes(self) -> int:
+        """Bytes this source keeps on the GPU: its tensors' when placed there, else 0 (what
+        `device_resident_bytes` counted in the probe's memory in use)."""
+        if self.location != "device":
+            return 0
+        return sum(t.numel() * t.element_size() for t in self.tensors)
+
     def gather(self, positions: torch.Tensor) -> Batch:
         """The samples at `positions` (indices into this source), on the device."""
         if self.index is not None:

@@ -314,10 +314,12 @@ class Sweep:
         if device.type == "cuda":
             fields.update(peak_mem_bytes=reduced[5], memory_source="cuda")
             # The user may declare a device smaller than this GPU. The budget took DDP's
-            # buckets and NCCL's buffers off apart: each is counted once (`over_budget`).
+            # buckets, NCCL's buffers and the dataset kept on the GPU off apart: each is
+            # counted once (`over_budget`).
             error = "" if limit is None else over_budget(
                 reduced[5], float(limit), bucket_bytes=self.bucket_bytes,
-                nccl_buffer_bytes=self.nccl_buffer_bytes)
+                nccl_buffer_bytes=self.nccl_buffer_bytes,
+                resident_bytes=0 if self.source is None else self.source.device_bytes)
             if error:
                 fields.update(status=STATUS_OOM, failure=FAILURE_OOM, error=error)
         return fields
