@@ -187,14 +187,22 @@ def _benchmarks_without_ray(*runs: tuple[str, ...]) -> list[subprocess.Completed
 
 def test_gpu_acceptance_refuses_without_a_gpu_and_its_ray_free_half_runs_on_cpu():
     """Issue 26, item 7 (its Ray-free half): no GPU, no run, unless asked to use the CPU;
-    then the environment, the data path and one process's epochs against the profiled
-    step, with no Ray to import. Both at once: the refusal is over within its imports."""
+    then the environment, NCCL's absence, one rank's OOM in a synced step, the data path
+    and one process's epochs against the profiled step, with no Ray to import. Both at once: the refusal is over within its imports."""
     refused, done = _benchmarks_without_ray(("gpu-acceptance", "--quick"),
                                             ("gpu-acceptance", "--quick", "--allow-cpu"))
     assert refused.returncode != 0 and "needs a CUDA GPU" in refused.stderr
     assert done.returncode == 0, done.stderr[-3000:]
     markdown = (RESULTS_DIR / "gpu_acceptance_quick.md").read_text()
     assert "Ray importable: False" in markdown and "`gather-host`" in markdown
+    # Issue 46, item 3: no NCCL on the CPU, said so; one rank's OOM in a synced step ends
+    # both gloo ranks within 30 s, both rows "oom".
+    assert "- NCCL: version None, libnccl loaded: None (no CUDA)." in markdown
+    (synced_oom,) = [line for line in markdown.splitlines()
+                     if line.startswith("- One rank out of memory in a synced step (gloo ranks")]
+    assert "rank 0: oom (PeerOutOfMemoryError); rank 1: oom (OutOfMemoryError)" in synced_oom
+    assert float(re.search(r"both ranks ended ([\d.]+) s", synced_oom).group(1)) <= 30
+    assert synced_oom.endswith("PASSED.")
     rows = _table_rows(markdown, "| workload | B |")
     assert [row[2] for row in rows] == ["fp32", "fp16"]  # fp16's loss-scaled step too
     for row in rows:

@@ -8,6 +8,7 @@ No Ray here (core): the same code runs in a Ray Train worker group, under
 from __future__ import annotations
 
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -120,3 +121,18 @@ def unwrapped(model: nn.Module) -> nn.Module:
     """The model inside a DistributedDataParallel wrapper (the model itself otherwise): what
     a checkpoint saves and a plain, collective-free forward runs."""
     return model.module if isinstance(model, nn.parallel.DistributedDataParallel) else model
+
+
+NCCL_LIBRARY = "libnccl.so"  # not libnccl-net.so, a network plugin (EFA's aws-ofi-nccl)
+
+
+def loaded_libraries(maps_text: str, name: str = NCCL_LIBRARY) -> list[str]:
+    """The files whose name starts with `name` that a process mapped, from the text of its
+    /proc/<pid>/maps (one mapping a line, the path last), each once, in order."""
+    paths: list[str] = []
+    for line in maps_text.splitlines():
+        fields = line.split()
+        if len(fields) >= 6 and Path(fields[-1]).name.startswith(name) \
+                and fields[-1] not in paths:
+            paths.append(fields[-1])
+    return paths

@@ -10,9 +10,11 @@ from typing import Any, Callable
 
 
 def spawn_gloo(worker: Callable[..., None], world_size: int, *args: Any,
-               timeout_s: float | None = None) -> None:
+               timeout_s: float | None = None, backend: str = "gloo") -> None:
     """Run worker(rank, *args) in world_size processes joined by a local gloo group, one
-    torch thread each (N workers on N cores, as Ray Train places them here).
+    torch thread each (N workers on N cores, as Ray Train places them here). backend="nccl"
+    joins them by NCCL instead, rank r on GPU r (one GPU a rank: NCCL refuses two ranks on
+    one GPU).
 
     The rendezvous is a file in a fresh private directory (torch's FileStore): unlike a
     "free" TCP port probed beforehand, nothing else can take it before the ranks start.
@@ -21,12 +23,12 @@ def spawn_gloo(worker: Callable[..., None], world_size: int, *args: Any,
 
     with tempfile.TemporaryDirectory(prefix="tula-gloo-") as scratch:
         init_method = f"file://{Path(scratch, 'rendezvous')}"
-        mp.spawn(_gloo_rank, args=(worker, world_size, init_method, args, timeout_s),
+        mp.spawn(_gloo_rank, args=(worker, world_size, init_method, args, timeout_s, backend),
                  nprocs=world_size, join=True)
 
 
 def _gloo_rank(rank: int, worker: Callable[..., None], world_size: int, init_method: str,
-               args: tuple, timeout_s: float | None = None) -> None:
+               args: tuple, timeout_s: float | None = None, backend: str = "gloo") -> None:
     from datetime import timedelta
 
     import torch
@@ -34,7 +36,9 @@ def _gloo_rank(rank: int, worker: Callable[..., None], world_size: int, init_met
 
     torch.set_num_threads(1)
     timeout = {} if timeout_s is None else {"timeout": timedelta(seconds=timeout_s)}
-    dist.init_process_group("gloo", init_method=init_method, rank=rank, world_size=world_size,
+    if backend == "nccl":
+        torch.cuda.set_device(rank)
+    dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=world_size,
                             **timeout)
     try:
         worker(rank, *args)

@@ -6,7 +6,10 @@ bf16 against fp32, NCCL's error path) and the report says which halves ran.
 Runs from the source tree on a plain PyTorch image (no Ray, no pip install, no internet:
 `PYTHONPATH=. python -m benchmarks gpu-acceptance`) and writes gpu_acceptance.{json,md}:
   - the environment: torch, CUDA, the GPU, its capability and driver, TF32's settings;
+  - NCCL: `torch.cuda.nccl.version()` and the libnccl files the process mapped;
   - a real CUDA out-of-memory, caught and named "oom" (`tula_ray.failures`);
+  - one rank out of memory in a synced step (`synced_oom`): both rows "oom", both ranks
+    ended within 30 s (NCCL ranks with two GPUs or more; gloo ranks on the CPU otherwise);
   - the data path on the device (`tula_ray.training.batches`): which path serves the
     batches, and the seconds to serve an epoch's batches gathered against torch's
     DataLoader over the same tensors (per-sample `__getitem__` and collate);
@@ -30,12 +33,14 @@ import statistics
 import subprocess
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import torch
 from torch.utils.data import DataLoader
 
 from benchmarks.common import Benchmark, markdown_table
+from benchmarks.gpu.synced_oom import one_rank_out_of_memory, report_line
 from benchmarks.gpu.synthetic import EPOCHS, TEST_SAMPLES, synthetic_workload
 
 NAME = "gpu_acceptance"
@@ -73,7 +78,24 @@ def environment(device: torch.device) -> dict[str, Any]:
                 capture_output=True, text=True, timeout=30).stdout.strip()
         except (OSError, subprocess.SubprocessError) as exc:
             facts["driver"] = f"nvidia-smi failed: {exc}"
-    return facts
+    return {**facts, **nccl_library(device)}
+
+
+def nccl_library(device: torch.device) -> dict[str, Any]:
+    """NCCL's version as torch reports it and the libnccl files this process mapped
+    (/proc/self/maps, after the version query loaded NCCL): a system libnccl ahead of
+    torch's own shows here. None on the CPU."""
+    from tula_ray.distributed import loaded_libraries
+
+    if device.type != "cuda":
+        return {"nccl_version": None, "libnccl": None, "nccl_why_none": "no CUDA"}
+    try:
+        raw = torch.cuda.nccl.version()  # a tuple (major, minor, patch[, suffix]) today
+        version = ".".join(map(str, raw)) if isinstance(raw, tuple) else str(raw)
+    except (RuntimeError, AttributeError) as exc:  # a torch built without NCCL
+        version = f"not available ({type(exc).__name__}: {exc})"
+    return {"nccl_version": version,
+            "libnccl": loaded_libraries(Path("/proc/self/maps").read_text())}
 
 
 def out_of_memory(device: torch.device) -> dict[str, Any]:
@@ -235,7 +257,8 @@ def run(quick: bool = False, allow_cpu: bool = False) -> dict:
     fit_epochs, test_samples = ((QUICK_EPOCHS, QUICK_TEST_SAMPLES) if quick
                                 else (EPOCHS, TEST_SAMPLES))
     result: dict[str, Any] = {"environment": environment(device), "halves": ["Ray-free"],
-                              "out_of_memory": out_of_memory(device), "epochs": fit_epochs}
+                              "out_of_memory": out_of_memory(device), "epochs": fit_epochs,
+                              "synced_oom": one_rank_out_of_memory(device)}
     rows, paths = [], []
     for name, samples, batches, precisions in QUICK_GRID if quick else GRID:
         if name != "cnn" and importlib.util.find_spec("torchvision") is None:
@@ -279,7 +302,10 @@ def report(result: dict) -> str:
              f"TF32 matmul {env['tf32_matmul']}, cuDNN {env['tf32_cudnn']}; Ray importable: "
              f"{env['ray_importable']} (the Ray-free half runs without it; the Ray half "
              f"{'ran' if 'Ray' in result['halves'] else 'did not run'}).\n",
-             f"- A real CUDA out-of-memory: {result['out_of_memory']}."]
+             f"- NCCL: version {env['nccl_version']}, libnccl loaded: {env['libnccl']}"
+             + (f" ({env['nccl_why_none']})." if env["nccl_version"] is None else "."),
+             f"- A real CUDA out-of-memory: {result['out_of_memory']}.",
+             report_line(result["synced_oom"])]
     for path in result["data_paths"]:
         lines.append(f"- Data path, {path['workload']} at B={path['batch']}: `{path['path']}` "
                      f"serves an epoch ({path['samples']} samples) in {path['data_path_s']:.3f} s;"

@@ -13,20 +13,9 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-NCCL_LIBRARY = "libnccl.so"  # not libnccl-net.so, a network plugin (EFA's aws-ofi-nccl)
+from tula_ray.distributed import loaded_libraries
+
 TORCHS_OWN = "site-packages"  # where pip put torch and its nvidia-nccl wheel
-
-
-def loaded_libraries(maps_text: str, name: str = NCCL_LIBRARY) -> list[str]:
-    """The files whose name starts with `name` that a process mapped, from the text of its
-    /proc/<pid>/maps (one mapping a line, the path last), each once, in order."""
-    paths: list[str] = []
-    for line in maps_text.splitlines():
-        fields = line.split()
-        if len(fields) >= 6 and Path(fields[-1]).name.startswith(name) \
-                and fields[-1] not in paths:
-            paths.append(fields[-1])
-    return paths
 
 
 def check_nccl(loaded: list[str]) -> None:
