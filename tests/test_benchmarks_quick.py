@@ -476,3 +476,19 @@ def test_profile_agreement_sets_each_candidate_of_the_two_trees_side_by_side():
     (row,) = _table_rows(markdown, "| N | B |")
     assert row[:2] == ["1", "32"] and row[2] == "102.0 (100.0-104.0)" and row[4] == "yes"
     assert row[-1] == "no" and "N=2 B=64" in markdown
+
+
+def test_gpu_acceptance_reports_nccls_version_and_the_libnccl_mapped(monkeypatch):
+    """Issue 46, item 3, on a GPU (faked here): torch's NCCL version, then the libnccl
+    files this process mapped, read from /proc/self/maps as the node check reads them."""
+    from pathlib import Path
+
+    from benchmarks.gpu.acceptance import nccl_library
+    from tula_ray.distributed import loaded_libraries
+
+    monkeypatch.setattr(torch.cuda.nccl, "version", lambda: (2, 27, 3))
+    facts = nccl_library(torch.device("cuda"))
+    assert facts == {"nccl_version": "2.27.3",
+                     "libnccl": loaded_libraries(Path("/proc/self/maps").read_text())}
+    assert nccl_library(torch.device("cpu")) == {"nccl_version": None, "libnccl": None,
+                                                 "nccl_why_none": "no CUDA"}
