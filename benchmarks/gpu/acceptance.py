@@ -98,6 +98,14 @@ def nccl_library(device: torch.device) -> dict[str, Any]:
             "libnccl": loaded_libraries(Path("/proc/self/maps").read_text())}
 
 
+def _nccl_lines(env: dict[str, Any]) -> list[str]:
+    """The report's NCCL line, none for a result recorded before it was measured."""
+    if "nccl_version" not in env:
+        return []
+    why = f" ({env['nccl_why_none']})" if env["nccl_version"] is None else ""
+    return [f"- NCCL: version {env['nccl_version']}, libnccl loaded: {env['libnccl']}{why}."]
+
+
 def out_of_memory(device: torch.device) -> dict[str, Any]:
     """Ask for twice the GPU: the error must be caught and named "oom"."""
     from tula_ray.failures import classify, is_out_of_memory
@@ -302,10 +310,10 @@ def report(result: dict) -> str:
              f"TF32 matmul {env['tf32_matmul']}, cuDNN {env['tf32_cudnn']}; Ray importable: "
              f"{env['ray_importable']} (the Ray-free half runs without it; the Ray half "
              f"{'ran' if 'Ray' in result['halves'] else 'did not run'}).\n",
-             f"- NCCL: version {env['nccl_version']}, libnccl loaded: {env['libnccl']}"
-             + (f" ({env['nccl_why_none']})." if env["nccl_version"] is None else "."),
+             *_nccl_lines(env),
              f"- A real CUDA out-of-memory: {result['out_of_memory']}.",
-             report_line(result["synced_oom"])]
+             # a result recorded before issue 46 has neither: its report reads as it did
+             *([report_line(result["synced_oom"])] if "synced_oom" in result else [])]
     for path in result["data_paths"]:
         lines.append(f"- Data path, {path['workload']} at B={path['batch']}: `{path['path']}` "
                      f"serves an epoch ({path['samples']} samples) in {path['data_path_s']:.3f} s;"
