@@ -347,3 +347,26 @@ def test_nccl_buffers_are_the_fall_of_free_memory_less_torchs_own(monkeypatch):
         "cuda", lambda: None, mem_get_info=lambda device: (GB, 80 * GB),
         memory_reserved=lambda device: 0)
     assert same is None
+
+
+def test_the_budget_covers_the_training_strategys_optimizer_state():
+    """The probe steps the workload's SGD; `train` with AGS per element keeps a scale per
+    weight beyond it (issue 46, item 2): measured on the worker, taken off the budget."""
+    from tula_ray.planning import bounds
+    from tula_ray.training import measure
+    from tula_ray.workloads import resolve_workload
+    from trainables.memory_probe import _check_and_measure  # the probe's task body, no Ray
+
+    workload = resolve_workload("fashion-mnist-cnn-fake", {"fake_size": 64})
+    weights = sum(p.numel() * p.element_size() for p in workload.model_fn().parameters())
+    assert measure.strategy_state_bytes(workload, "lbt", {}) == 0  # the workload's own
+    per_element = {"granularity": "element"}
+    extra = measure.strategy_state_bytes(workload, "ags", per_element)
+    assert weights <= extra <= weights + 1000  # one scale per weight, a few scalars more
+
+    def budget(*strategy) -> float:
+        measured = _check_and_measure(workload, {}, [2, 4], False, *strategy)
+        return bounds.memory_budget_bytes(bounds.fitted_probe(measured), declared_gb=1.0,
+                                          num_workers=1, use_gpu=False, cpu_share_bytes=GB)
+
+    assert budget() - budget("ags", per_element) == pytest.approx(extra)

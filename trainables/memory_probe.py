@@ -37,13 +37,18 @@ def _device(use_gpu: bool) -> str:
 
 
 def _check_and_measure(workload: str | Workload, options: dict[str, Any],
-                       local_batches: list[int], use_gpu: bool) -> dict[str, Any]:
+                       local_batches: list[int], use_gpu: bool,
+                       strategy: Any = None, strategy_options: dict | None = None
+                       ) -> dict[str, Any]:
     resolved = resolve_workload(workload, options)
     facts = inspect_workload(resolved, _device(use_gpu))
     completed = complete(resolved, facts)  # a contradicted declaration fails here
     started = time.perf_counter()
     measured = measure.probe_peaks(completed, local_batches, _device(use_gpu),
                                    example=facts.example) if local_batches else {}
+    if local_batches and strategy is not None:  # what `train`'s optimizer holds beyond it
+        measured["strategy_state_bytes"] = measure.strategy_state_bytes(
+            completed, strategy, strategy_options)
     return {"facts": facts, "workload": completed, **measured,
             "measure_s": time.perf_counter() - started}
 
@@ -103,12 +108,16 @@ def timed_check_workload(workload: str | Workload, options: dict[str, Any], *,
 
 
 def probe_memory(workload: str | Workload, options: dict[str, Any], *, min_local_batch: int,
-                 resources: dict[str, float], use_gpu: bool) -> MemoryProbe:
+                 resources: dict[str, float], use_gpu: bool, training_strategy: Any = None,
+                 training_options: dict | None = None) -> MemoryProbe:
     """Check the workload and measure peaks on one worker, then fit the memory model
-    (`tula_ray.planning.bounds.fitted_probe`)."""
+    (`tula_ray.planning.bounds.fitted_probe`). training_strategy (a name or a portable
+    strategy object), training_options: what `train` will use; the optimizer state it
+    keeps beyond the workload's is measured there too (`measure.strategy_state_bytes`)."""
     started = time.perf_counter()
     measured = _get(_on_one_worker(_check_and_measure, resources).remote(
-        workload, options, memory_model.probe_batches(min_local_batch), use_gpu), workload)
+        workload, options, memory_model.probe_batches(min_local_batch), use_gpu,
+        training_strategy, training_options), workload)
     return fitted_probe(measured, check_s=time.perf_counter() - started - measured["measure_s"])
 
 

@@ -51,13 +51,14 @@ class StaticMemory:
         return self.param_bytes + self.grad_bytes + self.optimizer_bytes
 
 
-def _tensor_bytes(value) -> int:
+def tensor_bytes(value) -> int:
+    """Bytes of the tensors in `value`, a tensor or dicts and lists nesting them."""
     if hasattr(value, "element_size"):  # a tensor (torch is imported only where it is needed)
         return value.numel() * value.element_size()
     if isinstance(value, dict):
-        return sum(_tensor_bytes(v) for v in value.values())
+        return sum(tensor_bytes(v) for v in value.values())
     if isinstance(value, (list, tuple)):
-        return sum(_tensor_bytes(v) for v in value)
+        return sum(tensor_bytes(v) for v in value)
     return 0
 
 
@@ -81,7 +82,7 @@ def static_memory(
         p.grad = torch.zeros_like(p)
     optimizer = optimizer_factory(trainable)
     optimizer.step()
-    optimizer_bytes = sum(_tensor_bytes(state) for state in optimizer.state.values())
+    optimizer_bytes = sum(tensor_bytes(state) for state in optimizer.state.values())
     return StaticMemory(param_bytes, grad_bytes, optimizer_bytes)
 
 

@@ -43,6 +43,9 @@ class MemoryProbe:
     device_memory_bytes: float | None = None  # the GPU's size; None on CPU
     device_in_use_bytes: float = 0.0  # what the device holds besides the model (CUDA context)
     static: memory_model.StaticMemory | None = None  # eq. 3's static terms
+    # Optimizer state the training strategy's optimizer keeps beyond the workload's, which
+    # the probe's steps ran (`measure.strategy_state_bytes`): off the budget. 0: none.
+    strategy_state_bytes: float = 0.0
     input_bytes_per_sample: float | None = None  # what a refit needs
     # The driver's seconds for the task less its measuring: the workload's check alone,
     # which `train` runs again before its worker group starts (a part of its start-up).
@@ -83,7 +86,8 @@ def fitted_probe(measured: Mapping[str, Any], check_s: float | None = None) -> M
                        device_in_use_bytes=measured["device_in_use_bytes"],
                        static=measured["static"],
                        input_bytes_per_sample=measured["input_bytes_per_sample"],
-                       check_s=check_s, refused=measured["refused"])
+                       check_s=check_s, refused=measured["refused"],
+                       strategy_state_bytes=measured.get("strategy_state_bytes", 0.0))
 
 
 def memory_budget_bytes(probe: MemoryProbe, *, declared_gb: float | None, num_workers: int,
@@ -92,13 +96,15 @@ def memory_budget_bytes(probe: MemoryProbe, *, declared_gb: float | None, num_wo
     probe ran on, else `cpu_share_bytes` (a CPU worker's share of its node's RAM); less
     what the probe (one process, no DDP) cannot see: the CUDA context, DDP's gradient
     buckets and NCCL's buffers (`memory.device_budget_bytes`). Budgeted for the largest N
-    (`num_workers`), so it holds for every N."""
+    (`num_workers`), so it holds for every N. The training strategy's optimizer state
+    beyond the workload's (`probe.strategy_state_bytes`: the probe's steps ran the
+    workload's optimizer, `train` runs the strategy's) is taken off too."""
     if declared_gb is not None:
         device_bytes = declared_gb * 1e9
     else:
         device_bytes = probe.device_memory_bytes or cpu_share_bytes
     return memory_model.device_budget_bytes(
-        device_bytes, grad_bytes=probe.static.grad_bytes, num_workers=num_workers,
+        device_bytes - probe.strategy_state_bytes, grad_bytes=probe.static.grad_bytes, num_workers=num_workers,
         in_use_bytes=probe.device_in_use_bytes, nccl=use_gpu)
 
 

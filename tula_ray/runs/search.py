@@ -202,7 +202,10 @@ def _probe_and_bound(request: SearchRequest, workers: Workers
     sizes, use_gpu = request.cluster_sizes, workers.use_gpu
     probe = probe_memory(request.spec, request.options,
                          min_local_batch=probe_min_local_batch(request.min_batch, sizes),
-                         resources=workers.resources, use_gpu=use_gpu)
+                         resources=workers.resources, use_gpu=use_gpu,
+                         training_strategy=None if request.training_strategy is None
+                         else portable_training_strategy(request.training_strategy),
+                         training_options=request.training_options)
     request = _checked(request, probe.workload)
     device_bytes = memory_budget_bytes(
         probe, declared_gb=request.device_memory_gb, num_workers=sizes[-1], use_gpu=use_gpu,

@@ -285,3 +285,43 @@ def collective_buffer_bytes(device: torch.device | str, first_collective: Callab
     free_after, reserved_after = mem_get_info(device)[0], memory_reserved(device)
     taken = (free_before - free_after) - (reserved_after - reserved_before)
     return float(taken) if taken > 0 else None
+
+
+
+def strategy_state_bytes(workload: Workload, strategy, options: dict | None) -> float:
+    """Optimizer-state bytes the training strategy's optimizer keeps beyond the workload's
+    own (0 when it keeps no more), for `workload`'s model, measured on the CPU once: each
+    trains one step on a small batch (`SMALL_STATE_BATCH`, AGS's sub-batch taken from
+    it), which materialises its per-parameter state (momentum, Adam's moments, AGS's
+    scales and averages, LARS's buffers), and the tensors of its `state_dict` are counted
+    (TulaOptimizer's holds its base optimizer's state too).
+
+    Why a difference of state bytes and not the strategy's step inside the probe: the
+    probe measures one process at each local batch, while a strategy's setup depends on
+    N, B and torch.distributed (AGS-NS's source "local" needs DDP on >= 2 workers; AGS at
+    B <= 32 is plain steps). Its optimizer state does not depend on the batch, so the
+    bytes it adds over the workload's optimizer (which the probe's steps already hold) are
+    one number, taken off the memory budget (`planning.bounds.memory_budget_bytes`).
+    The strategy is built as for one process (`one_process_options`) at a B twice its
+    reference small batch, where AGS scales (at a B no larger it trains plain steps).
+    """
+    from tula_ray.ags import SMALL_BATCH_DEFAULT
+    from tula_ray.models.memory import tensor_bytes
+    from tula_ray.training.strategies import build_strategy, get_training_strategy
+
+    strategy, options = get_training_strategy(strategy), dict(options or {})
+    batch = 2 * int(options.get("small_batch", SMALL_BATCH_DEFAULT))
+    if hasattr(strategy, "one_process_options"):
+        options = strategy.one_process_options(1, batch, options)
+    inputs, targets = synthetic_batch(workload.sample_shape, workload.num_classes, batch)
+
+    def stepped_state(name, strategy_options: dict) -> int:
+        model = workload.model_fn()
+        setup = build_strategy(name, model, global_batch=batch, steps_per_epoch=1, epochs=1,
+                               options=strategy_options, optimizer_fn=workload.optimizer_fn)
+        setup.start_epoch(0)
+        setup.train_step(model, workload.loss_fn(), inputs, targets)
+        return tensor_bytes(setup.optimizer.state_dict())
+
+    own = stepped_state("lbt", {})  # the workload's optimizer as it is: what the probe ran
+    return float(max(stepped_state(strategy, options) - own, 0))
