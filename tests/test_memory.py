@@ -329,25 +329,41 @@ def test_measured_nccl_buffers_replace_the_budgeted_constant():
         memory.budget_peak_bytes(GB, bucket_bytes=-1)
 
 
-def test_nccl_buffers_are_the_fall_of_free_memory_less_torchs_own(monkeypatch):
+def test_nccl_buffers_are_measured_around_a_bucket_sized_all_reduce(monkeypatch):
+    """NCCL >= 2.22 connects its channels at the first collective that needs them: the
+    measurement all-reduces DDP's bucket (25 MiB, or a smaller model's gradients), and
+    the fall of free memory less the bucket's own bytes (the allocator's) is NCCL's."""
     from tula_ray.training import measure
 
-    free = iter([10 * GB, 10 * GB - 300e6])  # before and after the first collective
-    reserved = iter([1e9, 1e9 + 100e6])  # torch's allocator took 100 MB of the fall
-    calls = []
+    bucket_bytes = measure.ddp_bucket_bytes(torch.nn.Linear(10_000, 1_000))  # 40 MB of weights
+    assert bucket_bytes == measure.DDP_BUCKET_CAP_BYTES == 25 * 2**20
+    assert measure.ddp_bucket_bytes(torch.nn.Linear(10, 2)) == (10 * 2 + 2) * 4
+    reserved = [1e9]
+    free = iter([10 * GB, 10 * GB - 300e6 - bucket_bytes])  # NCCL's 300 MB and the bucket
+    reduced, made = [], []
+
+    def zeros(count, dtype, device):  # the allocator reserves the bucket: reserved grows
+        made.append((count, dtype, torch.device(device).type))
+        reserved[0] += count * 4
+        return torch.zeros(count, dtype=dtype)  # a CPU stand-in for the GPU's tensor
+
     monkeypatch.setattr(measure, "synchronize", lambda device: None)
     taken = measure.collective_buffer_bytes(
-        "cuda", lambda: calls.append("all_reduce"),
+        "cuda", lambda tensor: reduced.append(tensor.numel() * tensor.element_size()),
+        bucket_bytes=bucket_bytes, zeros=zeros,
         mem_get_info=lambda device: (next(free), 80 * GB),
-        memory_reserved=lambda device: next(reserved))
-    assert calls == ["all_reduce"] and taken == pytest.approx(200e6)
-    assert measure.collective_buffer_bytes("cpu", lambda: calls.append("x")) is None
-    assert calls == ["all_reduce"]  # no collective measured on CPU
+        memory_reserved=lambda device: reserved[0])
+    assert made == [(bucket_bytes // 4, torch.float32, "cuda")]
+    assert reduced == [bucket_bytes]  # not a 1-element all-reduce
+    assert taken == pytest.approx(300e6)
+    assert measure.collective_buffer_bytes("cpu", reduced.append, bucket_bytes=4) is None
+    assert reduced == [bucket_bytes]  # no collective measured on CPU
     same = measure.collective_buffer_bytes(  # a communicator made before: nothing to see
-        "cuda", lambda: None, mem_get_info=lambda device: (GB, 80 * GB),
-        memory_reserved=lambda device: 0)
+        "cuda", lambda tensor: None, bucket_bytes=8, zeros=lambda n, **_: torch.zeros(n),
+        mem_get_info=lambda device: (GB, 80 * GB), memory_reserved=lambda device: 0)
     assert same is None
-
+    with pytest.raises(ValueError, match="bucket_bytes"):
+        measure.collective_buffer_bytes("cuda", reduced.append, bucket_bytes=0)
 
 def test_the_budget_covers_the_training_strategys_optimizer_state():
     """The probe steps the workload's SGD; `train` with AGS per element keeps a scale per

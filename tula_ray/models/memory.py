@@ -33,8 +33,9 @@ HEADROOM_DEFAULT = 0.1
 # and a receive side, over up to 16 ring channels on an intra-node/Ethernet setup
 # such as the paper's (NCCL docs, "Environment Variables"). An estimate: check it on
 # the first GPU run (README's GPU checklist: nvidia-smi during a 2-worker step). The
-# profiling sweep measures them on each worker group (`measure.collective_buffer_bytes`,
-# the row's nccl_buffer_bytes); this constant stands where nothing was measured.
+# profiling sweep measures them on each worker group around an all-reduce of DDP's bucket
+# (`measure.collective_buffer_bytes`, the row's nccl_buffer_bytes), which replaces this
+# constant in the row's check; it stands where nothing was measured (the search's budget).
 NCCL_BUFFER_BYTES_DEFAULT = 2 * 16 * 4 * 2**20
 
 

@@ -264,28 +264,52 @@ def reset_peak_memory(device: torch.device | str) -> None:
         torch.cuda.reset_peak_memory_stats(device)
 
 
-def collective_buffer_bytes(device: torch.device | str, first_collective: Callable[[], object],
-                            *, mem_get_info: Callable[..., tuple[int, int]] | None = None,
-                            memory_reserved: Callable[..., int] | None = None) -> float | None:
-    """Bytes the collective library (NCCL) takes on `device` when `first_collective`, the
-    worker group's first collective, creates its communicator: the fall of free device
-    memory (`torch.cuda.mem_get_info`) less what torch's caching allocator reserved
-    meanwhile (its own tensors, which `max_memory_allocated` counts). None on CPU, or when
-    free memory did not fall (a communicator made before: nothing to measure here).
-    mem_get_info, memory_reserved: torch.cuda's, unless given (tests).
+# DDP's bucket size: torch's DistributedDataParallel(bucket_cap_mb=None) fills buckets of
+# 25 MiB; the default `train` and the profiling sweep use.
+DDP_BUCKET_CAP_BYTES = 25 * 2**20
+
+
+def ddp_bucket_bytes(model: nn.Module) -> int:
+    """The bytes of DDP's full gradient bucket for `model`: its gradients' bytes
+    (`memory.gradient_bytes`) up to `DDP_BUCKET_CAP_BYTES`."""
+    from tula_ray.models.memory import gradient_bytes
+
+    return min(DDP_BUCKET_CAP_BYTES, gradient_bytes(model))
+
+
+def collective_buffer_bytes(device: torch.device | str,
+                            all_reduce: Callable[[torch.Tensor], object], *, bucket_bytes: int,
+                            mem_get_info: Callable[..., tuple[int, int]] | None = None,
+                            memory_reserved: Callable[..., int] | None = None,
+                            zeros: Callable[..., torch.Tensor] | None = None) -> float | None:
+    """Bytes the collective library (NCCL) takes on `device` when the worker group's first
+    collective creates its communicator: `all_reduce` (torch.distributed.all_reduce on the
+    default group) of a float32 tensor of `bucket_bytes` (`ddp_bucket_bytes`: DDP's
+    bucket, a real size, not one element: NCCL >= 2.22 connects its channels lazily, at
+    the first collective that needs them, so a 1-element all-reduce would see a fraction
+    of its buffers). Measured as the fall of free device memory (`torch.cuda.mem_get_info`:
+    NCCL's memory is outside torch's caching allocator) less what the allocator reserved
+    meanwhile: the bucket tensor's own bytes (none when a cached block served it). None
+    on CPU (gloo: nothing on a device to measure), or when free memory did not fall
+    beyond the tensor (a communicator made before: nothing to measure here).
+    mem_get_info, memory_reserved, zeros: torch.cuda's and torch's, unless given (tests).
     """
     device = torch.device(device)
     if device.type != "cuda":
         return None
+    check_int("bucket_bytes", bucket_bytes, minimum=1)
     mem_get_info = mem_get_info or torch.cuda.mem_get_info
     memory_reserved = memory_reserved or torch.cuda.memory_reserved
+    zeros = zeros or torch.zeros
+    synchronize(device)
     free_before, reserved_before = mem_get_info(device)[0], memory_reserved(device)
-    first_collective()
+    bucket = zeros(max(1, bucket_bytes // 4), dtype=torch.float32, device=device)
+    all_reduce(bucket)
     synchronize(device)
     free_after, reserved_after = mem_get_info(device)[0], memory_reserved(device)
+    del bucket  # back to the allocator's cache, for the model that follows
     taken = (free_before - free_after) - (reserved_after - reserved_before)
     return float(taken) if taken > 0 else None
-
 
 
 def strategy_state_bytes(workload: Workload, strategy, options: dict | None) -> float:

@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from tula_ray.distributed import gathered_objects, max_over_ranks, sum_over_ranks
+from tula_ray.distributed import gathered_objects, max_over_ranks
 from tula_ray.failures import is_out_of_memory, workload_code
 from tula_ray.models.memory import gradient_bytes, over_budget
 from tula_ray.precision import set_math_mode
@@ -30,7 +30,8 @@ from tula_ray.space import check_batch_in_dataset
 from tula_ray.training.batches import tensor_source, training_batches
 from tula_ray.training.data import evaluation_batch, loader_options
 from tula_ray.training.epoch_costs import checkpoint_s, evaluation_s
-from tula_ray.training.measure import collective_buffer_bytes, reset_peak_memory
+from tula_ray.training.measure import (collective_buffer_bytes, ddp_bucket_bytes,
+                                      reset_peak_memory)
 from tula_ray.training.phase_agreement import PhaseAgreement
 from tula_ray.training.profile_phases import (ProfiledTraining, StrategyRun,
                                               compute_and_synced_steps, first_step,
@@ -110,11 +111,6 @@ class Sweep:
         self.workload = resolve_workload(settings.workload, settings.workload_options)
         torch.manual_seed(settings.seed)
         self._load_data()
-        # NCCL's buffers, made by the group's first collective (the communicator is
-        # lazy): measured here, before the model, for the row's memory check.
-        self.nccl_buffer_bytes = collective_buffer_bytes(
-            self.device, lambda: sum_over_ranks([0.0], self.device)) \
-            if self.world_size > 1 else None
         # Every phase of a batch ends with the workers' agreement (its own gloo group).
         self.agreement = PhaseAgreement(self.device)
         self.num_nodes = nodes_spanned(worker.node, self.agreement.group)
@@ -150,6 +146,12 @@ class Sweep:
         name = self.workload.name
         with workload_code(name, "model_fn()"):
             model = self.workload.model_fn()
+        # NCCL's buffers, made by the group's first collective (the communicator is lazy):
+        # measured around an all-reduce of DDP's bucket for this model, before DDP's own
+        # broadcast (in `wrap`) makes the communicator, for the row's memory check.
+        self.nccl_buffer_bytes = collective_buffer_bytes(
+            self.device, dist.all_reduce, bucket_bytes=ddp_bucket_bytes(model)) \
+            if self.world_size > 1 else None
         model = self.worker.wrap(model)
         model.train()
         with workload_code(name, "optimizer_fn(model.parameters())"):
