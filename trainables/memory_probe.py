@@ -48,7 +48,7 @@ def _check_and_measure(workload: str | Workload, options: dict[str, Any],
                                    example=facts.example) if local_batches else {}
     if local_batches and strategy is not None:  # what `train`'s optimizer holds beyond it
         measured["strategy_state_bytes"] = measure.strategy_state_bytes(
-            completed, strategy, strategy_options)
+            completed, strategy, strategy_options, example=facts.example)
     return {"facts": facts, "workload": completed, **measured,
             "measure_s": time.perf_counter() - started}
 

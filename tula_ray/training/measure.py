@@ -312,7 +312,8 @@ def collective_buffer_bytes(device: torch.device | str,
     return float(taken) if taken > 0 else None
 
 
-def strategy_state_bytes(workload: Workload, strategy, options: dict | None) -> float:
+def strategy_state_bytes(workload: Workload, strategy, options: dict | None,
+                         example: Example | None = None) -> float:
     """Optimizer-state bytes the training strategy's optimizer keeps beyond the workload's
     own (0 when it keeps no more), for `workload`'s model, measured on the CPU once: each
     trains one step on a small batch (`SMALL_STATE_BATCH`, AGS's sub-batch taken from
@@ -328,6 +329,8 @@ def strategy_state_bytes(workload: Workload, strategy, options: dict | None) -> 
     one number, taken off the memory budget (`planning.bounds.memory_budget_bytes`).
     The strategy is built as for one process (`one_process_options`) at a B twice its
     reference small batch, where AGS scales (at a B no larger it trains plain steps).
+    example: the workload's first samples, tiled into the batch (`tiled_batch`: token ids
+    stay ids); without it, random inputs of its sample shape.
     """
     from tula_ray.ags import SMALL_BATCH_DEFAULT
     from tula_ray.models.memory import tensor_bytes
@@ -337,7 +340,8 @@ def strategy_state_bytes(workload: Workload, strategy, options: dict | None) -> 
     batch = 2 * int(options.get("small_batch", SMALL_BATCH_DEFAULT))
     if hasattr(strategy, "one_process_options"):
         options = strategy.one_process_options(1, batch, options)
-    inputs, targets = synthetic_batch(workload.sample_shape, workload.num_classes, batch)
+    inputs, targets = tiled_batch(example, batch) if example is not None else \
+        synthetic_batch(workload.sample_shape, workload.num_classes, batch)
 
     def stepped_state(name, strategy_options: dict) -> int:
         model = workload.model_fn()
