@@ -156,9 +156,9 @@ MUTATIONS = (
              "return params.static_bytes + params.overhead_bytes + 0 * b",
              (T_MEMORY + "test_linear_peaks_are_fitted_exactly",)),
     mutation("eq. 3 bound: off by one above the limit", "eq. 3", MEMORY,
-             "    while predict_peak_bytes(params, b + 1) <= limit:\n        b += 1\n"
+             "    while line_peak_bytes(params, b + 1) <= limit:\n        b += 1\n"
              "    return max(b, 0)",
-             "    while predict_peak_bytes(params, b + 1) <= limit:\n        b += 1\n"
+             "    while line_peak_bytes(params, b + 1) <= limit:\n        b += 1\n"
              "    return max(b + 1, 0)",
              (T_MEMORY + "test_max_local_batch_is_exact_on_linear_data",)),
     mutation("eq. 3 bound: verified bound is the largest checked batch, fitting or not",

@@ -67,20 +67,19 @@ def test_a_killed_drivers_request_is_withdrawn_within_a_minute(ray_session):
         stdout=subprocess.PIPE, text=True)
     try:
         name = _keeper_named_by(driver)
-        assert outstanding_request() == BUNDLES and _keeper_alive(name)
-        time.sleep(BEAT_S + 1)  # a beat arrives: the keeper leaves a live driver's alone
+        keeper = ray.get_actor(name, namespace=KEEPER_NAMESPACE)
         assert outstanding_request() == BUNDLES
+        time.sleep(BEAT_S + 1)  # a beat arrives: the keeper leaves a live driver's alone
+        # (its own record: the cluster's is one key that others write too, e.g. Ray Data's
+        # AutoscalingRequester purging its expired requests, ray-project/ray#13534)
+        assert ray.get(keeper.held.remote()) == BUNDLES
         os.kill(driver.pid, signal.SIGKILL)
         killed = time.monotonic()
-        while outstanding_request():
-            assert time.monotonic() - killed < 60, "the request outlived its driver by 60 s"
+        while _keeper_alive(name):  # it withdraws the request, then ends
+            assert time.monotonic() - killed < 60, "the keeper outlived its driver by 60 s"
             time.sleep(0.5)
-        cleared_s = time.monotonic() - killed
-        assert cleared_s >= STALE_S - 5.0  # the keeper waited for missed beats, not less
-        deadline = time.monotonic() + 10
-        while _keeper_alive(name):  # and ended
-            assert time.monotonic() < deadline, "the keeper outlived its withdrawal"
-            time.sleep(0.5)
+        assert time.monotonic() - killed >= STALE_S - 5.0  # it waited for missed beats
+        assert outstanding_request() == []
     finally:
         driver.kill()
         driver.wait()

@@ -11,6 +11,10 @@ that it is gone. The driver beats every BEAT_S from a daemon thread; once no bea
 for STALE_S, the keeper withdraws the request and exits. The search's trials (the same
 job) find the keeper by name and hold the request for their own cluster size, so the
 request follows the round being profiled, not the largest N (`provision_workers`).
+
+The request is one value per cluster (ray-project/ray#13534): another driver's request,
+or Ray Data's AutoscalingRequester purging its own expired ones, replaces it. The keeper
+keeps its own record (`held`) and withdraws only when its driver is gone.
 """
 
 from __future__ import annotations
