@@ -207,7 +207,8 @@ def fit_probe(points: Iterable[tuple[int, float]], static: StaticMemory,
 
 def device_budget_bytes(device_bytes: float, *, grad_bytes: float, num_workers: int,
                         in_use_bytes: float = 0.0, nccl: bool = False,
-                        nccl_buffer_bytes: float | None = None) -> float:
+                        nccl_buffer_bytes: float | None = None,
+                        strategy_state_bytes: float = 0.0) -> float:
     """Bytes of one device that eq. 3's M_total may take in a job of `num_workers` workers.
 
     The probe measures one process training the bare model on a device it has to
@@ -219,7 +220,9 @@ def device_budget_bytes(device_bytes: float, *, grad_bytes: float, num_workers: 
       second copy of every gradient (`gradient_as_bucket_view=False`, its default), so
       `grad_bytes` more;
     - NCCL's communicator buffers when N >= 2 on NCCL: `nccl_buffer_bytes` as measured
-      (a profile row's), `NCCL_BUFFER_BYTES_DEFAULT` when None (nothing measured yet).
+      (a profile row's), `NCCL_BUFFER_BYTES_DEFAULT` when None (nothing measured yet);
+    - strategy_state_bytes: the state the training strategy's optimizer keeps beyond the
+      workload's (the probe steps the workload's optimizer, `train` the strategy's).
     Allocator fragmentation stays in `max_local_batch`'s headroom.
     Raises ValueError when these alone exceed the device.
     """
@@ -229,19 +232,22 @@ def device_budget_bytes(device_bytes: float, *, grad_bytes: float, num_workers: 
         raise ValueError(f"device_bytes={device_bytes!r}; it must be positive")
     check_int("num_workers", num_workers, minimum=1)
     for name, value in (("grad_bytes", grad_bytes), ("in_use_bytes", in_use_bytes),
-                        ("nccl_buffer_bytes", nccl_buffer_bytes)):
+                        ("nccl_buffer_bytes", nccl_buffer_bytes),
+                        ("strategy_state_bytes", strategy_state_bytes)):
         if not value >= 0:
             raise ValueError(f"{name}={value!r}; it must be >= 0")
     data_parallel = num_workers >= 2
     budget = (device_bytes - in_use_bytes - (grad_bytes if data_parallel else 0.0)
-              - (nccl_buffer_bytes if data_parallel and nccl else 0.0))
+              - (nccl_buffer_bytes if data_parallel and nccl else 0.0) - strategy_state_bytes)
     if budget <= 0:
         raise ValueError(
             f"nothing is left for training on a device of {device_bytes / 1e9:.3g} GB: "
             f"{in_use_bytes / 1e9:.3g} GB already in use"
             + (f", DDP buckets {grad_bytes / 1e9:.3g} GB" if data_parallel else "")
             + (f", NCCL buffers {nccl_buffer_bytes / 1e9:.3g} GB" if data_parallel and nccl
-               else "") + "; free the device or use a larger one")
+               else "")
+            + (f", the training strategy's optimizer state {strategy_state_bytes / 1e9:.3g} GB"
+               if strategy_state_bytes else "") + "; free the device or use a larger one")
     return float(budget)
 
 

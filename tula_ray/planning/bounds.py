@@ -104,8 +104,9 @@ def memory_budget_bytes(probe: MemoryProbe, *, declared_gb: float | None, num_wo
     else:
         device_bytes = probe.device_memory_bytes or cpu_share_bytes
     return memory_model.device_budget_bytes(
-        device_bytes - probe.strategy_state_bytes, grad_bytes=probe.static.grad_bytes, num_workers=num_workers,
-        in_use_bytes=probe.device_in_use_bytes, nccl=use_gpu)
+        device_bytes, grad_bytes=probe.static.grad_bytes, num_workers=num_workers,
+        in_use_bytes=probe.device_in_use_bytes, nccl=use_gpu,
+        strategy_state_bytes=probe.strategy_state_bytes)
 
 
 def largest_global_batch(max_batch: int | None, dataset_size: int) -> int:
