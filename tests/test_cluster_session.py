@@ -97,3 +97,14 @@ def test_the_autoscaler_config_is_read_only_for_a_joined_cluster(monkeypatch):
     monkeypatch.setattr(workers, "started_ray_here", lambda: True)  # a new local Ray
     assert joined_node_types() is None
     assert worker_shape() == CPU_WORKER  # the head's GPU nodes never join it
+
+
+def test_a_ray_without_its_dashboard_packages_starts_without_the_dashboard(monkeypatch,
+                                                                          caplog):
+    # A minimal Ray (carried onto a GPU image without `ray[default]`'s packages):
+    # include_dashboard=True would stop ray.init; the dashboard is left off, saying so.
+    monkeypatch.setitem(__import__("sys").modules, "ray.dashboard.optional_deps", None)
+    assert session.dashboard_installed() is False
+    assert "Ray's dashboard is off" in caplog.text and "ray[default]" in caplog.text
+    monkeypatch.undo()
+    assert session.dashboard_installed() is True  # this install has them

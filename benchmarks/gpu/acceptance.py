@@ -25,8 +25,10 @@ Without a GPU it exits non-zero saying so; `--allow-cpu` runs it on the CPU (tes
 
 from __future__ import annotations
 
+import functools
 import gc
 import importlib.util
+import json
 import os
 import platform
 import statistics
@@ -40,6 +42,8 @@ import torch
 from torch.utils.data import DataLoader
 
 from benchmarks.common import Benchmark, markdown_table
+from benchmarks.common.results import RESULTS_DIR
+from benchmarks.gpu import bound_check
 from benchmarks.gpu.synced_oom import one_rank_out_of_memory, report_line
 from benchmarks.gpu.synthetic import EPOCHS, TEST_SAMPLES, synthetic_workload
 
@@ -57,6 +61,9 @@ QUICK_EPOCHS, QUICK_TEST_SAMPLES = 2, 64
 # (name, samples, local batches the memory model predicts, above the probe's 16, 32, 64)
 MEMORY_GRID = (("cnn", 60_000, (256, 1024, 4096)), ("resnet18", 20_000, (128, 256, 512)))
 QUICK_MEMORY_GRID = (("cnn", 512, (128, 256)),)
+# The whole run within 10 minutes on one GPU (issue 46), its machine's start and the
+# install excluded: once this is spent, what is left is marked "out of time", not run.
+BUDGET_S = 480
 
 
 def environment(device: torch.device) -> dict[str, Any]:
@@ -262,11 +269,48 @@ def run(quick: bool = False, allow_cpu: bool = False) -> dict:
         sys.exit("gpu-acceptance needs a CUDA GPU and none is visible (torch.cuda."
                  "is_available() is False); --allow-cpu runs it on the CPU as a smoke test")
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    deadline = time.monotonic() + BUDGET_S
+
+    def time_left() -> float:
+        return deadline - time.monotonic()
+
+    result: dict[str, Any] = {"environment": environment(device), "halves": ["Ray-free"],
+                              "budget_s": BUDGET_S, "out_of_memory": out_of_memory(device),
+                              "epochs": QUICK_EPOCHS if quick else EPOCHS,
+                              "synced_oom": one_rank_out_of_memory(device)}
+    keep = functools.partial(_keep_partial, result)
+    result["bounds"] = bound_check.run(device, quick, time_left, lambda row: keep(row))
+    result["memory"] = [memory_against_allocator(name, samples, batches, device)
+                        for name, samples, batches in (QUICK_MEMORY_GRID if quick else MEMORY_GRID)
+                        if name == "cnn" or importlib.util.find_spec("torchvision") is not None]
+    keep()
+    if importlib.util.find_spec("ray") is not None:  # the Ray half: searches, train
+        result["ray"] = _ray_half(quick, device, time_left)
+        result["halves"].append("Ray")
+        keep()
+    result["rows"], result["data_paths"] = step_rows(quick, device, time_left, keep)
+    result["seconds"] = BUDGET_S - time_left()
+    # A CPU run (--allow-cpu) is a smoke test: it never stands as the GPU's figures.
+    return Benchmark(NAME, quick or device.type != "cuda").record(result, report, nested=True)
+
+
+def _ray_half(quick: bool, device: torch.device, time_left) -> dict:
+    """The Ray half, or what stopped it (a Ray that fails to start or import on this image
+    must not cost the Ray-free half's figures)."""
+    try:
+        from benchmarks.gpu.acceptance_ray import ray_half
+
+        return ray_half(quick, device, time_left)
+    except Exception as error:  # noqa: BLE001 - reported in the result, not raised
+        return {"error": f"{type(error).__name__}: {error}"[:500], "workloads": [],
+                "train_epochs": 0}
+
+
+def step_rows(quick: bool, device: torch.device, time_left, keep) -> tuple[list, list]:
+    """Per workload, B and precision: the profiled step against `fit`'s epochs (a row
+    says when the run's time was spent before it)."""
     fit_epochs, test_samples = ((QUICK_EPOCHS, QUICK_TEST_SAMPLES) if quick
                                 else (EPOCHS, TEST_SAMPLES))
-    result: dict[str, Any] = {"environment": environment(device), "halves": ["Ray-free"],
-                              "out_of_memory": out_of_memory(device), "epochs": fit_epochs,
-                              "synced_oom": one_rank_out_of_memory(device)}
     rows, paths = [], []
     for name, samples, batches, precisions in QUICK_GRID if quick else GRID:
         if name != "cnn" and importlib.util.find_spec("torchvision") is None:
@@ -276,6 +320,10 @@ def run(quick: bool = False, allow_cpu: bool = False) -> dict:
                                                      batches[0], device)})
         for batch in batches:
             for precision in precisions:  # side by side: the ratio is measured in one run
+                if time_left() <= 0:
+                    rows.append({"workload": name, "global_batch": batch,
+                                 "precision": precision, "skipped": "out of time"})
+                    continue
                 workload = synthetic_workload(name, samples, precision, test_samples)
                 profile = profiled_step_s(workload, batch, device)
                 epochs = fitted_epochs(workload, batch, device, fit_epochs)
@@ -285,18 +333,17 @@ def run(quick: bool = False, allow_cpu: bool = False) -> dict:
                              **profile, "predicted_epoch_s": predicted,
                              "fit_epoch_s": measured, "ratio": predicted / measured,
                              "fit_epochs_s": epochs})
-                print(rows[-1], flush=True)
-    memory_checks = [memory_against_allocator(name, samples, batches, device)
-                     for name, samples, batches in (QUICK_MEMORY_GRID if quick else MEMORY_GRID)
-                     if name == "cnn" or importlib.util.find_spec("torchvision") is not None]
-    result.update(rows=rows, data_paths=paths, memory=memory_checks)
-    if importlib.util.find_spec("ray") is not None:  # the Ray half: searches, train, NCCL
-        from benchmarks.gpu.acceptance_ray import ray_half
+                keep(rows[-1])
+    return rows, paths
 
-        result["ray"] = ray_half(quick, device)
-        result["halves"].append("Ray")
-    # A CPU run (--allow-cpu) is a smoke test: it never stands as the GPU's figures.
-    return Benchmark(NAME, quick or device.type != "cuda").record(result, report, nested=True)
+
+def _keep_partial(result: dict, row: dict | None = None) -> None:
+    """What the run measured so far, in results/gpu_acceptance.partial.json (a run stopped
+    at its machine's limit still leaves it), and the row just measured, printed."""
+    if row is not None:
+        print(row, flush=True)
+    RESULTS_DIR.mkdir(parents=True, exist_ok=True)
+    (RESULTS_DIR / f"{NAME}.partial.json").write_text(json.dumps(result, default=str))
 
 
 def report(result: dict) -> str:
@@ -313,7 +360,10 @@ def report(result: dict) -> str:
              *_nccl_lines(env),
              f"- A real CUDA out-of-memory: {result['out_of_memory']}.",
              # a result recorded before issue 46 has neither: its report reads as it did
-             *([report_line(result["synced_oom"])] if "synced_oom" in result else [])]
+             *([report_line(result["synced_oom"])] if "synced_oom" in result else []),
+             *([f"- The run took {result['seconds']:.0f} s of its {result['budget_s']} s "
+                "budget (the machine's start and the install excluded)."]
+               if "seconds" in result else [])]
     for path in result["data_paths"]:
         lines.append(f"- Data path, {path['workload']} at B={path['batch']}: `{path['path']}` "
                      f"serves an epoch ({path['samples']} samples) in {path['data_path_s']:.3f} s;"
@@ -332,7 +382,10 @@ def report(result: dict) -> str:
               markdown_table(["workload", "B", "precision", "profiled step ms", "step spread",
                               "predicted epoch s", "fit epoch s", "predicted / fit"], body)]
     lines += memory_report(result.get("memory", []))
-    if "ray" in result:
+    lines += bound_check.report(result.get("bounds", []))  # absent before issue 46
+    if "ray" in result and "error" in result["ray"]:
+        lines += ["", f"### Ray half: stopped: {result['ray']['error']}"]
+    elif "ray" in result:
         from benchmarks.gpu.acceptance_ray import report as ray_report
 
         lines += ["", ray_report(result["ray"])]

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import shutil
 import tempfile
+import time
 from typing import Any
 
 from benchmarks.common import markdown_table
@@ -82,8 +83,9 @@ def trained(plan, name: str, samples: int, storage: str) -> dict[str, Any]:
             "ratio": predicted / seconds[-1]}
 
 
-def ray_half(quick: bool, device) -> dict[str, Any]:
-    """The searches twice, train and bf16 against fp32, per workload."""
+def ray_half(quick: bool, device, time_left=lambda: float("inf")) -> dict[str, Any]:
+    """The searches twice, train and bf16 against fp32, per workload; each part begun only
+    while `time_left()` covers the longest search so far (else marked "out of time")."""
     from tula_ray.cluster import ray_session
 
     storage = tempfile.mkdtemp(prefix="tula-gpu-acceptance-")
@@ -94,23 +96,52 @@ def ray_half(quick: bool, device) -> dict[str, Any]:
                 if name != "cnn" and not _has_torchvision():
                     workloads.append({"workload": name, "skipped": "torchvision not installed"})
                     continue
-                runs = [_search(name, samples, low, high, "fp32", storage, quick)
-                        for _ in range(2)]
-                entry = {"workload": name, "samples": samples, "twice": twice(*runs),
-                         "choice": runs[0].choice.to_dict(),
-                         "train": trained(runs[0], name, samples, storage),
-                         "bf16_over_fp32": "skipped: on the CPU bf16 is emulated (slower, not "
-                                           "what is accepted); a GPU compares it"}
-                if device.type == "cuda":
-                    bf16 = _profiled(_search(name, samples, low, high, "bf16", storage, quick))
-                    fp32 = _profiled(runs[1])
-                    entry["bf16_over_fp32"] = {b: bf16[b]["step_s"] / fp32[b]["step_s"]
-                                               for b in sorted(set(fp32) & set(bf16))}
-                print({k: v for k, v in entry.items() if k != "twice"}, flush=True)
-                workloads.append(entry)
+                workloads.append(_workload(name, samples, low, high, storage, quick, device,
+                                           time_left, workloads))
+                print({k: v for k, v in workloads[-1].items() if k != "twice"}, flush=True)
     finally:
         shutil.rmtree(storage, ignore_errors=True)
     return {"workloads": workloads, "train_epochs": TRAIN_EPOCHS}
+
+
+def _workload(name: str, samples: int, low: int, high: int, storage: str, quick: bool,
+              device, time_left, done: list[dict]) -> dict[str, Any]:
+    """One workload's searches (fp32 twice, bf16 on a GPU) and `train` of the first choice,
+    each begun only while the time left covers the longest search so far."""
+    longest = max((s for w in done for s in w.get("search_s", [])), default=0.0)
+    out_of_time = "out of time"
+    entry: dict[str, Any] = {"workload": name, "samples": samples, "search_s": [],
+                             "bf16_over_fp32": "skipped: on the CPU bf16 is emulated (slower, "
+                                               "not what is accepted); a GPU compares it"}
+
+    def search(precision: str):
+        nonlocal longest
+        started = time.perf_counter()
+        plan = _search(name, samples, low, high, precision, storage, quick)
+        entry["search_s"].append(time.perf_counter() - started)
+        longest = max(longest, entry["search_s"][-1])
+        return plan
+
+    runs = []
+    for _ in range(2):
+        if time_left() > longest:
+            runs.append(search("fp32"))
+    if not runs:
+        return {"workload": name, "skipped": out_of_time}
+    entry.update(twice=twice(*runs) if len(runs) == 2 else [],
+                 choice=runs[0].choice.to_dict(),
+                 train=trained(runs[0], name, samples, storage) if time_left() > longest / 2
+                 else {"skipped": out_of_time})
+    if len(runs) < 2:
+        entry["second_run"] = out_of_time
+    if device.type == "cuda":
+        if time_left() > longest:
+            bf16, fp32 = _profiled(search("bf16")), _profiled(runs[-1])
+            entry["bf16_over_fp32"] = {b: bf16[b]["step_s"] / fp32[b]["step_s"]
+                                       for b in sorted(set(fp32) & set(bf16))}
+        else:
+            entry["bf16_over_fp32"] = out_of_time
+    return entry
 
 
 def _has_torchvision() -> bool:
@@ -144,6 +175,9 @@ def report(ray: dict[str, Any]) -> str:
             body.append([w["workload"], "-", "-", "-", "-", w["skipped"]])
             continue
         t = w["train"]
+        if "skipped" in t:
+            body.append([w["workload"], "-", "-", "-", "-", f"train: {t['skipped']}"])
+            continue
         body.append([w["workload"], f"N={t['num_workers']} B={t['global_batch']}",
                      f"{t['predicted_epoch_s']:.2f}",
                      " / ".join(f"{s:.2f}" for s in t["epoch_seconds"]), f"{t['ratio']:.3f}",
@@ -151,4 +185,8 @@ def report(ray: dict[str, Any]) -> str:
                      ", ".join(f"B={b}: {r:.2f}" for b, r in w["bf16_over_fp32"].items())])
     lines.append(markdown_table(["workload", "train", "plan epoch s", "train epoch s",
                                  "plan / last epoch", "bf16 / fp32 step"], body))
+    lines += [f"- {w['workload']}: the searches took "
+              f"{', '.join(f'{s:.0f}' for s in w['search_s'])} s"
+              + (f"; its second fp32 run: {w['second_run']}" if "second_run" in w else "")
+              for w in ray["workloads"] if w.get("search_s")]
     return "\n".join(lines)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import importlib
 import logging
 import os
 import socket
@@ -229,13 +230,27 @@ def start_local_ray(num_cpus: int | None = None, runtime_env: dict[str, Any] | N
                 _node_ip_address=LOCAL_NODE_IP,
                 # Trials hold this instead of a CPU, so N workers can use all N CPUs.
                 resources={DRIVER_RESOURCE: DRIVER_SLOTS_DEFAULT},
-                include_dashboard=True,
+                include_dashboard=dashboard_installed(),
                 dashboard_host=LOCAL_NODE_IP,
                 runtime_env=runtime_env,
                 logging_level=ray_log_level(verbose),
             )
     finally:
         notice.removeFilter(_drop_token_notice)
+
+
+def dashboard_installed() -> bool:
+    """Whether Ray's dashboard can start: its packages (`pip install "ray[default]"`, which
+    tula-ray's install brings) import. A minimal Ray, carried onto a GPU image without
+    them, runs without the dashboard, saying so, where `include_dashboard=True` would
+    stop ray.init ("Cannot include dashboard with missing packages")."""
+    try:
+        importlib.import_module("ray.dashboard.optional_deps")  # Ray's list of what it needs
+    except ImportError as error:
+        logger.warning("Ray's dashboard is off: %s (it needs `pip install \"ray[default]\"`)",
+                       error)
+        return False
+    return True
 
 
 def _drop_token_notice(record: logging.LogRecord) -> bool:
