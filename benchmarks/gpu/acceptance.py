@@ -51,8 +51,10 @@ NAME = "gpu_acceptance"
 WARMUP_SECONDS = 0.5
 MEASURE_SECONDS = 1.0
 # (name, samples, global batches, precisions); the quick variant is a smoke test.
-GRID = (("cnn", 60_000, (32, 128, 512, 2048), ("fp32", "bf16", "fp16")),
-        ("resnet18", 20_000, (32, 128, 512), ("fp32", "bf16", "fp16")))
+# fp16 left out since issue 46 (H100, 2026-11-26: its rows' ratios 0.96-1.16, as fp32's
+# and bf16's), so that the whole run fits its 10 minutes.
+GRID = (("cnn", 60_000, (32, 128, 512, 2048), ("fp32", "bf16")),
+        ("resnet18", 20_000, (32, 128, 512), ("fp32", "bf16")))
 # --quick: fp16 on a CPU (its smoke test's device) takes ~1 s a step at B = 128, so its
 # rows are 4 steps of B = 16 an epoch, 2 epochs (one left after the first's warm-up),
 # scored on 64 images.
@@ -63,7 +65,7 @@ MEMORY_GRID = (("cnn", 60_000, (256, 1024, 4096)), ("resnet18", 20_000, (128, 25
 QUICK_MEMORY_GRID = (("cnn", 512, (128, 256)),)
 # The whole run within 10 minutes on one GPU (issue 46), its machine's start and the
 # install excluded: once this is spent, what is left is marked "out of time", not run.
-BUDGET_S = 480
+BUDGET_S = 540
 
 
 def environment(device: torch.device) -> dict[str, Any]:
@@ -284,11 +286,10 @@ def run(quick: bool = False, allow_cpu: bool = False) -> dict:
                         for name, samples, batches in (QUICK_MEMORY_GRID if quick else MEMORY_GRID)
                         if name == "cnn" or importlib.util.find_spec("torchvision") is not None]
     keep()
+    result["rows"], result["data_paths"] = step_rows(quick, device, time_left, keep)
     if importlib.util.find_spec("ray") is not None:  # the Ray half: searches, train
         result["ray"] = _ray_half(quick, device, time_left)
         result["halves"].append("Ray")
-        keep()
-    result["rows"], result["data_paths"] = step_rows(quick, device, time_left, keep)
     result["seconds"] = BUDGET_S - time_left()
     # A CPU run (--allow-cpu) is a smoke test: it never stands as the GPU's figures.
     return Benchmark(NAME, quick or device.type != "cuda").record(result, report, nested=True)

@@ -27,7 +27,10 @@ from benchmarks.common import markdown_table
 
 TRAIN_EPOCHS = 2
 # (name, samples, min_batch, max_batch) of each search; the quick one is a CPU smoke test.
-SEARCHES = (("cnn", 60_000, 32, 2048), ("resnet18", 20_000, 32, 512))
+# A search takes ~14 s a B on an H200 (a worker group's start, then its steps: 104 s for
+# the CNN's 7 B of 32-2048, 86 s for resnet18's 5), so the full run's searches span
+# 4 and 3 B to fit gpu-acceptance's 10 minutes.
+SEARCHES = (("cnn", 60_000, 256, 2048), ("resnet18", 20_000, 128, 512))
 QUICK_SEARCHES = (("cnn", 256, 64, 64),)
 QUICK_TIMING = dict(warmup_steps=1, measure_steps=3, measure_seconds=0.1)
 
@@ -84,64 +87,79 @@ def trained(plan, name: str, samples: int, storage: str) -> dict[str, Any]:
 
 
 def ray_half(quick: bool, device, time_left=lambda: float("inf")) -> dict[str, Any]:
-    """The searches twice, train and bf16 against fp32, per workload; each part begun only
-    while `time_left()` covers the longest search so far (else marked "out of time")."""
+    """Per workload the fp32 search twice and `train` of its choice; then, on a GPU, each
+    workload's bf16 search against fp32's (last: the Ray-free half's step rows compare the
+    precisions too). Each part is begun only while `time_left()` covers the longest
+    search so far (else marked "out of time")."""
     from tula_ray.cluster import ray_session
 
     storage = tempfile.mkdtemp(prefix="tula-gpu-acceptance-")
-    workloads = []
+    workloads, fp32_plans = [], {}
     try:
         with ray_session(None, None):
             for name, samples, low, high in QUICK_SEARCHES if quick else SEARCHES:
                 if name != "cnn" and not _has_torchvision():
                     workloads.append({"workload": name, "skipped": "torchvision not installed"})
                     continue
-                workloads.append(_workload(name, samples, low, high, storage, quick, device,
-                                           time_left, workloads))
-                print({k: v for k, v in workloads[-1].items() if k != "twice"}, flush=True)
+                entry, fp32_plans[name] = _workload(name, samples, low, high, storage, quick,
+                                                    time_left, workloads)
+                workloads.append(entry)
+                print({k: v for k, v in entry.items() if k != "twice"}, flush=True)
+            for entry in workloads:
+                if fp32_plans.get(entry["workload"]) is not None:
+                    entry["bf16_over_fp32"] = _bf16_over_fp32(
+                        entry, fp32_plans[entry["workload"]], storage, quick, device,
+                        time_left, workloads)
     finally:
         shutil.rmtree(storage, ignore_errors=True)
     return {"workloads": workloads, "train_epochs": TRAIN_EPOCHS}
 
 
+def _longest(workloads: list[dict]) -> float:
+    return max((s for w in workloads for s in w.get("search_s", [])), default=0.0)
+
+
+def _timed_search(entry: dict, low: int, high: int, precision: str, storage: str,
+                  quick: bool):
+    started = time.perf_counter()
+    plan = _search(entry["workload"], entry["samples"], low, high, precision, storage, quick)
+    entry["search_s"].append(time.perf_counter() - started)
+    return plan
+
+
 def _workload(name: str, samples: int, low: int, high: int, storage: str, quick: bool,
-              device, time_left, done: list[dict]) -> dict[str, Any]:
-    """One workload's searches (fp32 twice, bf16 on a GPU) and `train` of the first choice,
-    each begun only while the time left covers the longest search so far."""
-    longest = max((s for w in done for s in w.get("search_s", [])), default=0.0)
+              time_left, done: list[dict]) -> tuple[dict[str, Any], Any]:
+    """One workload's fp32 search twice and `train` of the first choice, each begun only
+    while the time left covers the longest search so far; and its last fp32 plan."""
     out_of_time = "out of time"
     entry: dict[str, Any] = {"workload": name, "samples": samples, "search_s": [],
-                             "bf16_over_fp32": "skipped: on the CPU bf16 is emulated (slower, "
-                                               "not what is accepted); a GPU compares it"}
-
-    def search(precision: str):
-        nonlocal longest
-        started = time.perf_counter()
-        plan = _search(name, samples, low, high, precision, storage, quick)
-        entry["search_s"].append(time.perf_counter() - started)
-        longest = max(longest, entry["search_s"][-1])
-        return plan
-
+                             "range": [low, high]}
     runs = []
     for _ in range(2):
-        if time_left() > longest:
-            runs.append(search("fp32"))
+        if time_left() > _longest([*done, entry]):
+            runs.append(_timed_search(entry, low, high, "fp32", storage, quick))
     if not runs:
-        return {"workload": name, "skipped": out_of_time}
+        return {"workload": name, "skipped": out_of_time}, None
     entry.update(twice=twice(*runs) if len(runs) == 2 else [],
                  choice=runs[0].choice.to_dict(),
-                 train=trained(runs[0], name, samples, storage) if time_left() > longest / 2
-                 else {"skipped": out_of_time})
+                 train=trained(runs[0], name, samples, storage)
+                 if time_left() > _longest([*done, entry]) / 2 else {"skipped": out_of_time})
     if len(runs) < 2:
         entry["second_run"] = out_of_time
-    if device.type == "cuda":
-        if time_left() > longest:
-            bf16, fp32 = _profiled(search("bf16")), _profiled(runs[-1])
-            entry["bf16_over_fp32"] = {b: bf16[b]["step_s"] / fp32[b]["step_s"]
-                                       for b in sorted(set(fp32) & set(bf16))}
-        else:
-            entry["bf16_over_fp32"] = out_of_time
-    return entry
+    return entry, runs[-1]
+
+
+def _bf16_over_fp32(entry: dict, fp32_plan, storage: str, quick: bool, device, time_left,
+                    workloads: list[dict]) -> dict[int, float] | str:
+    """bf16's profiled step over fp32's at each B (on a GPU: the CPU emulates bf16)."""
+    if device.type != "cuda":
+        return "skipped: on the CPU bf16 is emulated (slower, not what is accepted); a GPU " \
+               "compares it"
+    if time_left() <= _longest(workloads):
+        return "out of time"
+    bf16 = _profiled(_timed_search(entry, *entry["range"], "bf16", storage, quick))
+    fp32 = _profiled(fp32_plan)
+    return {b: bf16[b]["step_s"] / fp32[b]["step_s"] for b in sorted(set(fp32) & set(bf16))}
 
 
 def _has_torchvision() -> bool:
@@ -181,7 +199,8 @@ def report(ray: dict[str, Any]) -> str:
         body.append([w["workload"], f"N={t['num_workers']} B={t['global_batch']}",
                      f"{t['predicted_epoch_s']:.2f}",
                      " / ".join(f"{s:.2f}" for s in t["epoch_seconds"]), f"{t['ratio']:.3f}",
-                     w["bf16_over_fp32"] if isinstance(w["bf16_over_fp32"], str) else
+                     w.get("bf16_over_fp32", "-") if not isinstance(w.get("bf16_over_fp32"),
+                                                                     dict) else
                      ", ".join(f"B={b}: {r:.2f}" for b, r in w["bf16_over_fp32"].items())])
     lines.append(markdown_table(["workload", "train", "plan epoch s", "train epoch s",
                                  "plan / last epoch", "bf16 / fp32 step"], body))
