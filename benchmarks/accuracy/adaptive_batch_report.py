@@ -159,6 +159,27 @@ def verdicts(result: dict[str, Any], workload: dict[str, Any],
     return rows
 
 
+def _like_for_like(result: dict[str, Any], workload: dict[str, Any],
+                   judged: dict[float, dict]) -> list[str]:
+    """A post-hoc reading of the plan's adaptive row (not a goal's verdict): the row counts
+    the run's start-up and its epochs' evaluations, which the protocol's time leaves out;
+    its training part alone against the adaptive runs' median."""
+    planned = result["workloads"][workload["name"]].get("plan_adaptive_train_s")
+    if not planned:
+        return []
+    parts = []
+    for target in workload["targets"]:
+        plan_s = planned.get(str(target))
+        measured = median(judged[target]["times"].get("adaptive", []))
+        if plan_s is not None and math.isfinite(measured):
+            parts.append(f"{target:.0%}: {plan_s:.3g} s against {measured:.3g} s "
+                         f"({plan_s / measured - 1:+.0%})")
+    return ["- Post hoc, after the runs (not a goal's verdict): the plan's adaptive row "
+            "counts the run's start-up and each epoch's evaluation, which the protocol's "
+            "time leaves out; its training part alone against the adaptive runs' median: "
+            + "; ".join(parts) + ".", ""] if parts else []
+
+
 # --------------------------------------------------------------------------- report
 
 def _selection_table(workload: dict[str, Any], judged: dict[float, dict]) -> str:
@@ -202,7 +223,25 @@ def _workload_section(result: dict[str, Any], workload: dict[str, Any]) -> list[
                   for other, values in judged[target]["ratios"].items()]
         lines.append("")
     lines += [markdown_table(["goal", "value", "met"], verdicts(result, workload, judged)), ""]
-    return lines
+    lines += _like_for_like(result, workload, judged)
+    return lines + _switch_lines(result["workloads"][workload["name"]].get("switches"))
+
+
+def _switch_lines(switches: list[dict] | None) -> list[str]:
+    """The adaptive runs' changes of B, each with the phi and goodput that chose it."""
+    if switches is None:  # a result recorded before the switches were explained
+        return []
+    if not switches:
+        return ["The adaptive runs (scoring seeds) never changed B.\n"]
+    body = [[s["seed"], s["samples"], f"{s['val_accuracy']:.1%}", f"{s['noise_scale']:.4g}",
+             f"{s['from']} -> {s['to']}", f"{s['gain']:+.1%}", s["best"],
+             "yes" if s["reproduced"] else "**no**"] for s in switches]
+    return ["Each change of B in the adaptive runs (scoring seeds), at the evaluation that "
+            "decided it: the online phi recorded there, and the goodput of the new B over "
+            "the old one recomputed from the plan's options; `same` says whether the "
+            "hysteresis rule (switch at +5 % or more) chooses that B again.\n",
+            markdown_table(["seed", "samples", "val acc", "phi", "B", "goodput gain",
+                            "best B", "same"], body), ""]
 
 
 def report(result: dict[str, Any]) -> str:
