@@ -150,11 +150,8 @@ def run_experiment(searcher: TulaSearcher, param_space: dict[str, Any],
             # max_concurrent_trials: its ConcurrencyLimiter saves the running trial with the
             # experiment and, restored, waits for that trial to end, which a trial
             # interrupted by a dead driver never does.
-            # Every trial asks for the same resources, so Tune keeps one trial actor for
-            # them all (`reuse_actors`): each later launch skips a process's start and its
-            # imports (torch, Ray Train, tula-ray).
             tune_config=tune.TuneConfig(search_alg=searcher, num_samples=-1,
-                                        metric=METRIC, mode=MODE, reuse_actors=True,
+                                        metric=METRIC, mode=MODE,
                                         trial_name_creator=trial_name,
                                         trial_dirname_creator=trial_name),
             run_config=tune.RunConfig(storage_path=storage_path, name=name,
