@@ -31,7 +31,6 @@ import importlib.util
 import json
 import os
 import platform
-import statistics
 import subprocess
 import sys
 import time
@@ -39,28 +38,15 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch.utils.data import DataLoader
 
 from benchmarks.common import Benchmark, markdown_table
 from benchmarks.common.results import RESULTS_DIR
-from benchmarks.gpu import bound_check
+from benchmarks.gpu.bound_check import report as bounds_report, run as measure_bounds
+from benchmarks.gpu.step_check import QUICK_EPOCHS, step_rows, training_step
 from benchmarks.gpu.synced_oom import one_rank_out_of_memory, report_line
-from benchmarks.gpu.synthetic import EPOCHS, TEST_SAMPLES, synthetic_workload
+from benchmarks.gpu.synthetic import EPOCHS, synthetic_workload
 
 NAME = "gpu_acceptance"
-WARMUP_SECONDS = 0.5
-MEASURE_SECONDS = 1.0
-# (name, samples, global batches, precisions); the quick variant is a smoke test.
-# fp16 left out since issue 46 (H100, 2026-11-26: its rows' ratios 0.96-1.16, as fp32's
-# and bf16's), so that the whole run fits its 10 minutes.
-GRID = (("cnn", 60_000, (32, 128, 512, 2048), ("fp32", "bf16")),
-        ("resnet18", 20_000, (32, 128, 512), ("fp32", "bf16")))
-# --quick: fp16 on a CPU (its smoke test's device) takes ~1 s a step at B = 128, so its
-# rows are 4 steps of B = 16 an epoch, 2 epochs (one left after the first's warm-up),
-# scored on 64 images.
-QUICK_GRID = (("cnn", 64, (16,), ("fp32", "fp16")),)
-QUICK_EPOCHS, QUICK_TEST_SAMPLES = 2, 64
-# (name, samples, local batches the memory model predicts, above the probe's 16, 32, 64)
 MEMORY_GRID = (("cnn", 60_000, (256, 1024, 4096)), ("resnet18", 20_000, (128, 256, 512)))
 QUICK_MEMORY_GRID = (("cnn", 512, (128, 256)),)
 # The whole run within 10 minutes on one GPU (issue 46), its machine's start and the
@@ -131,67 +117,6 @@ def out_of_memory(device: torch.device) -> dict[str, Any]:
     return {"caught": None, "is_out_of_memory": False, "failure": "no error raised"}
 
 
-def data_path(workload, batch: int, device: torch.device) -> dict[str, Any]:
-    """Seconds to serve one epoch's batches on the device: the data path against a plain
-    DataLoader over the same tensors (what the profile left out before issue 24)."""
-    from tula_ray.training.batches import training_batches
-    from tula_ray.training.measure import synchronize
-
-    dataset = workload.train_dataset_fn()
-    ours = training_batches(dataset, batch, device, seed=0)
-
-    def serve(batches, move: bool) -> float:
-        synchronize(device)
-        started = time.perf_counter()
-        for inputs, targets in batches:
-            if move:
-                inputs, targets = inputs.to(device, non_blocking=True), targets.to(device)
-        synchronize(device)
-        return time.perf_counter() - started
-
-    serve(ours, False)  # the first pass places nothing new, but warms the kernels
-    plain = DataLoader(dataset, batch_size=batch, shuffle=True, drop_last=True,
-                       pin_memory=device.type == "cuda")
-    return {"path": ours.path, "batch": batch, "data_path_s": serve(ours, False),
-            "dataloader_s": serve(plain, True), "samples": len(dataset)}
-
-
-def training_step(workload, batch: int, device: torch.device):
-    """The workers' step at `batch` in the workload's precision, in this one process (the
-    data path's batches, `EpochTally.step`); returns (run_step, model, optimizer)."""
-    from tula_ray.precision import set_math_mode
-    from tula_ray.training.batches import training_batches
-    from tula_ray.training.epochs import EpochTally
-    from tula_ray.training.step_timing import cycle
-    from tula_ray.training.strategy_base import StrategySetup
-
-    torch.manual_seed(0)
-    set_math_mode(workload.precision)
-    model = workload.model_fn().to(device).train()
-    setup = StrategySetup("plain", workload.optimizer_fn(model.parameters()))
-    setup.set_precision(workload.precision, device)
-    tally = EpochTally(model, setup, workload.loss_fn(), device)
-    batches = cycle(training_batches(workload.train_dataset_fn(), batch, device, seed=0))
-
-    def run_step() -> None:
-        tally.step(*next(batches))
-
-    return run_step, model, setup.optimizer
-
-
-def profiled_step_s(workload, batch: int, device: torch.device) -> dict[str, float]:
-    """The mean step as the profiling loop times it, in this one process, in the
-    workload's precision."""
-    from tula_ray.training.step_timing import (max_measure_steps, mean_step_s,
-                                               measured_step_count, spread, time_block, warm_up)
-
-    run_step, _, _ = training_step(workload, batch, device)
-    warm = warm_up(run_step, device, min_steps=3, min_seconds=WARMUP_SECONDS)
-    steps = measured_step_count(warm[-1], 5, MEASURE_SECONDS, max_measure_steps(device))
-    seconds = time_block(steps, run_step, device)
-    return {"step_s": mean_step_s(seconds), "spread": spread(seconds), "steps": steps}
-
-
 def nvidia_smi_used_bytes(device: torch.device) -> float | str:
     """memory.used of `device`'s GPU by nvidia-smi (every process's, the CUDA context
     included), or why it is not available."""
@@ -259,13 +184,6 @@ def memory_against_allocator(name: str, samples: int, local_batches: tuple[int, 
             "probe_peaks_bytes": measured["peaks"], "params": params.to_dict(), "rows": rows}
 
 
-def fitted_epochs(workload, batch: int, device: torch.device, epochs: int) -> list[float]:
-    from tula_ray.training.run import fit
-
-    frame = fit(workload, global_batch=batch, strategy="lbt", epochs=epochs, device=device)
-    return [float(s) for s in frame["seconds"]]
-
-
 def run(quick: bool = False, allow_cpu: bool = False) -> dict:
     if not torch.cuda.is_available() and not allow_cpu:
         sys.exit("gpu-acceptance needs a CUDA GPU and none is visible (torch.cuda."
@@ -281,7 +199,7 @@ def run(quick: bool = False, allow_cpu: bool = False) -> dict:
                               "epochs": QUICK_EPOCHS if quick else EPOCHS,
                               "synced_oom": one_rank_out_of_memory(device)}
     keep = functools.partial(_keep_partial, result)
-    result["bounds"] = bound_check.run(device, quick, time_left, lambda row: keep(row))
+    result["bounds"] = measure_bounds(device, quick, time_left, lambda row: keep(row))
     result["memory"] = [memory_against_allocator(name, samples, batches, device)
                         for name, samples, batches in (QUICK_MEMORY_GRID if quick else MEMORY_GRID)
                         if name == "cnn" or importlib.util.find_spec("torchvision") is not None]
@@ -305,37 +223,6 @@ def _ray_half(quick: bool, device: torch.device, time_left) -> dict:
     except Exception as error:  # noqa: BLE001 - reported in the result, not raised
         return {"error": f"{type(error).__name__}: {error}"[:500], "workloads": [],
                 "train_epochs": 0}
-
-
-def step_rows(quick: bool, device: torch.device, time_left, keep) -> tuple[list, list]:
-    """Per workload, B and precision: the profiled step against `fit`'s epochs (a row
-    says when the run's time was spent before it)."""
-    fit_epochs, test_samples = ((QUICK_EPOCHS, QUICK_TEST_SAMPLES) if quick
-                                else (EPOCHS, TEST_SAMPLES))
-    rows, paths = [], []
-    for name, samples, batches, precisions in QUICK_GRID if quick else GRID:
-        if name != "cnn" and importlib.util.find_spec("torchvision") is None:
-            rows.append({"workload": name, "skipped": "torchvision is not installed"})
-            continue
-        paths.append({"workload": name, **data_path(synthetic_workload(name, samples),
-                                                     batches[0], device)})
-        for batch in batches:
-            for precision in precisions:  # side by side: the ratio is measured in one run
-                if time_left() <= 0:
-                    rows.append({"workload": name, "global_batch": batch,
-                                 "precision": precision, "skipped": "out of time"})
-                    continue
-                workload = synthetic_workload(name, samples, precision, test_samples)
-                profile = profiled_step_s(workload, batch, device)
-                epochs = fitted_epochs(workload, batch, device, fit_epochs)
-                measured = statistics.median(epochs[1:])
-                predicted = (samples // batch) * profile["step_s"]
-                rows.append({"workload": name, "global_batch": batch, "precision": precision,
-                             **profile, "predicted_epoch_s": predicted,
-                             "fit_epoch_s": measured, "ratio": predicted / measured,
-                             "fit_epochs_s": epochs})
-                keep(rows[-1])
-    return rows, paths
 
 
 def _keep_partial(result: dict, row: dict | None = None) -> None:
@@ -383,7 +270,7 @@ def report(result: dict) -> str:
               markdown_table(["workload", "B", "precision", "profiled step ms", "step spread",
                               "predicted epoch s", "fit epoch s", "predicted / fit"], body)]
     lines += memory_report(result.get("memory", []))
-    lines += bound_check.report(result.get("bounds", []))  # absent before issue 46
+    lines += bounds_report(result.get("bounds", []))  # absent before issue 46
     if "ray" in result and "error" in result["ray"]:
         lines += ["", f"### Ray half: stopped: {result['ray']['error']}"]
     elif "ray" in result:
