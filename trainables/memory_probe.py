@@ -3,8 +3,8 @@
 Each task takes one worker's resources (a whole GPU when the workers have GPUs), so the
 check runs where the workers will (the driver may be a CPU head without the data, the
 GPU or the packages), and the peaks and the device size are the workers', not the
-driver's. The checking is `tula_ray.workloads.check`, the measuring
-`tula_ray.training.measure.probe_peaks` / `peak_or_none`, the fitting and the bound
+driver's. The checking and measuring is `tula_ray.training.measure`
+(`checked_and_measured`, `peak_or_none`), the fitting and the bound
 `tula_ray.planning.bounds` (eq. 3, `MemoryProbe`): this module only ships them to a
 worker. An error raised there (the workload's own code as a `UserCodeError` with the
 worker's traceback, or a ValueError naming a bad field) is raised again in the driver
@@ -28,8 +28,7 @@ from tula_ray.planning.bounds import MemoryProbe, checked_bound, fitted_probe
 from tula_ray.space import SearchSpace
 from tula_ray.training import measure
 from tula_ray.training.measure import Example
-from tula_ray.workloads import Workload, resolve_workload
-from tula_ray.workloads.check import complete, inspect_workload
+from tula_ray.workloads import Workload
 
 
 def _device(use_gpu: bool) -> str:
@@ -40,17 +39,9 @@ def _check_and_measure(workload: str | Workload, options: dict[str, Any],
                        local_batches: list[int], use_gpu: bool,
                        strategy: Any = None, strategy_options: dict | None = None
                        ) -> dict[str, Any]:
-    resolved = resolve_workload(workload, options)
-    facts = inspect_workload(resolved, _device(use_gpu))
-    completed = complete(resolved, facts)  # a contradicted declaration fails here
-    started = time.perf_counter()
-    measured = measure.probe_peaks(completed, local_batches, _device(use_gpu),
-                                   example=facts.example) if local_batches else {}
-    if local_batches and strategy is not None:  # what `train`'s optimizer holds beyond it
-        measured["strategy_state_bytes"] = measure.strategy_state_bytes(
-            completed, strategy, strategy_options, example=facts.example)
-    return {"facts": facts, "workload": completed, **measured,
-            "measure_s": time.perf_counter() - started}
+    """The task's body: `measure.checked_and_measured` on this worker's device."""
+    return measure.checked_and_measured(workload, options, local_batches, _device(use_gpu),
+                                        strategy, strategy_options)
 
 
 def _peak_on_worker(workload: Workload, local_batch: int, use_gpu: bool,

@@ -100,15 +100,20 @@ def make_plan(workload: WorkloadProtocol, quick: bool, path: Path):
     return plan
 
 
+def _adaptive_row(plan):
+    """The plan's "adaptive at N" row at the protocol's N (`Plan.adaptive`, issue 44,
+    item 2); None where the plan has none (no noise scale measured)."""
+    rows = plan.adaptive
+    at_n = rows if rows.empty else rows[rows["num_workers"] == WORLD_SIZE]
+    return None if at_n.empty else at_n.iloc[0]
+
+
 def plan_adaptive_seconds(plan) -> float | None:
     """The plan's predicted time to its target for the adaptive batch at the protocol's N:
-    its "adaptive at N" row (`Plan.adaptive`, issue 44, item 2); None where the plan has
-    none (no noise scale measured: the report says "the plan has no adaptive row")."""
-    rows = plan.adaptive
-    if rows.empty:
-        return None
-    at_n = rows[rows["num_workers"] == WORLD_SIZE]
-    return None if at_n.empty else float(at_n["time_to_accuracy_s"].iloc[0])
+    its adaptive row's; None without one (the report says "the plan has no adaptive
+    row")."""
+    row = _adaptive_row(plan)
+    return None if row is None else float(row["time_to_accuracy_s"])
 
 
 def plan_adaptive_training_s(plan) -> float | None:
@@ -116,11 +121,9 @@ def plan_adaptive_training_s(plan) -> float | None:
     a post-hoc reading, added after the runs): its time to the target less the start-up
     and the epochs' evaluations and checkpoints, which `train_seconds` leaves out. The
     row's own figure (`plan_adaptive_seconds`) stays the pre-registered prediction."""
-    rows = plan.adaptive
-    at_n = rows[rows["num_workers"] == WORLD_SIZE] if not rows.empty else rows
-    if at_n.empty:
+    row = _adaptive_row(plan)
+    if row is None:
         return None
-    row = at_n.iloc[0]
     fixed = plan.table[plan.table["num_workers"] == WORLD_SIZE]
     per_epoch = float((fixed["eval_time_s"] + fixed["checkpoint_time_s"]).median())
     return float(row["time_to_accuracy_s"] - row["startup_time_s"]

@@ -199,7 +199,7 @@ def run(quick: bool = False, allow_cpu: bool = False) -> dict:
                               "epochs": QUICK_EPOCHS if quick else EPOCHS,
                               "synced_oom": one_rank_out_of_memory(device)}
     keep = functools.partial(_keep_partial, result)
-    result["bounds"] = measure_bounds(device, quick, time_left, lambda row: keep(row))
+    result["bounds"] = measure_bounds(device, quick, time_left, keep)
     result["memory"] = [memory_against_allocator(name, samples, batches, device)
                         for name, samples, batches in (QUICK_MEMORY_GRID if quick else MEMORY_GRID)
                         if name == "cnn" or importlib.util.find_spec("torchvision") is not None]

@@ -43,28 +43,22 @@ def search_bound(name: str, cap: int, device: torch.device) -> dict[str, Any]:
     """The search's bound at `cap` (its probe, budget and check, as `runs.search` calls
     them for N = 1 with the AGS strategy), with what it measured."""
     from tula_ray.models.memory import HEADROOM_DEFAULT, probe_batches
-    from tula_ray.planning.bounds import (candidate_space, checked_bound, fitted_probe,
-                                          memory_budget_bytes, probe_min_local_batch)
+    from tula_ray.planning.bounds import (checked_bound, fitted_probe, memory_budget_bytes,
+                                          probe_min_local_batch)
     from tula_ray.space import MIN_BATCH_DEFAULT
-    from tula_ray.training import measure
-    from tula_ray.workloads.check import complete, inspect_workload
+    from tula_ray.training.measure import checked_and_measured
 
     started = time.perf_counter()
-    facts = inspect_workload(synthetic_workload(name, cap), device)
-    workload = complete(synthetic_workload(name, cap), facts)
-    measured = measure.probe_peaks(
-        workload, probe_batches(probe_min_local_batch(MIN_BATCH_DEFAULT, (1,))), device,
-        example=facts.example)
-    measured.update(workload=workload, facts=facts, strategy_state_bytes=measure.
-                    strategy_state_bytes(workload, STRATEGY, None, example=facts.example))
+    measured = checked_and_measured(
+        synthetic_workload(name, cap), None,
+        probe_batches(probe_min_local_batch(MIN_BATCH_DEFAULT, (1,))), device, STRATEGY)
+    workload, facts = measured["workload"], measured["facts"]
     probe = fitted_probe(measured)
     budget = memory_budget_bytes(
         probe, declared_gb=None, num_workers=1, use_gpu=device.type == "cuda",
         cpu_share_bytes=CPU_SHARE * os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
-    space = candidate_space((1,), min_batch=MIN_BATCH_DEFAULT, max_batch=None,
-                            dataset_size=cap)
     probe = checked_bound(probe, _measure(workload, device, facts.example), budget,
-                          headroom=HEADROOM_DEFAULT, space=space, doubling=True)
+                          headroom=HEADROOM_DEFAULT, space=candidates(cap), doubling=True)
     return {"workload": workload, "example": facts.example, "probe": probe,
             "limit_bytes": budget * (1 - HEADROOM_DEFAULT), "budget_bytes": budget,
             "seconds": time.perf_counter() - started}
@@ -127,15 +121,14 @@ def check(name: str, cap: int, device: torch.device) -> dict[str, Any]:
 
     found = search_bound(name, cap, device)
     probe, workload, example = found["probe"], found["workload"], found["example"]
-    bound = probe.max_local_batch
+    bound, needed = probe.max_local_batch, search_cap(cap)
     started = time.perf_counter()
     under_limit, limit_tries = measured_bound(
-        _measure(workload, device, example), found["limit_bytes"], cap=search_cap(cap),
+        _measure(workload, device, example), found["limit_bytes"], cap=needed,
         measured=known_points(probe), tolerance=TRUE_TOLERANCE)  # up to the search's cap
-    runs, device_tries = device_bound(workload, example, search_cap(cap), max(bound, 1),
-                                      device)
+    runs, device_tries = device_bound(workload, example, needed, max(bound, 1), device)
     true_s = time.perf_counter() - started
-    return {"workload": name, "cap": cap, "search_cap": search_cap(cap), "bound": bound,
+    return {"workload": name, "cap": cap, "search_cap": needed, "bound": bound,
             "search_tries": [c["local_batch"] for c in probe.bound_checks],
             "search_s": found["seconds"], "limit_bytes": found["limit_bytes"],
             "budget_bytes": found["budget_bytes"],
@@ -163,15 +156,20 @@ def run(device: torch.device, quick: bool, time_left: Callable[[], float],
     return rows
 
 
-def search_cap(cap: int) -> int:
-    """The largest local batch the search's candidates need at N = 1 (B from min_batch,
-    doubling, up to the dataset's cap): its bound is never above it, nor need it be."""
+def candidates(cap: int):
+    """The search's candidates at N = 1 on a dataset of `cap` samples (B from min_batch,
+    doubling, up to the cap), before the memory bound: what its check measures up to."""
     from tula_ray.planning.bounds import candidate_space
     from tula_ray.space import MIN_BATCH_DEFAULT
 
-    space = candidate_space((1,), min_batch=MIN_BATCH_DEFAULT, max_batch=None,
-                            dataset_size=cap)
-    return max(c.local_batch for c in space.candidates())
+    return candidate_space((1,), min_batch=MIN_BATCH_DEFAULT, max_batch=None,
+                           dataset_size=cap)
+
+
+def search_cap(cap: int) -> int:
+    """The largest local batch the search's candidates need (`candidates`): its bound is
+    never above it, nor need it be."""
+    return max(c.local_batch for c in candidates(cap).candidates())
 
 
 def verdict(row: dict[str, Any]) -> str:

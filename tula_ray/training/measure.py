@@ -26,7 +26,8 @@ from tula_ray.failures import UserCodeError, workload_code
 from tula_ray.models import bound_search
 from tula_ray.precision import autocast_for
 from tula_ray.training.batches import device_resident_bytes
-from tula_ray.workloads import Workload
+from tula_ray.workloads import Workload, resolve_workload
+from tula_ray.workloads.check import complete, inspect_workload
 
 MEMORY_STEPS_DEFAULT = 2  # step 1 creates the optimizer state; step 2 runs at steady state
 
@@ -217,6 +218,28 @@ def probe_peaks(workload: Workload, local_batches: list[int],
             "refused": refused, "static": static,
             "input_bytes_per_sample": workload.input_bytes_per_sample,
             "device_memory_bytes": total, "device_in_use_bytes": in_use}
+
+
+def checked_and_measured(workload: str | Workload, options: dict | None,
+                         local_batches: list[int], device: torch.device | str,
+                         strategy=None, strategy_options: dict | None = None) -> dict:
+    """DESIGN step 1 in this process, what the probe's Ray task runs on a worker: the
+    workload resolved, checked and completed (`workloads.check`: a contradicted
+    declaration fails here), then, given `local_batches`, the probe's peaks
+    (`probe_peaks`) and, given a training strategy, the optimizer state it keeps beyond
+    the workload's (`strategy_state_bytes`: `train` runs the strategy's optimizer).
+    Returns probe_peaks' dict with "facts", the completed "workload" and "measure_s"."""
+    resolved = resolve_workload(workload, options)
+    facts = inspect_workload(resolved, device)
+    completed = complete(resolved, facts)
+    started = time.perf_counter()
+    measured = probe_peaks(completed, local_batches, device,
+                           example=facts.example) if local_batches else {}
+    if local_batches and strategy is not None:
+        measured["strategy_state_bytes"] = strategy_state_bytes(
+            completed, strategy, strategy_options, example=facts.example)
+    return {"facts": facts, "workload": completed, **measured,
+            "measure_s": time.perf_counter() - started}
 
 
 def _probe_step_peak(workload: Workload, local_batch: int, device: torch.device | str,
