@@ -61,14 +61,21 @@ def _phases(sweep) -> dict:
     alternated = len(training.agreement.phases)
     both = phases.compute_and_synced_steps(training, run_step, 4)
     order = training.agreement.phases[alternated:]
+    before_noise = _weights(training.model)  # the no_sync steps took the replicas apart
     noise = phases.gradient_noise(training, batches, settled_s, sweep.world_size)
+    after_noise = _weights(training.model)
     run = phases.StrategyRun("lbt", {}, BATCH, epochs=1, steps_per_epoch=4,
                              workload=sweep.workload)
     extra = phases.strategy_extra_s(training, run, batches, min_steps=2, budget_s=0.0)
     return {"first": first, "peak": peak, "memory_s": memory_s, "settled": settled,
             "settled_s": settled_s, "compute": compute, "synced": synced,
             "both": both, "order": order, "noise": [noise.steps, *noise.estimate()],
-            "extra": extra, "distributed": training.distributed}
+            "extra": extra, "distributed": training.distributed,
+            "weights_before_noise": before_noise, "weights_after_noise": after_noise}
+
+
+def _weights(model: nn.Module) -> list[float]:
+    return torch.nn.utils.parameters_to_vector(model.parameters()).tolist()
 
 
 def _rank(rank: int, directory: str) -> None:
@@ -130,6 +137,16 @@ def test_each_phase_returns_its_measurements(ranks):
     # what is reduced over the ranks is the same on both
     for key in ("peak", "settled_s", "noise", "extra"):
         assert ranks[0]["phases"][key] == pytest.approx(ranks[1]["phases"][key]), key
+
+
+def test_every_worker_measures_the_noise_at_the_same_weights(ranks):
+    """The pairs set each worker's gradient against their mean: replicas apart (each
+    stepped on its own gradient under no_sync) would add their difference to the noise.
+    Rank 0's weights are broadcast first."""
+    first, second = ranks[0]["phases"], ranks[1]["phases"]
+    assert first["weights_before_noise"] != second["weights_before_noise"]
+    assert first["weights_after_noise"] == second["weights_after_noise"]
+    assert first["weights_after_noise"] == first["weights_before_noise"]  # rank 0's kept
 
 
 def test_a_batch_row_has_every_column_and_adds_up(ranks):

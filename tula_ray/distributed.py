@@ -117,6 +117,17 @@ def average_tensors_over_ranks(tensors: list[torch.Tensor], process_group: Any =
         tensor.div_(world)
 
 
+def replicas_from_rank0(model: nn.Module, process_group: Any = None) -> None:
+    """In place: every rank's parameters and buffers set to rank 0's (one broadcast per
+    tensor of its `state_dict`, whose tensors share the module's storage). Steps a rank
+    took on its own gradient (DDP's `no_sync`) leave the replicas apart; this joins them
+    again. Nothing on one rank."""
+    if world_size(process_group) == 1:
+        return
+    for tensor in unwrapped(model).state_dict().values():
+        dist.broadcast(tensor, src=0, group=process_group)
+
+
 def unwrapped(model: nn.Module) -> nn.Module:
     """The model inside a DistributedDataParallel wrapper (the model itself otherwise): what
     a checkpoint saves and a plain, collective-free forward runs."""

@@ -22,7 +22,7 @@ from typing import Any, Callable, Iterator
 import torch
 from torch import nn
 
-from tula_ray.distributed import max_over_ranks, world_size
+from tula_ray.distributed import max_over_ranks, replicas_from_rank0, world_size
 from tula_ray.models.noise_scale import NoiseAverage
 from tula_ray.training.epochs import EpochTally
 from tula_ray.training.gradient_noise import measure_gradient_noise
@@ -185,13 +185,27 @@ def gradient_noise(training: ProfiledTraining, batches: Iterator, warm_s: float,
                    world_size: int) -> NoiseAverage:
     """Untimed: the gradient noise at this batch from pairs of a b- and a B-sample gradient
     of the same weights, as many as fit NOISE_SECONDS after a `warm_s` step (the same
-    count on every worker: it all-reduces)."""
+    count on every worker: it all-reduces).
+
+    The pairs set each worker's gradient against their mean, so every worker must hold
+    the same weights: rank 0's are broadcast first. The compute-only blocks and the first
+    step (under DDP's `no_sync`) let each replica step on its own gradient, and replicas
+    apart add their difference to the gradients' spread: tr(Sigma) too large, |G|^2 too
+    small, often below 0 (a search's three CNN rows at N = 2 all read |G|^2 < 0, 4
+    standard errors under it, and the plan fell back to phi = 2060 where training measured
+    12-146)."""
     device = training.device
     steps = measured_step_count(warm_s, NOISE_MIN_STEPS, NOISE_SECONDS,
                                 max_measure_steps(device))
-    return training.agreement.run("gradient noise", lambda: measure_gradient_noise(
-        training.model, training.plain, training.loss_fn, batches, steps,
-        world_size=world_size if training.distributed else 1, no_sync=training.no_sync))
+
+    def measure() -> NoiseAverage:
+        if training.distributed:
+            replicas_from_rank0(training.model)
+        return measure_gradient_noise(
+            training.model, training.plain, training.loss_fn, batches, steps,
+            world_size=world_size if training.distributed else 1, no_sync=training.no_sync)
+
+    return training.agreement.run("gradient noise", measure)
 
 
 def strategy_batch(strategy: str | TrainingStrategy | None, options: dict[str, Any],
