@@ -237,13 +237,20 @@ def train_run(spec: dict[str, Any], workload: WorkloadProtocol, plan) -> dict[st
             target_accuracy=max(workload.targets),
             eval_every_samples=workload.eval_every_samples, seed=spec["seed"],
             storage_path=storage, verbose=0)
-        evaluations = json.loads(result.evaluations.to_json(orient="records"))
+        fields = target_run_fields(result)
+    return {**spec, **fields, "wall_s": time.perf_counter() - started}
+
+
+def target_run_fields(result) -> dict[str, Any]:
+    """What a run to a target keeps of its `tula_ray.train` result (the reports read it),
+    taken while its storage exists (the evaluations come from its checkpoint): the
+    evaluations, their mean seconds, the final test accuracy, the epochs and the notes."""
+    evaluations = json.loads(result.evaluations.to_json(orient="records"))
     metrics = result.metrics
-    return {**spec, "evaluations": evaluations,
+    return {"evaluations": evaluations,
             "eval_seconds_each": float(metrics["val_seconds"].sum()) / max(len(evaluations), 1),
             "test_accuracy": float(metrics["test_accuracy"].dropna().iloc[-1]),
-            "epochs": int(len(metrics)), "notes": list(result.notes),
-            "wall_s": time.perf_counter() - started}
+            "epochs": int(len(metrics)), "notes": list(result.notes)}
 
 
 def run_missing(specs: list[dict], workload: WorkloadProtocol, plan, log: Path,

@@ -31,6 +31,7 @@ from benchmarks.accuracy.time_to_accuracy_protocol import (
     BATCHES, BOOTSTRAP, EVAL_EVERY_SAMPLES, MAX_EPOCHS, PROTOCOL_VERSION, REFERENCE_BATCH,
     RESULTS_NAME, SEARCHES, SEEDS, STRATEGY, TARGETS, TIME_MEASURE, TRAIN_IMAGES,
     VALIDATION_IMAGES, WORKLOAD, WORLD_SIZE)
+from benchmarks.accuracy.adaptive_batch import target_run_fields
 from benchmarks.accuracy.time_to_accuracy_v2_report import judged_targets, report
 from benchmarks.common import Benchmark, read_runs
 
@@ -150,13 +151,9 @@ def train_run(spec: dict[str, Any], settings: Settings, plan) -> dict[str, Any]:
             target_accuracy=max(settings.targets),
             eval_every_samples=settings.eval_every_samples, seed=spec["seed"],
             storage_path=storage, verbose=0)
-        evaluations = json.loads(result.evaluations.to_json(orient="records"))
-    metrics = result.metrics
-    return {**spec, "evaluations": evaluations,
-            "eval_seconds_each": float(metrics["val_seconds"].sum()) / max(len(evaluations), 1),
-            "test_accuracy": float(metrics["test_accuracy"].dropna().iloc[-1]),
-            "epochs": int(len(metrics)), "target": dict(result.target),
-            "notes": list(result.notes), "wall_s": time.perf_counter() - started}
+        fields = target_run_fields(result)
+    return {**spec, **fields, "target": dict(result.target),
+            "wall_s": time.perf_counter() - started}
 
 
 def run_missing(specs: list[dict], settings: Settings, plan, log: Path) -> None:
