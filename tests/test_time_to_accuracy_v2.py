@@ -10,6 +10,7 @@ import math
 import pytest
 
 from benchmarks.accuracy import time_to_accuracy_v2 as v2
+from benchmarks.accuracy.time_to_accuracy import kept_plan
 from benchmarks.accuracy.time_to_accuracy_v2_report import judged_targets, per_batch, report
 
 SETTINGS = v2.Settings(1000, 500, (0.5, 0.8), (5, 6, 7), (32, 128), eval_every_samples=250,
@@ -48,7 +49,8 @@ RUNS = ([made_run(32, seed, (2, 4)) for seed in SETTINGS.seeds]
 @pytest.fixture(scope="module")
 def plans(tmp_path_factory):
     folder = tmp_path_factory.mktemp("plans")
-    return [v2.make_plan(SETTINGS, True, folder / f"{i}.plan.json") for i in range(2)]
+    return [kept_plan(folder / f"{i}.plan.json", SETTINGS.batches, SETTINGS.train_images, True)
+            for i in range(2)]
 
 
 def test_each_batch_reads_its_time_and_epochs_to_a_target_from_its_evaluations():

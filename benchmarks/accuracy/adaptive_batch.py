@@ -33,7 +33,7 @@ from benchmarks.accuracy.adaptive_batch_protocol import (
     Protocol, WorkloadProtocol, gpu_step_seconds, protocol_record, split_digest, split_indices)
 from benchmarks.accuracy.adaptive_batch_report import (ADAPTIVE, arm_runs, best_fixed, report,
                                                        time_to_target)
-from benchmarks.common import RESULTS_DIR, Benchmark, read_runs
+from benchmarks.common import RESULTS_DIR, Benchmark, read_runs, rotated_schedule
 
 NAME = "adaptive_batch"
 ADAPTIVE_MISSING = "adaptive arm: train has no batch= yet"
@@ -64,11 +64,12 @@ def protocol_workload(workload: WorkloadProtocol):
         val_dataset_fn=functools.partial(split_images, workload, "val"))
 
 
-def with_batch(plan, batch: int):
-    """The plan with (WORLD_SIZE, batch) as its choice: how a fixed-B arm makes `train`
-    train that B (train trains a plan's choice). The plan's tables are left as searched."""
+def with_batch(plan, batch: int, num_workers: int = WORLD_SIZE):
+    """The plan with (num_workers, batch) as its fixed choice: how a fixed-B arm makes
+    `train` train that B (train trains a plan's choice). The plan's tables are left as
+    searched."""
     return dataclasses.replace(plan, choice=dataclasses.replace(
-        plan.choice, num_workers=WORLD_SIZE, global_batch=batch, adaptive=False))
+        plan.choice, num_workers=num_workers, global_batch=batch, adaptive=False))
 
 
 def make_plan(workload: WorkloadProtocol, quick: bool, path: Path):
@@ -205,12 +206,8 @@ def selection_specs(workload: WorkloadProtocol, protocol: Protocol,
                     batches: list[int]) -> list[dict[str, Any]]:
     """Every fixed B on every selection seed: seeds in turn, the batches' order rotating
     (no B always runs first after the machine idled)."""
-    specs = []
-    for turn, seed in enumerate(protocol.selection_seeds):
-        shift = turn % len(batches)
-        specs += [{"workload": workload.name, "batch": b, "seed": seed,
-                   "version": protocol.version} for b in batches[shift:] + batches[:shift]]
-    return specs
+    return [{"workload": workload.name, "batch": b, "seed": seed, "version": protocol.version}
+            for seed, b in rotated_schedule(protocol.selection_seeds, batches)]
 
 
 def scoring_specs(workload: WorkloadProtocol, protocol: Protocol, arms: dict[str, Any],

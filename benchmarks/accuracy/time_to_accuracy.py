@@ -63,11 +63,17 @@ from tula_ray.planning.accuracy import epochs_to_target
 # --------------------------------------------------------------------------- the plan
 
 def make_plan(settings: dict, quick: bool, index: int = 0):
-    """Search `index`'s plan (saved; a resumed run reads it back), or in --quick one built
-    from synthetic profiles carrying a gradient noise."""
+    """Search `index`'s plan (`kept_plan`, at this benchmark's path)."""
+    return kept_plan(Benchmark(NAME, quick).path(f".plan{index or ''}.json"),
+                     settings["batches"], settings["train_subset"], quick)
+
+
+def kept_plan(path, batches, train_subset: int, quick: bool):
+    """The CNN's plan at N = WORLD_SIZE over `batches`, its first `train_subset` training
+    images searched (saved at `path`; a resumed run reads it back), or in --quick one
+    built from synthetic profiles carrying a gradient noise (no search; written afresh)."""
     from tula_ray.planning.plan import Plan
 
-    path = Benchmark(NAME, quick).path(f".plan{index or ''}.json")
     if path.exists() and not quick:
         return Plan.from_json(path)
     if quick:
@@ -76,19 +82,18 @@ def make_plan(settings: dict, quick: bool, index: int = 0):
         from tula_ray.planning.synthetic import example_params, synthetic_profiles
         from tula_ray.space import SearchSpace
 
-        space = SearchSpace((WORLD_SIZE,), settings["batches"])
+        space = SearchSpace((WORLD_SIZE,), batches)
         profiles = synthetic_profiles(space.candidates(), example_params()).assign(
             grad_sqr=1.0, grad_var=20.0, noise_steps=3)
-        context = PlanContext(epochs=1, dataset_size=settings["train_subset"],
+        context = PlanContext(epochs=1, dataset_size=train_subset,
                               objective="time_to_accuracy")
         plan = build_plan(space, profiles, context, search_strategy="full")
     else:
         import tula_ray
 
         plan = tula_ray.search("fashion-mnist-cnn", cluster_sizes=(WORLD_SIZE,),
-                               min_batch=min(settings["batches"]),
-                               max_batch=max(settings["batches"]),
-                               workload_options={"train_subset": settings["train_subset"]},
+                               min_batch=min(batches), max_batch=max(batches),
+                               workload_options={"train_subset": train_subset},
                                objective="time_to_accuracy", reference_batch=REFERENCE_BATCH,
                                training_strategy=STRATEGY)
     plan.to_json(path)
@@ -124,8 +129,6 @@ def judge(plan, truth: dict[int, dict[str, float]], train_size: int, held_out: i
     predicted against measured epochs and time to the target; times on `clock`
     (`seconds`: the loop's, `train_seconds`: `train`'s, `on_train_clock`); the plans
     re-made with `noise_scale` when given."""
-    from scipy.stats import spearmanr
-
     e0 = truth[REFERENCE_BATCH]["epochs"] if REFERENCE_BATCH in truth else math.nan
     timed = [b for b in truth if not math.isnan(truth[b].get(clock, math.nan))]
     best_batch = min(timed, key=lambda b: truth[b][clock])
@@ -148,9 +151,7 @@ def judge(plan, truth: dict[int, dict[str, float]], train_size: int, held_out: i
         # E0 at its measured (fractional) value: the plan's epochs scale linearly with it.
         # An epoch here is its steps and a pass over the held-out split (no checkpoint):
         # the profile's evaluation scaled from the test set to that split.
-        steps = row["measured_epoch_time_s"] if row["estimate"] == "measured" \
-            else row["epoch_time_s"]
-        per_epoch = steps + row["eval_time_s"] * held_out / TEST_SIZE
+        per_epoch = plan_epoch_s(row) + row["eval_time_s"] * held_out / TEST_SIZE
         predicted_epochs = e0 / row["efficiency"]
         rows.append({"global_batch": batch, "predicted_epochs": predicted_epochs,
                      "measured_epochs": truth[batch]["epochs"],
@@ -158,17 +159,38 @@ def judge(plan, truth: dict[int, dict[str, float]], train_size: int, held_out: i
                      "measured_s": truth[batch][clock], "loop_s": truth[batch]["seconds"],
                      "reached": truth[batch]["reached"],
                      "seeds": truth[batch]["seeds"]})
-    finite = [r for r in rows if math.isfinite(r["measured_epochs"])
-              and not math.isnan(r["measured_s"])]
-    log_errors = [abs(math.log(r["predicted_epochs"] / r["measured_epochs"])) for r in finite
-                  if r["measured_epochs"] > 0]
-    rho = (float(spearmanr([r["predicted_s"] for r in finite],
-                           [r["measured_s"] for r in finite]).statistic)
-           if len(finite) >= 3 else math.nan)
     return {"e0": e0, "rows": rows, "choices": choices, "best_batch": best_batch,
             "best_seconds": best, "clock": clock,
-            "median_log_error": float(np.median(log_errors)) if log_errors else math.nan,
-            "spearman": rho, "fitted_noise_scale": fitted_noise_scale(e0, finite)}
+            **epochs_agreement(rows, "predicted_s", "measured_s"),
+            "fitted_noise_scale": fitted_noise_scale(e0, _reached(rows, "measured_s"))}
+
+
+def plan_epoch_s(row) -> float:
+    """A plan row's epoch of steps: the measured row's own where it was profiled, else the
+    fitted model's."""
+    return row["measured_epoch_time_s"] if row["estimate"] == "measured" \
+        else row["epoch_time_s"]
+
+
+def _reached(rows: list[dict], measured: str) -> list[dict]:
+    return [r for r in rows if math.isfinite(r["measured_epochs"])
+            and not math.isnan(r[measured])]
+
+
+def epochs_agreement(rows: list[dict], predicted: str, measured: str) -> dict[str, float]:
+    """Over the rows whose B reached the target: the median |log(predicted / measured
+    epochs)|, and the Spearman rank correlation of the seconds `predicted` and
+    `measured` (NaN below 3 rows)."""
+    from scipy.stats import spearmanr
+
+    finite = _reached(rows, measured)
+    log_errors = [abs(math.log(r["predicted_epochs"] / r["measured_epochs"])) for r in finite
+                  if r["measured_epochs"] > 0]
+    rho = (float(spearmanr([r[predicted] for r in finite],
+                           [r[measured] for r in finite]).statistic)
+           if len(finite) >= 3 else math.nan)
+    return {"median_log_error": float(np.median(log_errors)) if log_errors else math.nan,
+            "spearman": rho}
 
 
 def fitted_noise_scale(e0: float, rows: list[dict]) -> float:

@@ -13,6 +13,8 @@ from typing import Any
 
 from torch import nn
 
+from benchmarks.common import rotated_schedule
+
 NAME = "time_to_accuracy"
 WORLD_SIZE = 2  # the demo grid's N = 2 row
 STRATEGY = "ags-ns"  # the plan's default training strategy (what `train` runs)
@@ -36,16 +38,10 @@ TRAIN_TIMED = {"epochs": 3, "repeats": 2}
 
 def plan_runs(settings: dict) -> list[dict[str, Any]]:
     """Seeds in turn; within a seed the batches rotate so no batch always runs first."""
-    batches, runs = list(settings["batches"]), []
-    for turn, seed in enumerate(settings["seeds"]):
-        shift = turn % len(batches)
-        for batch in batches[shift:] + batches[:shift]:
-            runs.append({"global_batch": batch, "seed": seed, "strategy": STRATEGY,
-                         "train_subset": settings["train_subset"],
-                         "held_out": settings["held_out"],
-                         "max_epochs": settings["max_epochs"],
-                         "stop_at": max(settings["targets"])})
-    return runs
+    return [{"global_batch": batch, "seed": seed, "strategy": STRATEGY,
+             "train_subset": settings["train_subset"], "held_out": settings["held_out"],
+             "max_epochs": settings["max_epochs"], "stop_at": max(settings["targets"])}
+            for seed, batch in rotated_schedule(settings["seeds"], settings["batches"])]
 
 
 def run_key(run: dict) -> tuple:
@@ -64,10 +60,10 @@ def held_out_workload(train_subset: int, held_out: int):
 
     workload = get_workload("fashion-mnist-cnn", train_subset=train_subset)
     return dataclasses.replace(workload, test_dataset_fn=functools.partial(
-        _training_images, train_subset, train_subset + held_out))
+        training_images, train_subset, train_subset + held_out))
 
 
-def _training_images(start: int, stop: int):
+def training_images(start: int, stop: int):
     """Fashion-MNIST's training images [start, stop) as a TensorDataset."""
     from torch.utils.data import TensorDataset
 

@@ -31,9 +31,11 @@ from benchmarks.accuracy.time_to_accuracy_protocol import (
     BATCHES, BOOTSTRAP, EVAL_EVERY_SAMPLES, MAX_EPOCHS, PROTOCOL_VERSION, REFERENCE_BATCH,
     RESULTS_NAME, SEARCHES, SEEDS, STRATEGY, TARGETS, TIME_MEASURE, TRAIN_IMAGES,
     VALIDATION_IMAGES, WORKLOAD, WORLD_SIZE)
-from benchmarks.accuracy.adaptive_batch import target_run_fields
+from benchmarks.accuracy.adaptive_batch import target_run_fields, with_batch
+from benchmarks.accuracy.time_to_accuracy import kept_plan
+from benchmarks.accuracy.time_to_accuracy_runs import training_images
 from benchmarks.accuracy.time_to_accuracy_v2_report import judged_targets, report
-from benchmarks.common import Benchmark, read_runs
+from benchmarks.common import Benchmark, read_runs, rotated_schedule
 
 NAME = RESULTS_NAME
 
@@ -59,17 +61,7 @@ FULL = Settings(TRAIN_IMAGES, VALIDATION_IMAGES, TARGETS,
 QUICK = Settings(512, 512, (0.30, 0.45), (SEEDS[0],), (32,), 256, 3, 1)
 
 
-# --------------------------------------------------------------------------- data, plans
-
-def _training_images(start: int, stop: int):
-    """Fashion-MNIST's training images [start, stop) as a TensorDataset."""
-    from torch.utils.data import TensorDataset
-
-    from tula_ray.workloads.datasets import fashion_mnist
-
-    images, labels = fashion_mnist(train=True).tensors
-    return TensorDataset(images[start:stop], labels[start:stop])
-
+# --------------------------------------------------------------------------- data
 
 def protocol_workload(settings: Settings):
     """The CNN on Fashion-MNIST's first training images, its own validation split the
@@ -79,47 +71,8 @@ def protocol_workload(settings: Settings):
     train, val = settings.train_images, settings.validation_images
     return dataclasses.replace(
         get_workload(WORKLOAD), train_size=train,
-        train_dataset_fn=functools.partial(_training_images, 0, train),
-        val_dataset_fn=functools.partial(_training_images, train, train + val))
-
-
-def make_plan(settings: Settings, quick: bool, path: Path):
-    """One search's plan at N = WORLD_SIZE (saved; a resumed run reads it back); --quick:
-    synthetic profiles carrying a gradient noise, no search."""
-    from tula_ray.planning.plan import Plan
-
-    if path.exists() and not quick:
-        return Plan.from_json(path)
-    if quick:
-        from tula_ray.planning.context import PlanContext
-        from tula_ray.planning.plan import build_plan
-        from tula_ray.planning.synthetic import example_params, synthetic_profiles
-        from tula_ray.space import SearchSpace
-
-        space = SearchSpace((WORLD_SIZE,), settings.batches)
-        profiles = synthetic_profiles(space.candidates(), example_params()).assign(
-            grad_sqr=1.0, grad_var=20.0, noise_steps=3)
-        context = PlanContext(epochs=1, dataset_size=settings.train_images,
-                              objective="time_to_accuracy")
-        plan = build_plan(space, profiles, context, search_strategy="full")
-    else:
-        import tula_ray
-
-        # What the plan is asked: v1's search (the training images only, no validation).
-        plan = tula_ray.search(
-            WORKLOAD, cluster_sizes=(WORLD_SIZE,),
-            min_batch=min(settings.batches), max_batch=max(settings.batches),
-            workload_options={"train_subset": settings.train_images},
-            objective="time_to_accuracy", reference_batch=REFERENCE_BATCH,
-            training_strategy=STRATEGY)
-    plan.to_json(path)
-    return plan
-
-
-def with_batch(plan, batch: int):
-    """The plan with (WORLD_SIZE, batch) as its choice: what `train` then trains."""
-    return dataclasses.replace(plan, choice=dataclasses.replace(
-        plan.choice, num_workers=WORLD_SIZE, global_batch=batch, adaptive=False))
+        train_dataset_fn=functools.partial(training_images, 0, train),
+        val_dataset_fn=functools.partial(training_images, train, train + val))
 
 
 # --------------------------------------------------------------------------- the runs
@@ -127,12 +80,8 @@ def with_batch(plan, batch: int):
 def run_specs(settings: Settings) -> list[dict[str, Any]]:
     """Every B on every seed: seeds in turn, the batches' order rotating (no B always
     runs first after the machine idled)."""
-    batches, specs = list(settings.batches), []
-    for turn, seed in enumerate(settings.seeds):
-        shift = turn % len(batches)
-        specs += [{"batch": b, "seed": seed, "version": PROTOCOL_VERSION}
-                  for b in batches[shift:] + batches[:shift]]
-    return specs
+    return [{"batch": b, "seed": seed, "version": PROTOCOL_VERSION}
+            for seed, b in rotated_schedule(settings.seeds, settings.batches)]
 
 
 def run_key(spec: dict[str, Any]) -> tuple:
@@ -146,7 +95,7 @@ def train_run(spec: dict[str, Any], settings: Settings, plan) -> dict[str, Any]:
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="tula-tta-v2-") as storage:
         result = tula_ray.train(
-            with_batch(plan, spec["batch"]), STRATEGY,
+            with_batch(plan, spec["batch"], WORLD_SIZE), STRATEGY,
             workload=protocol_workload(settings), epochs=settings.max_epochs,
             target_accuracy=max(settings.targets),
             eval_every_samples=settings.eval_every_samples, seed=spec["seed"],
@@ -187,8 +136,9 @@ def run(quick: bool = False) -> dict:
     log = benchmark.log()
     with ray_session(None, None):
         # The searches first (each saved as it ends): the runs train the first one's plan.
-        plans = [make_plan(settings, quick, benchmark.path(f".plan{i or ''}.json"))
-                 for i in range(settings.searches)]
+        # What the plan is asked: v1's search (the training images only, no validation).
+        plans = [kept_plan(benchmark.path(f".plan{i or ''}.json"), settings.batches,
+                           settings.train_images, quick) for i in range(settings.searches)]
         run_missing(run_specs(settings), settings, plans[0], log)
     runs = [r for r in read_runs(log) if r["version"] == PROTOCOL_VERSION]
     record = protocol_record(settings)

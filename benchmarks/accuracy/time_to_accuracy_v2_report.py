@@ -15,10 +15,10 @@ re-plans); `report` reads only what it recorded.
 from __future__ import annotations
 
 import math
-import statistics
 from typing import Any, Mapping, Sequence
 
-from benchmarks.accuracy.adaptive_batch_report import time_to_target
+from benchmarks.accuracy.adaptive_batch_report import median, time_to_target
+from benchmarks.accuracy.time_to_accuracy import epochs_agreement, plan_epoch_s, replanned
 from benchmarks.accuracy.time_to_accuracy_regret import (M0_HEADER, m0_baseline,
                                                          m0_baseline_row, regret_interval,
                                                          regret_table)
@@ -39,10 +39,6 @@ def per_batch(runs: Sequence[dict], target: float, measure: str,
     return dict(sorted(values.items()))
 
 
-def _median(values: Sequence[float]) -> float:
-    return statistics.median(values) if values else math.nan
-
-
 def _predicted_rows(made, e0: float, times: Mapping[int, list[float]],
                     epochs: Mapping[int, list[float]], world_size: int) -> list[dict]:
     """Per B the plan's epochs to the target (E0 / efficiency, at E0's measured, fractional
@@ -53,43 +49,26 @@ def _predicted_rows(made, e0: float, times: Mapping[int, list[float]],
         batch = int(row["global_batch"])
         if batch not in times:
             continue
-        epoch_s = row["measured_epoch_time_s"] if row["estimate"] == "measured" \
-            else row["epoch_time_s"]
         predicted = e0 / float(row["efficiency"])
         rows.append({"global_batch": batch, "predicted_epochs": predicted,
-                     "measured_epochs": _median(epochs[batch]),
-                     "predicted_train_s": predicted * float(epoch_s),
-                     "measured_train_s": _median(times[batch]),
+                     "measured_epochs": median(epochs[batch]),
+                     "predicted_train_s": predicted * float(plan_epoch_s(row)),
+                     "measured_train_s": median(times[batch]),
                      "reached": sum(math.isfinite(t) for t in times[batch]),
                      "seeds": len(times[batch])})
     return rows
 
 
-def _agreement(rows: list[dict]) -> dict[str, float]:
-    """Median |log(predicted / measured epochs)| and the Spearman rank correlation of the
-    predicted and measured training seconds, over the B that reached the target."""
-    from scipy.stats import spearmanr
-
-    finite = [r for r in rows if math.isfinite(r["measured_epochs"]) and r["measured_epochs"] > 0]
-    errors = [abs(math.log(r["predicted_epochs"] / r["measured_epochs"])) for r in finite]
-    rho = (float(spearmanr([r["predicted_train_s"] for r in finite],
-                           [r["measured_train_s"] for r in finite]).statistic)
-           if len(finite) >= 3 else math.nan)
-    return {"median_log_error": _median(errors), "spearman": rho}
-
-
 def judge_target(plan, runs: Sequence[dict], protocol: Mapping[str, Any],
                  target: float, first: bool) -> dict[str, Any]:
     """One search's plan at one target (the module docstring); `first`: with the M0 row."""
-    from benchmarks.accuracy.time_to_accuracy import replanned
-
     bootstrap = Bootstrap(**{**protocol["bootstrap"],
                              "percentiles": tuple(protocol["bootstrap"]["percentiles"])})
     m0, train_images = protocol["reference_batch"], protocol["train_images"]
     times = per_batch(runs, target, protocol["time_measure"])
     epochs = per_batch(runs, target, "samples", scale=train_images)
-    medians = {b: _median(t) for b, t in times.items()}
-    e0 = _median(epochs.get(m0, []))
+    medians = {b: median(t) for b, t in times.items()}
+    e0 = median(epochs.get(m0, []))
     judged: dict[str, Any] = {"e0": e0, "best_batch": min(medians, key=medians.get),
                               "times": times, "epochs": epochs, "choices": {}}
     if not math.isfinite(e0):
@@ -105,7 +84,7 @@ def judge_target(plan, runs: Sequence[dict], protocol: Mapping[str, Any],
                                    bootstrap)
     judged["rows"] = _predicted_rows(made["time_to_accuracy"], e0, times, epochs,
                                      protocol["world_size"])
-    judged.update(_agreement(judged["rows"]))
+    judged.update(epochs_agreement(judged["rows"], "predicted_train_s", "measured_train_s"))
     return judged
 
 
@@ -125,7 +104,7 @@ def _span(values: Sequence[float]) -> str:
     finite = [v for v in values if math.isfinite(v)]
     if not finite:
         return "not reached"
-    text = f"{_median(values):.3g} ({min(finite):.3g}-{max(finite):.3g})"
+    text = f"{median(values):.3g} ({min(finite):.3g}-{max(finite):.3g})"
     return text if len(finite) == len(values) else text + f", {len(values) - len(finite)} unreached"
 
 
@@ -193,7 +172,7 @@ def report(result: dict[str, Any]) -> str:
         lines += _target_section(result, target)
     tests = per_batch_test(runs)
     lines.append("Test accuracy at each run's end (reported only; it informed nothing): "
-                 + "; ".join(f"B = {b}: {_median(v):.3f}" for b, v in tests.items()) + ".")
+                 + "; ".join(f"B = {b}: {median(v):.3f}" for b, v in tests.items()) + ".")
     return "\n".join(lines) + "\n"
 
 

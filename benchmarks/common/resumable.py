@@ -24,6 +24,18 @@ def recorded_runs(worker: Callable[..., None], runs: list[dict], log: Path,
     return [r for r in read_runs(log) if key(r) in wanted]
 
 
+def rotated_schedule(seeds, batches) -> list[tuple[int, int]]:
+    """(seed, batch) of every batch on every seed: the seeds in turn, the batches' order
+    rotating one place from one seed to the next, so that no batch always runs first
+    (after the machine idled)."""
+    batches = list(batches)
+    schedule = []
+    for turn, seed in enumerate(seeds):
+        shift = turn % len(batches)
+        schedule += [(seed, b) for b in batches[shift:] + batches[:shift]]
+    return schedule
+
+
 def read_runs(path: Path) -> list[dict]:
     """The runs a log records, in the order they finished (none if there is no log)."""
     if not path.exists():
