@@ -16,8 +16,8 @@ from benchmarks.accuracy.adaptive_batch_protocol import (
     PROTOCOL, QUICK, Protocol, WorkloadProtocol, gpu_step_seconds, projected_seconds,
     protocol_record, step_seconds_at)
 from benchmarks.accuracy.adaptive_batch_report import (ADAPTIVE, best_fixed, report,
-                                                       steps_by_batch, time_to_target,
-                                                       verdicts, judge)
+                                                       step_ms, steps_by_batch,
+                                                       time_to_target, verdicts, judge)
 from benchmarks.common.bootstrap import Bootstrap, ratio, ratio_of_medians
 
 EARLY, LATE = 0.5, 0.8
@@ -190,3 +190,50 @@ def test_the_split_is_pinned_and_disjoint_from_what_other_benchmarks_use():
         train, val = protocol_module.split_indices(workload)
         assert len(set(train)) == workload.train_images and len(set(val)) == workload.val_images
         assert not set(train) & set(val) and not (set(train) | set(val)) & taken
+
+
+# --------------------------------------------------------------------------- version 2
+
+def made_result_v2(plan_train_s, plan_whole_s):
+    """made_result's runs on version 2's protocol: the plan's row judged by its training
+    part (selection seeds 0-2 and scoring seeds 3-5 kept, so the runs are the same)."""
+    from benchmarks.accuracy.adaptive_batch_v2_protocol import ProtocolV2
+
+    result = made_result()
+    made_up = ProtocolV2((WORKLOAD,), bootstrap=Bootstrap(resamples=200),
+                         selection_seeds=(0, 1, 2), scoring_seeds=(3, 4, 5))
+    result["protocol"] = protocol_record(made_up)
+    planned = result["workloads"][WORKLOAD.name]
+    planned["plan_adaptive_s"] = {str(LATE): plan_whole_s}
+    planned["plan_adaptive_train_s"] = {str(LATE): plan_train_s}
+    return result
+
+
+def test_version_2_judges_the_plan_rows_training_part_and_shows_the_speed():
+    # The adaptive arm's late time is 5 s (train_seconds): a training part of 5.5 s is
+    # within 20 %, whatever the whole row (start-up and evaluations) says.
+    met = _verdicts(made_result_v2(plan_train_s=5.5, plan_whole_s=30.0))
+    assert met[4] == "yes"
+    assert _verdicts(made_result_v2(plan_train_s=30.0, plan_whole_s=5.5))[4] == "**no**"
+    markdown = report(made_result_v2(plan_train_s=5.5, plan_whole_s=30.0))
+    assert "the plan's adaptive row's training part at 80%" in markdown
+    assert "Not judged: the plan's adaptive row's whole time" in markdown
+    assert "adaptive_batch_v2_protocol.py" in markdown
+    assert "ms/step" in markdown and "ms/step" not in report(made_result(plan_adaptive=5.5))
+    # made_run's fixed runs: 4 evaluations of 0.5 s, the last at 7 s after 40 steps.
+    assert step_ms(made_run(64, 0, (3.0, 7.0))) == pytest.approx(1000 * (7.0 - 2.0) / 40)
+
+
+def test_version_2_is_new_runs_on_new_seeds_its_scored_arms_rotating():
+    from benchmarks.accuracy import adaptive_batch_v2_protocol as v2
+
+    seeds = {*v2.SELECTION_SEEDS, *v2.SCORING_SEEDS}
+    assert len(seeds) == 6 and not seeds & {*PROTOCOL.selection_seeds, *PROTOCOL.scoring_seeds}
+    assert v2.PROTOCOL.workloads == PROTOCOL.workloads and v2.PROTOCOL.goals == PROTOCOL.goals
+    assert v2.PROTOCOL.version == 2 and v2.QUICK.version == 2
+    arms = {"best": {"0.5": 32, "0.8": 64}, "static": {"0.5": 32, "0.8": None},
+            "reference_batch": 32}
+    made_up = dataclasses.replace(v2.PROTOCOL, scoring_seeds=(3, 4, 5))
+    scored = [(s["batch"], s["seed"]) for s in scoring_specs(WORKLOAD, made_up, arms, True)]
+    assert scored == [(ADAPTIVE, 3), (32, 3), (64, 3), (32, 4), (64, 4), (ADAPTIVE, 4),
+                      (64, 5), (ADAPTIVE, 5), (32, 5)]

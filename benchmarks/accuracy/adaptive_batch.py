@@ -213,11 +213,17 @@ def selection_specs(workload: WorkloadProtocol, protocol: Protocol,
 def scoring_specs(workload: WorkloadProtocol, protocol: Protocol, arms: dict[str, Any],
                   adaptive: bool) -> list[dict[str, Any]]:
     """On every scoring seed: the adaptive arm (when train has batch=), the best fixed B
-    and the static choice of each target, and B = M0; each (B, seed) once."""
+    and the static choice of each target, and B = M0; each (B, seed) once. Their order
+    rotates from seed to seed where the protocol says so (version 2), else the adaptive
+    arm runs first."""
     batches = [*arms["best"].values(), *arms["static"].values(), arms["reference_batch"]]
     chosen = [ADAPTIVE] * adaptive + sorted({b for b in batches if b is not None})
+    if getattr(protocol, "rotate_scored_arms", False):
+        schedule = rotated_schedule(protocol.scoring_seeds, chosen)
+    else:
+        schedule = [(seed, b) for seed in protocol.scoring_seeds for b in chosen]
     return [{"workload": workload.name, "batch": b, "seed": seed, "version": protocol.version}
-            for seed in protocol.scoring_seeds for b in chosen]
+            for seed, b in schedule]
 
 
 def train_run(spec: dict[str, Any], workload: WorkloadProtocol, plan) -> dict[str, Any]:
@@ -285,14 +291,19 @@ def gpu_record(workloads: list[str]) -> dict[str, Any]:
 
 
 def run(quick: bool = False) -> dict:
+    return carry_out(Benchmark(NAME, quick), QUICK if quick else PROTOCOL)
+
+
+def carry_out(benchmark: Benchmark, protocol: Protocol) -> dict:
+    """Carries out `protocol` (version 1's or a later one), its plans, log and result
+    named after `benchmark`."""
     import tula_ray
     from tula_ray.cluster import ray_session
 
-    protocol = QUICK if quick else PROTOCOL
+    quick = benchmark.quick
     if split_digest() != SPLIT_SHA256:
         raise RuntimeError("the protocol's split moved (torch permutes differently here): "
                            "its digest is not SPLIT_SHA256; no run on another split")
-    benchmark = Benchmark(NAME, quick)
     log = benchmark.log()
     adaptive = adaptive_support(tula_ray.train)
     arms, left = {}, 0

@@ -19,6 +19,7 @@ from benchmarks.common import markdown_table
 from benchmarks.common.bootstrap import ratio, ratio_of_medians
 
 ADAPTIVE = "adaptive"
+PROTOCOL_V1_FILE = "benchmarks/accuracy/adaptive_batch_protocol.py"
 UNREACHED = {"seconds": math.inf, "train_seconds": math.inf, "samples": math.inf,
              "steps": math.inf}
 
@@ -146,13 +147,17 @@ def verdicts(result: dict[str, Any], workload: dict[str, Any],
     rows.append((f"adaptive / the plan's static choice at {late:.0%} <= "
                  f"{goals['adaptive_over_static_late']}", _interval(point, low, high),
                  _verdict(point, goals["adaptive_over_static_late"], missing)))
-    predicted = result["workloads"][name].get("plan_adaptive_s", {})
+    training_part = result["protocol"].get("plan_row_measure") == "training"
+    predicted = result["workloads"][name].get(
+        "plan_adaptive_train_s" if training_part else "plan_adaptive_s") or {}
+    label = "the plan's adaptive row's training part" if training_part else \
+        "the plan's adaptive row"
     for target in (early, late):
         measured = median(judged[target]["times"].get("adaptive", []))
         plan_s = predicted.get(str(target))
         error = math.nan if plan_s is None else abs(ratio(plan_s, measured) - 1)
         why = "the plan has no adaptive row" if plan_s is None else missing
-        rows.append((f"the plan's adaptive row at {target:.0%}: abs(predicted / measured - 1) <= "
+        rows.append((f"{label} at {target:.0%}: abs(predicted / measured - 1) <= "
                      f"{goals['plan_adaptive_error']:.0%}",
                      "n/a" if math.isnan(error) else f"{error:.0%}",
                      _verdict(error, goals["plan_adaptive_error"], why)))
@@ -161,10 +166,13 @@ def verdicts(result: dict[str, Any], workload: dict[str, Any],
 
 def _like_for_like(result: dict[str, Any], workload: dict[str, Any],
                    judged: dict[float, dict]) -> list[str]:
-    """A post-hoc reading of the plan's adaptive row (not a goal's verdict): the row counts
-    the run's start-up and its epochs' evaluations, which the protocol's time leaves out;
-    its training part alone against the adaptive runs' median."""
-    planned = result["workloads"][workload["name"]].get("plan_adaptive_train_s")
+    """The part of the plan's adaptive row the goal does not judge, against the adaptive
+    runs' median. Version 1 judged the whole row: its training part alone, read post hoc.
+    Version 2 judges the training part: the whole row (start-up and evaluations
+    included), reported beside, not judged."""
+    training_part = result["protocol"].get("plan_row_measure") == "training"
+    planned = result["workloads"][workload["name"]].get(
+        "plan_adaptive_s" if training_part else "plan_adaptive_train_s")
     if not planned:
         return []
     parts = []
@@ -174,34 +182,68 @@ def _like_for_like(result: dict[str, Any], workload: dict[str, Any],
         if plan_s is not None and math.isfinite(measured):
             parts.append(f"{target:.0%}: {plan_s:.3g} s against {measured:.3g} s "
                          f"({plan_s / measured - 1:+.0%})")
+    if not parts:
+        return []
+    if training_part:
+        return ["- Not judged: the plan's adaptive row's whole time, start-up and its "
+                "epochs' evaluations included, which the protocol's time leaves out, against "
+                "the adaptive runs' median: " + "; ".join(parts) + ".", ""]
     return ["- Post hoc, after the runs (not a goal's verdict): the plan's adaptive row "
             "counts the run's start-up and each epoch's evaluation, which the protocol's "
             "time leaves out; its training part alone against the adaptive runs' median: "
-            + "; ".join(parts) + ".", ""] if parts else []
+            + "; ".join(parts) + ".", ""]
+
+
+def step_ms(run: dict[str, Any]) -> float:
+    """The run's mean milliseconds per optimizer step, evaluations left out: how fast the
+    machine ran it (version 2's report shows it per arm)."""
+    rows = run["evaluations"]
+    if not rows or not rows[-1]["steps"]:
+        return math.nan
+    last = rows[-1]
+    return 1000 * (last["seconds"] - len(rows) * run["eval_seconds_each"]) / last["steps"]
+
+
+def _ms(runs: list[dict]) -> str:
+    value = median([step_ms(r) for r in runs])
+    return "n/a" if math.isnan(value) else f"{value:.3g}"
 
 
 # --------------------------------------------------------------------------- report
 
-def _selection_table(workload: dict[str, Any], judged: dict[float, dict]) -> str:
+def _shows_speed(result: dict[str, Any]) -> bool:
+    """Version 2 on shows each arm's milliseconds per step."""
+    return result["protocol"]["version"] >= 2
+
+
+def _selection_table(result: dict[str, Any], workload: dict[str, Any],
+                     judged: dict[float, dict]) -> str:
     early, late = workload["targets"]
     batches = list(judged[early]["selection"])
     rows = [[b, _seconds(judged[early]["selection"][b]), _seconds(judged[late]["selection"][b])]
             for b in batches]
-    return markdown_table(["B", f"median s to {early:.0%}", f"median s to {late:.0%}"], rows)
+    header = ["B", f"median s to {early:.0%}", f"median s to {late:.0%}"]
+    if _shows_speed(result):
+        seeds = result["protocol"]["selection_seeds"]
+        for row, batch in zip(rows, batches):
+            row.append(_ms(arm_runs(result["runs"], workload["name"], batch, seeds)))
+        header.append("ms/step")
+    return markdown_table(header, rows)
 
 
 def _scoring_table(result: dict[str, Any], workload: dict[str, Any], target: float,
                    judged: dict[str, Any]) -> str:
     step_s = {int(b): s for b, s in result["gpu"]["step_s"].get(workload["name"], {}).items()}
+    speed = _shows_speed(result)
     rows = []
     for label, batch in judged["arms"].items():
         runs, times = judged["scored"].get(label, []), judged["times"].get(label, [])
         rows.append([label, batch if batch is not None else "n/a", _seconds(median(times)),
                      f"{sum(math.isfinite(t) for t in times)}/{len(times)}",
                      _seconds(median([r["test_accuracy"] * 100 for r in runs])),
-                     _projection(runs, target, step_s)])
+                     *([_ms(runs)] if speed else []), _projection(runs, target, step_s)])
     return markdown_table(["arm", "B", "median s", "reached", "test accuracy %",
-                           "GPU projection s"], rows)
+                           *(["ms/step"] if speed else []), "GPU projection s"], rows)
 
 
 def _workload_section(result: dict[str, Any], workload: dict[str, Any]) -> list[str]:
@@ -214,7 +256,7 @@ def _workload_section(result: dict[str, Any], workload: dict[str, Any]) -> list[
              f"images, evaluated every {workload['eval_every_samples']} samples, at most "
              f"{workload['max_epochs']} epochs. Targets ({sources}).\n",
              f"Selection (seeds {list(protocol['selection_seeds'])}), every fixed B:\n",
-             _selection_table(workload, judged), ""]
+             _selection_table(result, workload, judged), ""]
     for target in workload["targets"]:
         lines += [f"Scored at {target:.0%} (seeds {list(protocol['scoring_seeds'])}; best "
                   f"fixed B picked on the selection seeds: {judged[target]['best']}):\n",
@@ -251,7 +293,7 @@ def report(result: dict[str, Any]) -> str:
              f"`{result['command']}` at {result['commit']}, {result['date']}, "
              f"{result['machine']}.\n",
              f"Protocol version {protocol['version']} "
-             "(benchmarks/accuracy/adaptive_batch_protocol.py, committed before the first "
+             f"({protocol.get('protocol_file', PROTOCOL_V1_FILE)}, committed before the first "
              f"recorded run). N = {protocol['world_size']}, {protocol['strategy']} for every "
              "arm; time = `train`'s time to the target less its evaluations; medians over "
              f"the scoring seeds, ratios with {boot['resamples']}-resample bootstrap "

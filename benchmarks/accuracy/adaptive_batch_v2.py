@@ -1,0 +1,23 @@
+"""python -m benchmarks adaptive-batch-v2 (issue 44, item 4): the adaptive-batch benchmark
+under its second protocol (`benchmarks.accuracy.adaptive_batch_v2_protocol`: why, and what
+changed), carried out by version 1's runner (`benchmarks.accuracy.adaptive_batch`): new
+plans, then every fixed B on the selection seeds, then the scored arms on the scoring
+seeds, each run appended to results/adaptive_batch_v2.runs.jsonl as it ends (resumable).
+
+--quick: a smoke test of the runner on the protocol's QUICK, written to
+adaptive_batch_v2_quick.* (git-ignored), not a measurement.
+"""
+
+from __future__ import annotations
+
+from benchmarks.accuracy.adaptive_batch import carry_out
+from benchmarks.accuracy.adaptive_batch_report import report
+from benchmarks.accuracy.adaptive_batch_v2_protocol import PROTOCOL, QUICK, RESULTS_NAME
+from benchmarks.common import Benchmark
+
+NAME = RESULTS_NAME
+__all__ = ["NAME", "report", "run"]
+
+
+def run(quick: bool = False) -> dict:
+    return carry_out(Benchmark(NAME, quick), QUICK if quick else PROTOCOL)
