@@ -106,3 +106,17 @@ def test_the_runs_cover_every_batch_and_seed_once_the_order_rotating():
     firsts = [specs[i * len(v2.FULL.batches)]["batch"] for i in range(len(v2.FULL.seeds))]
     assert len(set(firsts)) == len(firsts)  # no B always runs first
     assert v2.FULL.targets == (0.82, 0.86, 0.87) and v2.FULL.seeds == (5, 6, 7, 8, 9)
+
+
+def test_the_report_says_where_the_machines_speed_varied_between_a_batchs_runs():
+    from benchmarks.accuracy.time_to_accuracy_v2_report import speed_lines
+
+    # made_run: 1 s of training per 250 samples; at B = 25, 10 steps a second: 100 ms.
+    even = [made_run(25, seed, (1, 2)) for seed in (0, 1)]
+    lines = "\n".join(speed_lines(even))
+    assert "| 25 | 100 | 100 |" in lines and "No B's runs differ by more than 2x" in lines
+    slow = made_run(25, 2, (1, 2))
+    for row in slow["evaluations"]:
+        row["seconds"] = row["seconds"] * 4 - 1.5  # its training about 5x slower
+    uneven = "\n".join(speed_lines([*even, slow]))
+    assert "B = 25: " in uneven and "measure the machine as much as the batch" in uneven

@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 from typing import Any, Mapping, Sequence
 
-from benchmarks.accuracy.adaptive_batch_report import median, time_to_target
+from benchmarks.accuracy.adaptive_batch_report import median, step_ms, time_to_target
 from benchmarks.accuracy.time_to_accuracy import epochs_agreement, plan_epoch_s, replanned
 from benchmarks.accuracy.time_to_accuracy_regret import (M0_HEADER, m0_baseline,
                                                          m0_baseline_row, regret_interval,
@@ -170,10 +170,37 @@ def report(result: dict[str, Any]) -> str:
         f"{len(result['searches'])}.", ""]
     for target in result["searches"][0]["targets"] if result["searches"] else []:
         lines += _target_section(result, target)
+    lines += speed_lines(runs)
     tests = per_batch_test(runs)
     lines.append("Test accuracy at each run's end (reported only; it informed nothing): "
                  + "; ".join(f"B = {b}: {median(v):.3f}" for b, v in tests.items()) + ".")
     return "\n".join(lines) + "\n"
+
+
+UNEVEN_SPEED = 2.0  # one B's fastest and slowest runs further apart: the machine varied
+
+
+def speed_lines(runs: Sequence[dict]) -> list[str]:
+    """How fast the machine ran each run (milliseconds per step, evaluations left out:
+    `step_ms`), B by seed, and the B whose runs differ by more than `UNEVEN_SPEED` x.
+    Added after the runs, which spanned two days: it says what the times measure."""
+    seeds = sorted({r["seed"] for r in runs})
+    speed = {(int(r["batch"]), r["seed"]): step_ms(r) for r in runs}
+    batches = sorted({b for b, _ in speed})
+    rows = [[b, *(f"{speed[b, s]:.3g}" if (b, s) in speed else "" for s in seeds)]
+            for b in batches]
+    spans = {b: max(v) / min(v) for b in batches
+             if len(v := [speed[b, s] for s in seeds if (b, s) in speed]) > 1}
+    uneven = [f"B = {b}: {span:.1f}x" for b, span in spans.items() if span > UNEVEN_SPEED]
+    verdict = ("Where one B's runs differ by more than "
+               f"{UNEVEN_SPEED:g}x ({'; '.join(uneven)}), the machine's speed varied between "
+               "them, and the times above (their medians, ranges and regrets) measure the "
+               "machine as much as the batch; the epochs do not depend on it."
+               if uneven else f"No B's runs differ by more than {UNEVEN_SPEED:g}x.")
+    return ["#### The machine's speed in each run (added after the runs)", "",
+            "Milliseconds per optimizer step (each run's train s over its steps at its last "
+            "evaluation), B by seed:", "",
+            markdown_table(["B", *(f"seed {s}" for s in seeds)], rows), "", verdict, ""]
 
 
 def per_batch_test(runs: Sequence[dict]) -> dict[int, list[float]]:
