@@ -237,3 +237,21 @@ def test_version_2_is_new_runs_on_new_seeds_its_scored_arms_rotating():
     scored = [(s["batch"], s["seed"]) for s in scoring_specs(WORKLOAD, made_up, arms, True)]
     assert scored == [(ADAPTIVE, 3), (32, 3), (64, 3), (32, 4), (64, 4), (ADAPTIVE, 4),
                       (64, 5), (ADAPTIVE, 5), (32, 5)]
+
+
+def test_version_2_sets_each_adaptive_run_before_its_first_switch_beside_its_fixed_twin():
+    from benchmarks.accuracy.adaptive_batch_report import start_overhead
+
+    result = made_result_v2(plan_train_s=5.5, plan_whole_s=30.0)
+    found = start_overhead(result["runs"], WORKLOAD.name, (3, 4, 5))
+    # made_run's adaptive runs train B = 32 for two evaluations, as the fixed 32 runs do.
+    assert [(r["seed"], r["batch"], r["steps"]) for r in found] == [(3, 32, 20), (4, 32, 20),
+                                                                    (5, 32, 20)]
+    assert all(r["same_accuracy"] and r["ratio"] == pytest.approx(1.0) for r in found)
+    slower = [r for r in result["runs"] if r["batch"] == ADAPTIVE and r["seed"] == 3][0]
+    slower["evaluations"][1]["seconds"] += 1.0  # 2 s of training where its twin took 1
+    slower["evaluations"][0]["val_accuracy"] = 0.31
+    first = start_overhead(result["runs"], WORKLOAD.name, (3,))[0]
+    assert first["ratio"] == pytest.approx(2.0) and not first["same_accuracy"]
+    assert "before its first switch" in report(result)
+    assert "before its first switch" not in report(made_result(plan_adaptive=5.5))

@@ -266,7 +266,52 @@ def _workload_section(result: dict[str, Any], workload: dict[str, Any]) -> list[
         lines.append("")
     lines += [markdown_table(["goal", "value", "met"], verdicts(result, workload, judged)), ""]
     lines += _like_for_like(result, workload, judged)
+    lines += _overhead_lines(result, workload)
     return lines + _switch_lines(result["workloads"][workload["name"]].get("switches"))
+
+
+def start_overhead(runs: list[dict], workload: str, seeds) -> list[dict[str, Any]]:
+    """Each adaptive run before its first switch against the fixed run of its start batch
+    on the same seed: the same steps (`same_accuracy` says whether every evaluation's
+    validation accuracy is equal until then), so the ratio of their training seconds is
+    what training adaptively costs at one batch. Added after version 2's runs."""
+    rows = []
+    for run in arm_runs(runs, workload, ADAPTIVE, seeds):
+        evaluations = run["evaluations"]
+        if not evaluations or "global_batch" not in evaluations[0]:
+            continue
+        start = int(evaluations[0]["global_batch"])
+        count = next((i for i, e in enumerate(evaluations) if int(e["global_batch"]) != start),
+                     len(evaluations))
+        fixed = arm_runs(runs, workload, start, [run["seed"]])
+        if not fixed or len(fixed[0]["evaluations"]) < count:
+            continue
+        mine, theirs = evaluations[count - 1], fixed[0]["evaluations"][count - 1]
+        adaptive_s = mine["seconds"] - count * run["eval_seconds_each"]
+        fixed_s = theirs["seconds"] - count * fixed[0]["eval_seconds_each"]
+        rows.append({"seed": run["seed"], "batch": start, "steps": mine["steps"],
+                     "same_accuracy": all(a["val_accuracy"] == f["val_accuracy"] for a, f in
+                                          zip(evaluations[:count], fixed[0]["evaluations"])),
+                     "adaptive_s": adaptive_s, "fixed_s": fixed_s,
+                     "ratio": ratio(adaptive_s, fixed_s)})
+    return rows
+
+
+def _overhead_lines(result: dict[str, Any], workload: dict[str, Any]) -> list[str]:
+    if not _shows_speed(result):
+        return []
+    found = start_overhead(result["runs"], workload["name"],
+                           result["protocol"]["scoring_seeds"])
+    if not found:
+        return []
+    body = [[r["seed"], r["batch"], r["steps"], "yes" if r["same_accuracy"] else "**no**",
+             f"{r['adaptive_s']:.3g}", f"{r['fixed_s']:.3g}", f"{r['ratio']:.2f}"]
+            for r in found]
+    return ["Added after the runs: each adaptive run before its first switch, against the "
+            "fixed run of its start batch on the same seed (the same steps: equal validation "
+            "accuracies until then). Training seconds to its last evaluation at that batch:\n",
+            markdown_table(["seed", "B", "steps", "same accuracies", "adaptive s", "fixed s",
+                            "adaptive / fixed"], body), ""]
 
 
 def _switch_lines(switches: list[dict] | None) -> list[str]:
