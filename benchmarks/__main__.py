@@ -35,6 +35,7 @@ BENCHMARKS = {"search": "benchmarks.prediction.search_cost",
               "time-to-accuracy-v2": "benchmarks.accuracy.time_to_accuracy_v2",
               "adaptive-batch": "benchmarks.accuracy.adaptive_batch",
               "adaptive-batch-v2": "benchmarks.accuracy.adaptive_batch_v2",
+              "adaptive-start-cost": "benchmarks.training.adaptive_start_cost",
               "strategy-extra": "benchmarks.training.strategy_extra",
               "own-model": "benchmarks.startup.own_model",
               "gpu-acceptance": "benchmarks.gpu.acceptance"}

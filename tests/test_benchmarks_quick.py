@@ -131,6 +131,19 @@ def test_ags_overhead_quick():
     assert len(_table_rows(markdown, "| setup |")) == 6
 
 
+def test_adaptive_start_cost_quick():
+    """Both arms are what `train` builds: plain steps at B = 32, and AGS-NS's optimizer
+    built at 2048 and set to B = 32."""
+    from benchmarks.training import adaptive_start_cost
+
+    result = adaptive_start_cost.run(quick=True)
+    assert result["optimizers"] == {"plain": "SGD", "ags-ns built at 2048": "TulaOptimizer"}
+    assert len(result["cost"]) == adaptive_start_cost.QUICK_ROUNDS
+    assert _finite(*result["cost"]) and min(result["cost"]) > -1
+    markdown = (RESULTS_DIR / "adaptive_start_cost_quick.md").read_text()
+    assert len(_table_rows(markdown, "| arm |")) == 2
+
+
 def test_memory_benchmarks_record_an_out_of_memory_as_does_not_fit(monkeypatch):
     """A CUDA OOM in the memory benchmarks is a measurement ("does not fit"), not a crash
     (issue 14, GPU review item 8). No GPU here: the peak measurement raises torch's
