@@ -230,3 +230,38 @@ def test_the_lr_follows_the_batch_by_each_strategys_rule():
     ags.set_global_batch(256, 1024)  # AdaScale's gain may reach B / 32 at the new B
     assert ags.optimizer.large_batch == 1024
     assert ags.optimizer.param_groups[0]["s_max"] == pytest.approx(4 * ceiling)
+
+
+def test_ags_ns_at_its_reference_batch_takes_the_plain_steps_a_fixed_run_takes():
+    """An adaptive run builds AGS-NS at its largest B. At B = 32, its reference batch, its
+    steps must be the plain ones a fixed B = 32 run takes (before, they ran AGS's work:
+    30 % more a step in adaptive-start-cost, and on one worker its sub-batch refresh
+    refused a local batch of 32), AdaScale's progress counting one reference step each;
+    above it, AGS scales again."""
+    from tula_ray.workloads import sgd
+
+    torch.manual_seed(0)
+    models = [nn.Linear(6, 3), nn.Linear(6, 3)]
+    models[1].load_state_dict(models[0].state_dict())
+    adaptive = build_strategy("ags-ns", models[0], global_batch=2048, steps_per_epoch=10,
+                              epochs=10, optimizer_fn=sgd, options={"source": "sub-batch"})
+    adaptive.set_global_batch(2048, 32)
+    fixed = build_strategy("ags-ns", models[1], global_batch=32, steps_per_epoch=10,
+                           epochs=10, optimizer_fn=sgd, options={"source": "sub-batch"})
+    assert isinstance(adaptive.optimizer, TulaOptimizer) and adaptive.optimizer.plain
+    assert not isinstance(fixed.optimizer, TulaOptimizer)
+    loss_fn = nn.CrossEntropyLoss()
+    for step in range(3):
+        inputs = torch.randn(32, 6, generator=torch.Generator().manual_seed(step))
+        targets = torch.randint(0, 3, (32,), generator=torch.Generator().manual_seed(step))
+        for setup, model in zip((adaptive, fixed), models):
+            setup.train_step(model, loss_fn, inputs, targets)
+    for mine, theirs in zip(*(m.parameters() for m in models)):
+        assert torch.equal(mine, theirs)
+    assert adaptive.progress() == (pytest.approx(3.0), 32)
+    assert adaptive.optimizer.telemetry["refreshes"] == 0
+    adaptive.set_global_batch(32, 128)
+    assert not adaptive.optimizer.plain
+    adaptive.train_step(models[0], loss_fn, torch.randn(128, 6), torch.randint(0, 3, (128,)))
+    assert adaptive.optimizer.telemetry["refreshes"] == 1
+    assert adaptive.optimizer.telemetry["scaled"]

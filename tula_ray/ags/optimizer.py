@@ -47,6 +47,9 @@ step for step against a plain re-implementation of Algorithm 1):
     "by default, although this frequency is configurable": `refresh_every`, default
     "epoch" (the first step of each epoch refreshes);
   - the first step has no previous norm (eq. 5 is undefined): it counts as sensitive;
+  - a step at a B no larger than the reference small batch (`plain`: an adaptive batch
+    at a small B) is the base optimizer's alone, as the strategies build at such a B;
+    the next scaled step counts as a first one;
   - the scales start at 1 (Algorithm 1's input); the first refresh is at the first step;
   - line 16 per element is computed literally, |g_small / (g_large + eps)|; 0/0 (a
     gradient of exactly -eps) counts as 0. Per tensor ("tensor" granularity, one
@@ -196,6 +199,14 @@ class TulaOptimizer(ScaleRefresh, torch.optim.Optimizer):
             group["s_max"] = max_scale(self.large_batch, self.small_batch,
                                        group["gain_exponent"])
 
+    @property
+    def plain(self) -> bool:
+        """Whether B is no larger than the reference small batch (an adaptive batch at a
+        small B): the large batch is then a small one, the gain is 1 and there is nothing
+        to scale, so a step is the base optimizer's alone, as `ags` and `ags-ns` build at
+        such a B. No small-batch gradient is taken (`refresh_due` is False)."""
+        return self.large_batch <= self.small_batch
+
     def zero_grad(self, set_to_none: bool = True) -> None:
         self.base.zero_grad(set_to_none=set_to_none)
 
@@ -212,6 +223,9 @@ class TulaOptimizer(ScaleRefresh, torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
+        if self.plain:
+            self._plain_step()
+            return loss
         with torch.no_grad():
             # The observed small-batch gradients; p.grad is the large-batch one (all-reduced
             # under DDP, unscaled under fp16).
@@ -244,6 +258,18 @@ class TulaOptimizer(ScaleRefresh, torch.optim.Optimizer):
         self.telemetry = {"variability": variability, "scaled": scaled,
                           **self._scale_stats, **self._counters}
         return loss
+
+    def _plain_step(self) -> None:
+        """The base optimizer's step at a B no larger than the reference batch (`plain`):
+        worth B / b_ref reference steps to AdaScale's progress. Eq. 5 starts again after
+        it (the next scaled step counts as a first one)."""
+        self.base.step()
+        self._progress = self._progress + self.large_batch / self.small_batch
+        self._previous_norm_sq = None
+        self._counters["steps"] += 1
+        self._counters["steps_since_refresh"] += 1
+        self.telemetry = {"variability": math.nan, "scaled": False, **self._scale_stats,
+                          **self._counters}
 
     @property
     def progress(self) -> float | None:

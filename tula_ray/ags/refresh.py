@@ -30,7 +30,10 @@ class ScaleRefresh:
 
     @property
     def refresh_due(self) -> bool:
-        """Whether the coming step should compute a small-batch gradient and refresh."""
+        """Whether the coming step should compute a small-batch gradient and refresh
+        (never while the step is plain: B no larger than the reference batch)."""
+        if self.plain:
+            return False
         if self._counters["refreshes"] == 0:
             return True
         if self.refresh_every == REFRESH_EPOCH:
