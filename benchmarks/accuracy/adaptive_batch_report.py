@@ -131,6 +131,12 @@ def judge(result: dict[str, Any], workload: dict[str, Any], target: float) -> di
             "times": times, "ratios": ratios}
 
 
+def _judges_training_part(result: dict[str, Any]) -> bool:
+    """Whether the plan's adaptive row is judged by its training part (version 2's
+    `plan_row_measure`), not by its whole time (version 1)."""
+    return result["protocol"].get("plan_row_measure") == "training"
+
+
 def verdicts(result: dict[str, Any], workload: dict[str, Any],
              judged: dict[float, dict[str, Any]]) -> list[tuple[str, str, str]]:
     """(goal, value, verdict) for each of issue 44's goals on one workload."""
@@ -147,7 +153,7 @@ def verdicts(result: dict[str, Any], workload: dict[str, Any],
     rows.append((f"adaptive / the plan's static choice at {late:.0%} <= "
                  f"{goals['adaptive_over_static_late']}", _interval(point, low, high),
                  _verdict(point, goals["adaptive_over_static_late"], missing)))
-    training_part = result["protocol"].get("plan_row_measure") == "training"
+    training_part = _judges_training_part(result)
     predicted = result["workloads"][name].get(
         "plan_adaptive_train_s" if training_part else "plan_adaptive_s") or {}
     label = "the plan's adaptive row's training part" if training_part else \
@@ -170,7 +176,7 @@ def _like_for_like(result: dict[str, Any], workload: dict[str, Any],
     runs' median. Version 1 judged the whole row: its training part alone, read post hoc.
     Version 2 judges the training part: the whole row (start-up and evaluations
     included), reported beside, not judged."""
-    training_part = result["protocol"].get("plan_row_measure") == "training"
+    training_part = _judges_training_part(result)
     planned = result["workloads"][workload["name"]].get(
         "plan_adaptive_s" if training_part else "plan_adaptive_train_s")
     if not planned:

@@ -252,11 +252,7 @@ class TulaOptimizer(ScaleRefresh, torch.optim.Optimizer):
         for state in self.state.values():  # line 10, after the weight update of line 9
             if "next_scale" in state:
                 state["scale"] = state.pop("next_scale")
-        self._counters["steps"] += 1
-        self._counters["scaled_steps"] += int(scaled)
-        self._counters["steps_since_refresh"] += 1
-        self.telemetry = {"variability": variability, "scaled": scaled,
-                          **self._scale_stats, **self._counters}
+        self._count_step(variability, scaled)
         return loss
 
     def _plain_step(self) -> None:
@@ -266,10 +262,15 @@ class TulaOptimizer(ScaleRefresh, torch.optim.Optimizer):
         self.base.step()
         self._progress = self._progress + self.large_batch / self.small_batch
         self._previous_norm_sq = None
+        self._count_step(math.nan, scaled=False)
+
+    def _count_step(self, variability: float, scaled: bool) -> None:
+        """A step taken: the counters, and the telemetry the strategy records of it."""
         self._counters["steps"] += 1
+        self._counters["scaled_steps"] += int(scaled)
         self._counters["steps_since_refresh"] += 1
-        self.telemetry = {"variability": math.nan, "scaled": False, **self._scale_stats,
-                          **self._counters}
+        self.telemetry = {"variability": variability, "scaled": scaled,
+                          **self._scale_stats, **self._counters}
 
     @property
     def progress(self) -> float | None:
