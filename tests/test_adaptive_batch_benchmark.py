@@ -255,3 +255,37 @@ def test_version_2_sets_each_adaptive_run_before_its_first_switch_beside_its_fix
     assert first["ratio"] == pytest.approx(2.0) and not first["same_accuracy"]
     assert "before its first switch" in report(result)
     assert "before its first switch" not in report(made_result(plan_adaptive=5.5))
+
+
+# --------------------------------------------------------------------------- version 3
+
+def test_version_3_scores_again_on_new_seeds_from_version_2s_plans_and_selection(
+        tmp_path, monkeypatch):
+    from benchmarks.accuracy import adaptive_batch as runner
+    from benchmarks.accuracy import adaptive_batch_v2_protocol as v2
+    from benchmarks.accuracy import adaptive_batch_v3_protocol as v3
+    from benchmarks.common import Benchmark
+
+    earlier = {*PROTOCOL.selection_seeds, *PROTOCOL.scoring_seeds, *v2.SELECTION_SEEDS,
+               *v2.SCORING_SEEDS}
+    assert len(set(v3.SCORING_SEEDS)) == 6 and not set(v3.SCORING_SEEDS) & earlier
+    assert v3.PROTOCOL.selection_seeds == v2.SELECTION_SEEDS
+    assert v3.PROTOCOL.workloads == v2.PROTOCOL.workloads and v3.PROTOCOL.goals == PROTOCOL.goals
+    own = Benchmark(v3.RESULTS_NAME)
+    assert runner.inputs_of(own, v3.PROTOCOL) == (Benchmark(v2.RESULTS_NAME), 2)
+    assert runner.inputs_of(own, v3.QUICK) == (own, 3)  # --quick reads no recorded file
+    # The selection is read from the earlier log, every run of it, and refused when one
+    # is missing (never run again under the new version).
+    monkeypatch.setattr("benchmarks.common.scaffold.RESULTS_DIR", tmp_path)
+    made_up = dataclasses.replace(v3.PROTOCOL, workloads=(WORKLOAD,), selection_seeds=(0, 1))
+    recorded = [made_run(b, s, (3.0, 7.0)) | {"version": 2} for s in (0, 1) for b in (32, 64)]
+    log = tmp_path / f"{v2.RESULTS_NAME}.runs.jsonl"
+    log.write_text("".join(json.dumps(r) + "\n" for r in recorded))
+    inputs = Benchmark(v2.RESULTS_NAME)
+    read = runner.recorded_selection(WORKLOAD, made_up, [32, 64], inputs, 2)
+    assert sorted((r["batch"], r["seed"]) for r in read) == [(32, 0), (32, 1), (64, 0), (64, 1)]
+    log.write_text("".join(json.dumps(r) + "\n" for r in recorded[:-1]))
+    with pytest.raises(RuntimeError, match="lacks 1 of the selection runs"):
+        runner.recorded_selection(WORKLOAD, made_up, [32, 64], inputs, 2)
+    with pytest.raises(RuntimeError, match="not recorded"):
+        runner.recorded_plan(WORKLOAD, inputs)

@@ -294,9 +294,44 @@ def run(quick: bool = False) -> dict:
     return carry_out(Benchmark(NAME, quick), QUICK if quick else PROTOCOL)
 
 
+def inputs_of(benchmark: Benchmark, protocol: Protocol) -> tuple[Benchmark, int]:
+    """Whose plans and selection runs `protocol` uses, and their version: its own (it
+    searches and runs them), or a recorded earlier version's that it reads (version 3:
+    version 2's)."""
+    source = getattr(protocol, "inputs_from", None)
+    if source is None:
+        return benchmark, protocol.version
+    return Benchmark(source), protocol.inputs_version
+
+
+def recorded_plan(workload: WorkloadProtocol, inputs: Benchmark):
+    """An earlier version's plan, read; never searched again in its place."""
+    from tula_ray.planning.plan import Plan
+
+    path = inputs.path(f"_{workload.name}.plan.json")
+    if not path.exists():
+        raise RuntimeError(f"the protocol reads {path.name}, which is not recorded: run "
+                           f"{inputs.name}'s benchmark first")
+    return Plan.from_json(path)
+
+
+def recorded_selection(workload: WorkloadProtocol, protocol: Protocol, batches: list[int],
+                       inputs: Benchmark, version: int) -> list[dict]:
+    """An earlier version's selection runs, every one the protocol's selection asks for,
+    read from its log (none is run again in its place)."""
+    specs = selection_specs(workload, dataclasses.replace(protocol, version=version), batches)
+    done = {run_key(r): r for r in read_runs(inputs.path(".runs.jsonl"))}
+    missing = [spec for spec in specs if run_key(spec) not in done]
+    if missing:
+        raise RuntimeError(f"{inputs.name}.runs.jsonl lacks {len(missing)} of the selection "
+                           f"runs the protocol reads, e.g. {missing[0]}")
+    return [done[run_key(spec)] for spec in specs]
+
+
 def carry_out(benchmark: Benchmark, protocol: Protocol) -> dict:
     """Carries out `protocol` (version 1's or a later one), its plans, log and result
-    named after `benchmark`."""
+    named after `benchmark`; a protocol that reads an earlier version's plans and
+    selection runs (`inputs_of`) runs only its scored arms."""
     import tula_ray
     from tula_ray.cluster import ray_session
 
@@ -305,26 +340,47 @@ def carry_out(benchmark: Benchmark, protocol: Protocol) -> dict:
         raise RuntimeError("the protocol's split moved (torch permutes differently here): "
                            "its digest is not SPLIT_SHA256; no run on another split")
     log = benchmark.log()
+    inputs, inputs_version = inputs_of(benchmark, protocol)
     adaptive = adaptive_support(tula_ray.train)
-    arms, left = {}, 0
+    arms, left, selection = {}, 0, []
     with ray_session(None, None):
         for workload in protocol.workloads:
-            plan = make_plan(workload, quick, benchmark.path(f"_{workload.name}.plan.json"))
+            if inputs is benchmark:
+                plan = make_plan(workload, quick, benchmark.path(
+                    f"_{workload.name}.plan.json"))
+            else:
+                plan = recorded_plan(workload, inputs)
             batches = sorted(int(b) for b in plan.table.loc[
                 plan.table["num_workers"] == WORLD_SIZE, "global_batch"])
-            left += run_missing(selection_specs(workload, protocol, batches), workload, plan,
-                                log, protocol.total_limit_s)
-            arms[workload.name] = planned_arms(plan, workload, read_runs(log), protocol)
+            if inputs is benchmark:
+                left += run_missing(selection_specs(workload, protocol, batches), workload,
+                                    plan, log, protocol.total_limit_s)
+                selected = read_runs(log)
+            else:
+                selected = recorded_selection(workload, protocol, batches, inputs,
+                                              inputs_version)
+                selection += selected
+            arms[workload.name] = planned_arms(plan, workload, selected, protocol)
             left += run_missing(scoring_specs(workload, protocol, arms[workload.name],
                                               adaptive == "ok"),
                                 workload, plan, log, protocol.total_limit_s)
             arms[workload.name]["switches"] = explained_switches(plan, arm_runs(
                 read_runs(log), workload.name, ADAPTIVE, protocol.scoring_seeds))
-    runs = [r for r in read_runs(log) if r["version"] == protocol.version]
-    wall = sum(r["wall_s"] for r in runs)
-    limit = (f"{len(runs)} runs, {wall / 3600:.2f} h of the {protocol.total_limit_s / 3600:g} h "
-             f"limit" + (f"; {left} runs not started (the limit)" if left else "") + ".")
-    gpu = gpu_record([w.name for w in protocol.workloads])
+    own = [r for r in read_runs(log) if r["version"] == protocol.version]
     return benchmark.record({"quick": quick, "protocol": protocol_record(protocol),
-                             "workloads": arms, "runs": runs, "adaptive_arm": adaptive,
-                             "limit": limit, "gpu": gpu}, report)
+                             "workloads": arms, "runs": selection + own,
+                             "adaptive_arm": adaptive,
+                             "limit": limit_line(own, left, protocol, inputs, selection),
+                             "gpu": gpu_record([w.name for w in protocol.workloads])}, report)
+
+
+def limit_line(own: list[dict], left: int, protocol: Protocol, inputs: Benchmark,
+               read: list[dict]) -> str:
+    """The runs this version ran against its limit, and those it read from another."""
+    wall = sum(r["wall_s"] for r in own)
+    line = (f"{len(own)} runs, {wall / 3600:.2f} h of the {protocol.total_limit_s / 3600:g} h "
+            f"limit" + (f"; {left} runs not started (the limit)" if left else "") + ".")
+    if read:
+        line += (f" The plans and the {len(read)} selection runs are read from "
+                 f"results/{inputs.name}.*, recorded before.")
+    return line
