@@ -144,3 +144,20 @@ def test_a_store_is_written_and_read_back_through_pyarrow(tmp_path):
     error = storage.write_and_read(f"file://{tmp_path}/locked/runs")
     if os.geteuid() != 0:  # root writes anywhere
         assert error is not None and "Permission denied" in error
+
+
+def test_train_launches_poll_their_workers_promptly_unless_the_user_said(monkeypatch):
+    """Ray Train's controller polls every 2 s by default: each launch waits for it at its
+    end, and at each report that comes sooner (benchmarks/startup/launch_overhead.py)."""
+    from ray.train.v2._internal.constants import (ENV_VARS_TO_PROPAGATE,
+                                                  HEALTH_CHECK_INTERVAL_S_ENV_VAR)
+
+    # the variable Ray reads, and passes on from `fit()`'s process to the controller
+    assert cluster.TRAIN_POLL_ENV == HEALTH_CHECK_INTERVAL_S_ENV_VAR
+    assert cluster.TRAIN_POLL_ENV in ENV_VARS_TO_PROPAGATE
+    monkeypatch.delenv(cluster.TRAIN_POLL_ENV, raising=False)
+    cluster.prompt_train_polls()
+    assert os.environ[cluster.TRAIN_POLL_ENV] == str(cluster.TRAIN_POLL_S) == "0.25"
+    monkeypatch.setenv(cluster.TRAIN_POLL_ENV, "3")
+    cluster.prompt_train_polls()
+    assert os.environ[cluster.TRAIN_POLL_ENV] == "3"  # the user's own value is kept

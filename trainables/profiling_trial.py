@@ -47,8 +47,8 @@ from ray.tune.integration.ray_train import TuneReportCallback
 
 from trainables.profiling_loop import PROFILE_GRID_KEY, SETTINGS_KEY, profile_loop_per_worker
 from tula_ray.cluster import (PROVISION_TIMEOUT_S_DEFAULT, alive_node_resources, can_place,
-                              hold_request, job_keeper, scaling_config, trial_resources,
-                              worker_shape, workers_that_fit)
+                              hold_request, job_keeper, prompt_train_polls, scaling_config,
+                              trial_resources, worker_shape, workers_that_fit)
 from tula_ray.failures import (FAILURE_INFRASTRUCTURE, FAILURE_OOM, FAILURE_USER_CODE,
                                UserCodeError, is_out_of_memory)
 from tula_ray.models.topology import STRICT_PACK, node_bundles, placement_strategy
@@ -156,6 +156,7 @@ def profile_cluster_size(config: dict[str, Any]) -> None:
     batch's first row, so the ones already measured stay measured).
     """
     os.environ.setdefault(PREEMPTION_WATCHER_ENV, "0")
+    prompt_train_polls()
     _quiet_termination()
     settings = ProfileSettings.from_config(config)  # read once here, as its batches
     grid = _runnable(ProfileGrid.of_config(config), settings)

@@ -19,7 +19,7 @@ from ray.train.torch import TorchTrainer
 from ray.tune.integration.ray_train import TuneReportCallback
 
 from trainables.training_loop import train_loop_per_worker
-from tula_ray.cluster import WORKER_GROUP_START_RETRIES, scaling_config
+from tula_ray.cluster import WORKER_GROUP_START_RETRIES, prompt_train_polls, scaling_config
 
 logger = logging.getLogger(__name__)
 
@@ -54,6 +54,7 @@ def tune_trial(config: dict[str, Any], fixed: dict[str, Any]) -> None:
                              failure_config=FailureConfig(
                                  max_failures=0,
                                  controller_failure_limit=WORKER_GROUP_START_RETRIES)))
+    prompt_train_polls()
     try:
         trainer.fit()
     except ControllerError:

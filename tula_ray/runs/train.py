@@ -32,7 +32,8 @@ from trainables.training_loop import METRICS_FILE, load_checkpoint_state, train_
 from tula_ray.arguments import (check_bool, check_choice, check_int, check_mapping, check_number,
                                 check_text)
 from tula_ray.cluster import (PROVISION_TIMEOUT_S_DEFAULT, Workers, check_runtime_env,
-                              check_worker_request, cluster_for_run, scaling_config)
+                              check_worker_request, cluster_for_run, prompt_train_polls,
+                              scaling_config)
 from tula_ray.planning.plan import Plan
 from tula_ray.runs.adaptive_batch import BATCH_MODES, adaptive_batch_of, batch_mode
 from tula_ray.runs.training_job import Job, checked_on_worker, dry_run, resolve_job
@@ -230,6 +231,7 @@ def train(
                                      max_failures=max_failures, verbose=verbose,
                                      keep_checkpoints=keep_checkpoints)
             trainer = _trainer(job, config, workers, run_config, collective_timeout_s)
+            prompt_train_polls()
             result = trainer.fit()
     finally:
         if marker_dir is not None:
