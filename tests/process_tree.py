@@ -89,5 +89,21 @@ def kill_tree(root: int, grace_s: float = 10.0, *, term_first: bool = True) -> N
             except ProcessLookupError:
                 pass
         deadline = time.monotonic() + grace_s
-        while time.monotonic() < deadline and any(Path(f"/proc/{p}").exists() for p in pids):
+        while time.monotonic() < deadline and any(running(p) for p in pids):
             time.sleep(0.2)
+
+
+def running(pid: int) -> bool:
+    """Whether `pid` still runs. A process that exited is a zombie until its parent reaps
+    it, and /proc still lists it: this process's own children are reaped here; others' (an
+    orphan whose new parent never reaps, as a container's init may not) count as gone."""
+    try:
+        if os.waitpid(pid, os.WNOHANG)[0] == pid:
+            return False  # our child, just reaped
+    except ChildProcessError:
+        pass  # not our child, or already reaped
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state not in ("Z", "X")

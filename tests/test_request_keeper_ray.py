@@ -21,17 +21,22 @@ from ray.autoscaler._private.constants import AUTOSCALER_RESOURCE_REQUEST_CHANNE
 from ray.autoscaler.v2.utils import is_autoscaler_v2
 from ray.experimental.internal_kv import _internal_kv_get
 
-from tula_ray.cluster.requests import BEAT_S
+from tula_ray.cluster.requests import BEAT_S, WATCH_POLL_S
 from tula_ray.cluster import KEEPER_NAMESPACE, STALE_S, release_workers, request_workers
 from tula_ray.cluster.workers import Workers
 
 pytestmark = pytest.mark.ray
 
 BUNDLES = [{"CPU": 1.0}, {"CPU": 1.0}]
+# The driver's keeper waits this long for a missed beat, not STALE_S (30 s): the same
+# mechanism, 18 s less of the suite spent waiting. That STALE_S itself withdraws within
+# the minute is `test_the_keepers_staleness_withdraws_within_a_minute`.
+TEST_STALE_S = 12.0
 DRIVER = """
 import sys, time
-from tula_ray.cluster import ensure_ray, keeper_name, request_workers
+from tula_ray.cluster import driver_keeper, ensure_ray, keeper_name, request_workers
 ensure_ray(sys.argv[1])  # as a user's driver joins a cluster
+driver_keeper(stale_s={stale_s})  # started here, found by name by request_workers
 request_workers({bundles!r})
 print("keeper:", keeper_name(), flush=True)
 time.sleep(600)
@@ -63,7 +68,7 @@ def _keeper_alive(name: str) -> bool:
 
 def test_a_killed_drivers_request_is_withdrawn_within_a_minute(ray_session):
     driver = subprocess.Popen(
-        [sys.executable, "-c", DRIVER.format(bundles=BUNDLES), ray_session],
+        [sys.executable, "-c", DRIVER.format(bundles=BUNDLES, stale_s=TEST_STALE_S), ray_session],
         stdout=subprocess.PIPE, text=True)
     try:
         name = _keeper_named_by(driver)
@@ -78,11 +83,16 @@ def test_a_killed_drivers_request_is_withdrawn_within_a_minute(ray_session):
         while _keeper_alive(name):  # it withdraws the request, then ends
             assert time.monotonic() - killed < 60, "the keeper outlived its driver by 60 s"
             time.sleep(0.5)
-        assert time.monotonic() - killed >= STALE_S - 5.0  # it waited for missed beats
+        assert time.monotonic() - killed >= TEST_STALE_S - BEAT_S  # it waited for missed beats
         assert outstanding_request() == []
     finally:
         driver.kill()
         driver.wait()
+
+
+def test_the_keepers_staleness_withdraws_within_a_minute():
+    assert BEAT_S + 1 < TEST_STALE_S  # the test's beat check above waits one beat
+    assert STALE_S + WATCH_POLL_S < 60  # the product's keeper, after its driver's last beat
 
 
 def test_a_drivers_release_withdraws_at_once(ray_session):
