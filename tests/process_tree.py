@@ -81,7 +81,12 @@ def kill_tree(root: int, grace_s: float = 10.0, *, term_first: bool = True) -> N
     """SIGTERM `root` and everything below it, then SIGKILL what is left after `grace_s`;
     with term_first=False, SIGKILL at once (a crash, no chance to clean up). Only these
     processes: never `ray stop`, which stops every Ray on the machine."""
-    pids = [root, *descendants(root)]
+    kill_trees([root], grace_s, term_first=term_first)
+
+
+def kill_trees(roots: list[int], grace_s: float = 10.0, *, term_first: bool = True) -> None:
+    """`kill_tree` of every root at once: one grace for them all, not one each."""
+    pids = [*roots, *(pid for root in roots for pid in descendants(root))]
     for sig in (signal.SIGTERM, signal.SIGKILL) if term_first else (signal.SIGKILL,):
         for pid in pids:
             try:

@@ -113,7 +113,7 @@ def fake_cluster(no_shared_ray):
             os.environ.pop(AUTOSCALING_CONFIG_ENV, None)
         else:
             os.environ[AUTOSCALING_CONFIG_ENV] = saved
-        kill_tree(head.pid)
+        kill_tree(head.pid, grace_s=3)  # a fake cluster: nothing of it needs a clean end
         record_elsewhere(scratch / "ray", "the fake autoscaling cluster")
         shutil.rmtree(scratch, ignore_errors=True)
 

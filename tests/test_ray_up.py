@@ -27,7 +27,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from process_tree import kill_tree
+from process_tree import kill_trees
 from ray_budget import record_elsewhere
 
 pytestmark = [pytest.mark.ray, pytest.mark.ray_up, pytest.mark.own_ray]
@@ -148,8 +148,7 @@ def sandbox(no_shared_ray):
             sshd.wait()
         record_elsewhere(scratch / "ray-tmp" / "ray", "the `ray up` cluster")
         if uid is not None:  # whatever the cluster's user still runs: this test's processes
-            for pid in _user_processes(uid):
-                kill_tree(pid, grace_s=5)
+            kill_trees(_user_processes(uid), grace_s=5)
             subprocess.run(["userdel", "--remove", user], capture_output=True)
         if own_run_dir:
             shutil.rmtree("/run/sshd", ignore_errors=True)

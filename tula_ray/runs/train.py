@@ -231,7 +231,6 @@ def train(
                                      max_failures=max_failures, verbose=verbose,
                                      keep_checkpoints=keep_checkpoints)
             trainer = _trainer(job, config, workers, run_config, collective_timeout_s)
-            prompt_train_polls()
             result = trainer.fit()
     finally:
         if marker_dir is not None:
@@ -308,7 +307,9 @@ def _loop_config(job: Job, *, seed: int, lr: float | None, budget: str, verbose:
 def _trainer(job: Job, config: dict[str, Any], workers: Workers, run_config: RunConfig,
              collective_timeout_s: float = COLLECTIVE_TIMEOUT_S_DEFAULT) -> TorchTrainer:
     """The TorchTrainer of `job` running the training loop on `config`, placed as the
-    search profiled N, its collectives timed out after `collective_timeout_s`."""
+    search profiled N, its collectives timed out after `collective_timeout_s`; its
+    controller polls the workers promptly (`prompt_train_polls`)."""
+    prompt_train_polls()
     logger.info("training %s with %s at N=%d, B=%d for %d epochs (run %s)", job.workload.name,
                 job.strategy_name, job.num_workers, job.global_batch, job.epochs,
                 run_config.name)
