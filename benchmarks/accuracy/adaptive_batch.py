@@ -294,6 +294,16 @@ def run(quick: bool = False) -> dict:
     return carry_out(Benchmark(NAME, quick), QUICK if quick else PROTOCOL)
 
 
+def runner_of(version) -> Callable[..., dict]:
+    """`run(quick)` of a later protocol version's benchmark: this runner on the version's
+    PROTOCOL (--quick: its QUICK), its files named RESULTS_NAME (`version`: the version's
+    protocol module)."""
+    def run_version(quick: bool = False) -> dict:
+        return carry_out(Benchmark(version.RESULTS_NAME, quick),
+                         version.QUICK if quick else version.PROTOCOL)
+    return run_version
+
+
 def inputs_of(benchmark: Benchmark, protocol: Protocol) -> tuple[Benchmark, int]:
     """Whose plans and selection runs `protocol` uses, and their version: its own (it
     searches and runs them), or a recorded earlier version's that it reads (version 3:

@@ -10,14 +10,9 @@ adaptive_batch_v3_quick.* (git-ignored), not a measurement.
 
 from __future__ import annotations
 
-from benchmarks.accuracy.adaptive_batch import carry_out
-from benchmarks.accuracy.adaptive_batch_report import report
-from benchmarks.accuracy.adaptive_batch_v3_protocol import PROTOCOL, QUICK, RESULTS_NAME
-from benchmarks.common import Benchmark
+from benchmarks.accuracy import adaptive_batch_v3_protocol as protocol
+from benchmarks.accuracy.adaptive_batch import report, runner_of
 
-NAME = RESULTS_NAME
+NAME = protocol.RESULTS_NAME
 __all__ = ["NAME", "report", "run"]
-
-
-def run(quick: bool = False) -> dict:
-    return carry_out(Benchmark(NAME, quick), QUICK if quick else PROTOCOL)
+run = runner_of(protocol)
