@@ -10,7 +10,7 @@ adaptive_batch_v2_quick.* (git-ignored), not a measurement.
 
 from __future__ import annotations
 
-from benchmarks.accuracy import adaptive_batch_v2_protocol as protocol
+import benchmarks.accuracy.adaptive_batch_v2_protocol as protocol
 from benchmarks.accuracy.adaptive_batch import report, runner_of
 
 NAME = protocol.RESULTS_NAME
