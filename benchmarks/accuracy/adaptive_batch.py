@@ -131,6 +131,12 @@ def plan_adaptive_training_s(plan) -> float | None:
                  - row["epochs_to_target"] * per_epoch)
 
 
+def fixed_batches(plan) -> list[int]:
+    """The plan's batches at the protocol's N: the fixed-B arms."""
+    table = plan.table
+    return sorted(int(b) for b in table.loc[table["num_workers"] == WORLD_SIZE, "global_batch"])
+
+
 def planned_arms(plan, workload: WorkloadProtocol, runs: list[dict],
                  protocol: Protocol) -> dict[str, Any]:
     """What the selection runs decide, from validation data only: per target, E0 (the
@@ -138,8 +144,7 @@ def planned_arms(plan, workload: WorkloadProtocol, runs: list[dict],
     plan's adaptive prediction, and the best fixed B."""
     from benchmarks.accuracy.time_to_accuracy import replanned
 
-    table = plan.table[plan.table["num_workers"] == WORLD_SIZE]
-    batches = sorted(int(b) for b in table["global_batch"])
+    batches = fixed_batches(plan)
     m0 = int(plan.meta.get("reference_batch", batches[0]))
     arms: dict[str, Any] = {"fixed_batches": batches, "reference_batch": m0, "e0": {},
                             "static": {}, "plan_adaptive_s": {}, "best": {}}
@@ -355,19 +360,15 @@ def carry_out(benchmark: Benchmark, protocol: Protocol) -> dict:
     arms, left, selection = {}, 0, []
     with ray_session(None, None):
         for workload in protocol.workloads:
-            if inputs is benchmark:
+            if inputs is benchmark:  # its own plan and selection runs
                 plan = make_plan(workload, quick, benchmark.path(
                     f"_{workload.name}.plan.json"))
-            else:
-                plan = recorded_plan(workload, inputs)
-            batches = sorted(int(b) for b in plan.table.loc[
-                plan.table["num_workers"] == WORLD_SIZE, "global_batch"])
-            if inputs is benchmark:
-                left += run_missing(selection_specs(workload, protocol, batches), workload,
-                                    plan, log, protocol.total_limit_s)
+                left += run_missing(selection_specs(workload, protocol, fixed_batches(plan)),
+                                    workload, plan, log, protocol.total_limit_s)
                 selected = read_runs(log)
-            else:
-                selected = recorded_selection(workload, protocol, batches, inputs,
+            else:  # an earlier version's, read
+                plan = recorded_plan(workload, inputs)
+                selected = recorded_selection(workload, protocol, fixed_batches(plan), inputs,
                                               inputs_version)
                 selection += selected
             arms[workload.name] = planned_arms(plan, workload, selected, protocol)

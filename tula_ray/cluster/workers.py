@@ -52,7 +52,8 @@ WORKER_GROUP_START_RETRIES = 10
 PROVISION_POLL_S = 5.0
 # Ray Train's controller learns that the workers' function ended (and takes their reports)
 # by polling them every RAY_TRAIN_HEALTH_CHECK_INTERVAL_S, 2 s by default: each launch then
-# waits about a second after its last step. A poll is one small actor call per worker, and
+# waits at its end, and at every report that comes sooner than the last poll (a worker
+# holds one report at a time). A poll is one small actor call per worker, and
 # a slow answer is only counted as missed (a worker is declared dead after 10 minutes of
 # them), so polling every quarter second costs the workers nothing measurable
 # (`python -m benchmarks launch-overhead`). A value the user set is kept.
