@@ -1,5 +1,6 @@
 """A search survives its driver (issue 13, item 2): a driver script with its own Workload is
-killed with SIGKILL in the middle of a search; the same script, run again with
+killed with SIGKILL in the middle of a search (its sweep held at one batch by a gate in the
+model, so that the kill does not race the search's end); the same script, run again with
 resume=True, continues the same experiment through `Tuner.restore`.
 
 Both drivers are subprocesses that join the run's shared Ray (RAY_ADDRESS), as drivers
@@ -22,7 +23,9 @@ from tula_ray.planning.plan import Plan, build_plan
 pytestmark = pytest.mark.ray
 
 DRIVER = '''
+import os
 import sys
+import time
 
 import torch
 from torch import nn
@@ -31,6 +34,8 @@ from torch.utils.data import TensorDataset
 import tula_ray
 from tula_ray.workloads import Workload
 
+GATE, GATE_BATCH = GATE_PATH, GATE_AT_BATCH
+
 
 def data():
     generator = torch.Generator().manual_seed(0)
@@ -38,8 +43,20 @@ def data():
                          torch.randint(0, 4, (1024,), generator=generator))
 
 
+class Gate(nn.Module):
+    """Holds a step at B = GATE_BATCH (above the memory probe's batches) until the test
+    opens the gate: the first driver is killed while it waits, the smaller batches' rows
+    saved."""
+
+    def forward(self, x):
+        while x.shape[0] == GATE_BATCH and not os.path.exists(GATE):
+            time.sleep(0.05)
+        return x
+
+
 def model():
-    return nn.Sequential(nn.Flatten(), nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 4))
+    return nn.Sequential(Gate(), nn.Flatten(), nn.Linear(64, 256), nn.ReLU(),
+                         nn.Linear(256, 4))
 
 
 if __name__ == "__main__":
@@ -51,6 +68,7 @@ if __name__ == "__main__":
 '''
 TIMEOUT_S = 600
 BATCHES = (32, 64, 128, 256, 512)  # one worker group profiles them, smallest first
+GATE_AT = 256  # the first driver's sweep waits here: three rows saved, two left
 
 
 def saved_state(experiment: Path) -> dict | None:
@@ -77,15 +95,17 @@ def run_driver(script: Path, storage: Path, out: Path, address: str) -> subproce
 def killed_then_resumed(ray_session, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("resume")
     script, storage = tmp / "driver.py", tmp / "ray_results"
-    script.write_text(DRIVER)
+    gate = tmp / "gate"
+    script.write_text(DRIVER.replace("GATE_PATH", repr(str(gate)))
+                      .replace("GATE_AT_BATCH", str(GATE_AT)))
     experiment = storage / "resumable"
     first = run_driver(script, storage, tmp / "never.json", ray_session)
     deadline, before = time.monotonic() + TIMEOUT_S, None
     try:
         while time.monotonic() < deadline and first.poll() is None:
             state = saved_state(experiment)
-            # A few candidates measured, not all: the resumed search has some left.
-            if state and 2 <= len(state["rows"]) < len(BATCHES):
+            # The candidates below the gate measured: the resumed search has the rest left.
+            if state and len(state["rows"]) == BATCHES.index(GATE_AT):
                 before = state
                 break
             time.sleep(0.2)
@@ -95,6 +115,7 @@ def killed_then_resumed(ray_session, tmp_path_factory):
     assert before is not None, f"no rows saved before the kill:\n{first.stderr.read()[-3000:]}"
     assert not (tmp / "never.json").exists()
     time.sleep(1)  # the killed group's files are closed
+    gate.touch()  # the resumed search's sweep runs through
     killed = saved_state(experiment)  # what the resumed search starts from
     second = run_driver(script, storage, tmp / "plan.json", ray_session)
     try:
