@@ -289,3 +289,36 @@ def test_version_3_scores_again_on_new_seeds_from_version_2s_plans_and_selection
         runner.recorded_selection(WORKLOAD, made_up, [32, 64], inputs, 2)
     with pytest.raises(RuntimeError, match="not recorded"):
         runner.recorded_plan(WORKLOAD, inputs)
+
+
+def test_the_plans_step_time_beside_the_runs_reads_the_plan_rows_error():
+    """Added after version 3's runs: the plan's ms per step at each fixed B against the fixed
+    runs' (every seed), and the batches the plan's adaptive row trains."""
+    result = made_result_v2(plan_train_s=5.5, plan_whole_s=30.0)
+    assert "to read the plan row's error" not in report(result)  # recorded before: no line
+    planned = result["workloads"][WORKLOAD.name]
+    planned["plan_step_ms"] = {"64": 250.0}
+    planned["plan_adaptive_batches"] = {str(LATE): "32 > 64"}
+    line = [row for row in report(result).splitlines() if "to read the plan row's error" in row]
+    # made_run's runs at B = 64: 40 steps in 7 s less 4 evaluations of 0.5 s: 125 ms.
+    assert "B = 64: 250 against 125 (2.00x)" in line[0]
+    assert "adaptive row trains at 80%: 32 > 64" in line[0]
+
+
+def test_the_plans_step_time_is_its_fixed_rows_training_part_per_step():
+    from benchmarks.accuracy.adaptive_batch_plan import WORLD_SIZE, plan_step_ms
+    from tula_ray.planning.context import PlanContext
+    from tula_ray.planning.plan import build_plan
+    from tula_ray.planning.synthetic import example_params, synthetic_profiles
+    from tula_ray.space import SearchSpace
+
+    space = SearchSpace((WORLD_SIZE,), (32, 128))
+    plan = build_plan(space, synthetic_profiles(space.candidates(), example_params()),
+                      PlanContext(epochs=3, dataset_size=1000), search_strategy="full")
+    steps = plan_step_ms(plan)
+    assert set(steps) == {"32", "128"}
+    row = plan.table[plan.table["global_batch"] == 128].iloc[0]
+    training = (row["estimated_total_time_s"] - row["startup_time_s"]) / 3 \
+        - row["eval_time_s"] - row["checkpoint_time_s"]
+    assert steps["128"] == pytest.approx(1000 * training / (1000 // 128))
+    assert steps["128"] >= 1000 * row["step_time_s"] * 0.999  # the strategy's cost adds

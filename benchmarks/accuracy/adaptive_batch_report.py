@@ -200,6 +200,31 @@ def _like_for_like(result: dict[str, Any], workload: dict[str, Any],
             + "; ".join(parts) + ".", ""]
 
 
+def _plan_speed_lines(result: dict[str, Any], workload: dict[str, Any]) -> list[str]:
+    """The plan's milliseconds per step at each fixed B against the fixed runs' (every
+    seed), and the batches its adaptive row trains per target: where the plan row's error
+    comes from. Added after version 3's runs; no goal reads it."""
+    arms = result["workloads"][workload["name"]]
+    planned = arms.get("plan_step_ms")
+    if not planned:
+        return []
+    protocol = result["protocol"]
+    seeds = [*protocol["selection_seeds"], *protocol["scoring_seeds"]]
+    parts = []
+    for batch, plan_ms in planned.items():
+        runs_ms = median([step_ms(r) for r in arm_runs(result["runs"], workload["name"],
+                                                       int(batch), seeds)])
+        if math.isfinite(runs_ms):
+            parts.append(f"B = {batch}: {plan_ms:.3g} against {runs_ms:.3g} "
+                         f"({plan_ms / runs_ms:.2f}x)")
+    schedules = "; ".join(f"{float(t):.0%}: {b}" for t, b in
+                          arms.get("plan_adaptive_batches", {}).items() if b)
+    return ["- Added after the runs, to read the plan row's error (no goal reads it): the "
+            "plan's ms per step, which its fixed rows and its adaptive row count, against "
+            "the fixed runs' median ms/step (every seed): " + "; ".join(parts) + ". The "
+            f"plan's adaptive row trains at {schedules}.", ""]
+
+
 def step_ms(run: dict[str, Any]) -> float:
     """The run's mean milliseconds per optimizer step, evaluations left out: how fast the
     machine ran it (version 2's report shows it per arm)."""
@@ -272,6 +297,7 @@ def _workload_section(result: dict[str, Any], workload: dict[str, Any]) -> list[
         lines.append("")
     lines += [markdown_table(["goal", "value", "met"], verdicts(result, workload, judged)), ""]
     lines += _like_for_like(result, workload, judged)
+    lines += _plan_speed_lines(result, workload)
     lines += _overhead_lines(result, workload)
     return lines + _switch_lines(result["workloads"][workload["name"]].get("switches"))
 

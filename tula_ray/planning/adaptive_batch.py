@@ -13,12 +13,16 @@ samples/s(B) x E(B) of them, E(B) = (phi + M0) / (phi + B). phi follows the traj
 the plan states (`tula_ray.planning.noise_trajectory`); `integrate_adaptive_run` sums the
 seconds over `ADAPTIVE_SLICES` equal slices of progress, phi at each slice's middle.
 
-samples/s(B) counts what the fixed rows' time to accuracy counts
-(`accuracy.add_time_to_accuracy`), per trained sample (`seconds_per_sample`): the step
-(measured where profiled, else predicted; the strategy's cost per step included), and
-the evaluation and checkpoint of each epoch spread over the samples of an epoch at B;
-the start-up is added once. So under a constant phi a run that never switches takes the
-fixed row's time to accuracy. Core: no Ray.
+The batch at each slice is the one the run itself would take there: `train`'s controller
+(`tula_ray.training.batch_controller`) ranks the batches by the steps it is given,
+`run_step_s` (eq. 2a's prediction plus the strategy's cost per step; accumulated above
+the memory bound), and the row ranks them alike. Its seconds count what the fixed rows'
+time to accuracy counts (`accuracy.add_time_to_accuracy`), per trained sample
+(`seconds_per_sample`): the step (measured where profiled, else predicted; the
+strategy's cost per step included), and the evaluation and checkpoint of each epoch
+spread over the samples of an epoch at B; the start-up is added once. So under a
+constant phi the row stays at the batch the run would keep, in that fixed row's time to
+accuracy. Core: no Ray.
 """
 
 from __future__ import annotations
@@ -59,6 +63,34 @@ def adaptive_step_times(params: perf.PerfParams, num_workers: int, batches: Iter
     model (`plan.perf`) and its memory bound (`adaptive_memory_bound(plan.meta)`)."""
     return {int(b): accumulated_step_s(params, num_workers, int(b), max_local_batch)
             for b in batches}
+
+
+def run_step_s(rows: pd.DataFrame, params: perf.PerfParams,
+               max_local_batch: int | None) -> dict[int, tuple[float, int]]:
+    """B -> (step seconds, micro-steps) of each of N's `rows` (`allowed_rows`) as an
+    adaptive run ranks it: a feasible row's predicted step plus the training strategy's
+    measured cost per step; a row over the memory bound in accumulated micro-batches
+    (`accumulated_step_s`) plus that cost. Other rows, and steps not finite and positive,
+    are left out."""
+    steps = {}
+    for _, row in rows.iterrows():
+        batch, extra = int(row["global_batch"]), _strategy_extra_s(row)
+        if bool(row["feasible"]):
+            step_s, micro = float(row["step_time_s"]), 1
+        elif max_local_batch is not None and row["local_batch"] > max_local_batch:
+            step_s, micro = accumulated_step_s(params, int(row["num_workers"]), batch,
+                                               max_local_batch)
+        else:
+            continue
+        if math.isfinite(step_s + extra) and step_s + extra > 0:
+            steps[batch] = (step_s + extra, micro)
+    return steps
+
+
+def _strategy_extra_s(row: pd.Series) -> float:
+    """The training strategy's measured cost per step at the row (0 where none)."""
+    extra = row.get("strategy_extra_s", 0.0)
+    return 0.0 if extra is None or pd.isna(extra) else float(extra)
 
 
 def adaptive_memory_bound(meta: Mapping) -> int | None:
@@ -113,24 +145,28 @@ class AdaptiveRun:
 
 def integrate_adaptive_run(cost_per_sample: Mapping[int, float], trajectory: NoiseTrajectory,
                            total_samples: float, reference_batch: int, *,
+                           ranking: Mapping[int, float] | None = None,
                            min_gain: float = SWITCH_GAIN_DEFAULT,
                            slices: int = ADAPTIVE_SLICES) -> AdaptiveRun:
     """The adaptive run's seconds: sum over equal slices dp of progress of
     dp / goodput(1 / cost(B), phi, B, M0), B the batch `switched_batch` keeps or takes at
-    phi = the trajectory at the slice's middle (the run starts at the best batch); the
-    samples it trains are dp / E(B) per slice. cost_per_sample: B -> seconds per trained
-    sample (`seconds_per_sample`)."""
+    phi = the trajectory at the slice's middle (the run starts at the best batch) by the
+    goodput of `ranking`'s seconds per sample (None: the costs'; the run's own, from
+    `run_step_s`, for a plan); the samples it trains are dp / E(B) per slice.
+    cost_per_sample: B -> seconds per trained sample (`seconds_per_sample`)."""
+    ranking = cost_per_sample if ranking is None else ranking
     edges = np.linspace(0.0, total_samples, slices + 1)
     phis = trajectory.at((edges[:-1] + edges[1:]) / 2)
     current, time_s, samples, schedule = None, 0.0, {}, []
     for start, width, phi in zip(edges[:-1], np.diff(edges), phis):
         rates = {b: goodput(1.0 / cost, float(phi), b, reference_batch)
-                 for b, cost in cost_per_sample.items()}
+                 for b, cost in ranking.items()}
         chosen = switched_batch(current, rates, min_gain)
         if chosen != current:
             schedule.append((float(start), int(chosen)))
             current = chosen
-        time_s += width / rates[current]
+        time_s += width / goodput(1.0 / cost_per_sample[current], float(phi), current,
+                                  reference_batch)
         trained = width / efficiency(float(phi), current, reference_batch)
         samples[current] = samples.get(current, 0.0) + trained
     return AdaptiveRun(time_s, samples, tuple(schedule))

@@ -4,8 +4,9 @@
 N": the run the model of `tula_ray.planning.adaptive_batch` predicts over the plan's noise
 scale trajectory (`tula_ray.planning.noise_trajectory`), its time and cost to the target
 and the epochs it trains, beside the best fixed batch of N under the same trajectory (what
-adapting alone gains). The rows live in `Plan.adaptive`, not in `Plan.table`: the table
-stays one row per (N, B) candidate for every reader of it.
+adapting gains, or loses: the row switches where the run would, `run_step_s`). The rows
+live in `Plan.adaptive`, not in `Plan.table`: the table stays one row per (N, B)
+candidate for every reader of it.
 
 `choose_adaptive`: under `time_to_accuracy` or `cost_to_accuracy` (`ADAPTIVE_OBJECTIVES`),
 the fastest (cheapest) adaptive row replaces the policy's fixed choice where it is
@@ -30,15 +31,16 @@ from tula_ray.planning.accuracy import ProfiledNoise
 from tula_ray.planning.adaptive_batch import (ADAPTIVE_SLICES, AdaptiveRun, accumulated_step_s,
                                               allowed_rows, fixed_run_time_s,
                                               integrate_adaptive_run,
-                                              reference_samples, seconds_per_sample)
+                                              reference_samples, run_step_s,
+                                              seconds_per_sample)
 from tula_ray.planning.context import PlanContext
 from tula_ray.planning.noise_trajectory import NoiseTrajectory, noise_trajectory
 from tula_ray.planning.policy import OBJECTIVE_METRICS, Choice
 
 ADAPTIVE_OBJECTIVES = ("time_to_accuracy", "cost_to_accuracy")
 # An adaptive row replaces the fixed choice only when better by more than this (relative):
-# where the trajectory is constant it equals the best fixed batch, and then the fixed run,
-# which needs no switching, is the choice.
+# where the trajectory is constant it is at best the best fixed batch, and then the fixed
+# run, which needs no switching, is the choice.
 ADAPTIVE_MIN_GAIN = 1e-9
 
 
@@ -109,11 +111,17 @@ def adaptive_rows(estimates: pd.DataFrame, context: PlanContext, trajectory: Noi
         if context.max_workers is not None and n > context.max_workers:
             continue
         allowed = allowed_rows(estimates, n, context.dataset_size, context.max_global_batch)
-        costs = _batch_costs(allowed, context, params, memory, bound)
+        # The run ranks its batches by its own steps (`run_step_s`); the row counts time
+        # as the fixed rows do: with the same ranking it predicts the run's switches.
+        ranking = {b: step_s / b for b, (step_s, _) in run_step_s(allowed, params,
+                                                                   bound).items()}
+        costs = {b: cost for b, cost in _batch_costs(allowed, context, params, memory,
+                                                     bound).items() if b in ranking}
         if not costs:
             continue
         run = integrate_adaptive_run({b: c for b, (c, _, _) in costs.items()}, trajectory,
-                                     total, context.reference_batch)
+                                     total, context.reference_batch,
+                                     ranking={b: ranking[b] for b in costs})
         fixed = _best_fixed(costs, trajectory, total, context.reference_batch)
         rows.append(_row(int(n), run, costs, float(allowed["startup_time_s"].iloc[0]), fixed,
                          trajectory, context.dataset_size))
