@@ -28,9 +28,8 @@ from tula_ray.models import memory as memory_model, perf
 from tula_ray.models.goodput import SWITCH_GAIN_DEFAULT
 from tula_ray.models.pricing import NodeBilling
 from tula_ray.planning.accuracy import ProfiledNoise
-from tula_ray.planning.adaptive_batch import (ADAPTIVE_SLICES, AdaptiveRun, accumulated_step_s,
-                                              allowed_rows, fixed_run_time_s,
-                                              integrate_adaptive_run,
+from tula_ray.planning.adaptive_batch import (ADAPTIVE_SLICES, AdaptiveRun, allowed_rows,
+                                              fixed_run_time_s, integrate_adaptive_run,
                                               reference_samples, run_step_s,
                                               seconds_per_sample)
 from tula_ray.planning.context import PlanContext
@@ -44,27 +43,30 @@ ADAPTIVE_OBJECTIVES = ("time_to_accuracy", "cost_to_accuracy")
 ADAPTIVE_MIN_GAIN = 1e-9
 
 
-def _batch_costs(rows: pd.DataFrame, context: PlanContext, params: perf.PerfParams,
-                 memory: memory_model.MemoryParams | None, bound: int | None
-                 ) -> dict[int, tuple[float, int, float]]:
-    """B -> (seconds per trained sample, micro-steps, peak bytes) of N's allowed rows: a
-    row the plan may choose at its own estimate (its time to accuracy's per-epoch part
-    over the samples of its epochs); one above the memory bound with accumulated steps."""
+def _batch_costs(rows: pd.DataFrame, context: PlanContext,
+                 steps: dict[int, tuple[float, int]],
+                 memory: memory_model.MemoryParams | None) -> dict[int, tuple[float, int, float]]:
+    """B -> (seconds per trained sample, micro-steps, peak bytes) of N's allowed rows that
+    the run may train (`steps`: `run_step_s`): a row the plan may choose at its own
+    estimate (its time to accuracy's per-epoch part over the samples of its epochs); one
+    above the memory bound at its accumulated step, with its epoch's evaluation and
+    checkpoint."""
     costs = {}
     for _, row in rows.iterrows():
         batch = int(row["global_batch"])
-        epoch_samples = (context.dataset_size // batch) * batch
+        if batch not in steps:
+            continue
         if row["feasible"]:
             per_epoch = (row["estimated_total_time_s"] - row["startup_time_s"]) / context.epochs
-            costs[batch] = (per_epoch / epoch_samples, 1,
+            costs[batch] = (per_epoch / ((context.dataset_size // batch) * batch), 1,
                             float(row["estimated_peak_mem_bytes"]))
-        elif bound is not None and row["local_batch"] > bound:
-            step, micro = accumulated_step_s(params, int(row["num_workers"]), batch, bound)
+        else:
+            step, micro = steps[batch]
             extra = float(row["eval_time_s"] + row["checkpoint_time_s"])
             peak = (math.nan if memory is None else
                     float(memory_model.predict_peak_bytes(memory, row["local_batch"] / micro)))
-            costs[batch] = (seconds_per_sample(step + float(row["strategy_extra_s"]), batch,
-                                               extra, context.dataset_size), micro, peak)
+            costs[batch] = (seconds_per_sample(step, batch, extra, context.dataset_size),
+                            micro, peak)
     return costs
 
 
@@ -113,15 +115,13 @@ def adaptive_rows(estimates: pd.DataFrame, context: PlanContext, trajectory: Noi
         allowed = allowed_rows(estimates, n, context.dataset_size, context.max_global_batch)
         # The run ranks its batches by its own steps (`run_step_s`); the row counts time
         # as the fixed rows do: with the same ranking it predicts the run's switches.
-        ranking = {b: step_s / b for b, (step_s, _) in run_step_s(allowed, params,
-                                                                   bound).items()}
-        costs = {b: cost for b, cost in _batch_costs(allowed, context, params, memory,
-                                                     bound).items() if b in ranking}
+        steps = run_step_s(allowed, params, bound)
+        costs = _batch_costs(allowed, context, steps, memory)
         if not costs:
             continue
         run = integrate_adaptive_run({b: c for b, (c, _, _) in costs.items()}, trajectory,
                                      total, context.reference_batch,
-                                     ranking={b: ranking[b] for b in costs})
+                                     ranking={b: step_s / b for b, (step_s, _) in steps.items()})
         fixed = _best_fixed(costs, trajectory, total, context.reference_batch)
         rows.append(_row(int(n), run, costs, float(allowed["startup_time_s"].iloc[0]), fixed,
                          trajectory, context.dataset_size))
