@@ -39,6 +39,7 @@ BENCHMARKS = {"search": "benchmarks.prediction.search_cost",
               "adaptive-batch-v3": "benchmarks.accuracy.adaptive_batch_v3",
               "adaptive-start-cost": "benchmarks.training.adaptive_start_cost",
               "strategy-extra": "benchmarks.training.strategy_extra",
+              "host-allocator": "benchmarks.training.host_allocator",
               "own-model": "benchmarks.startup.own_model",
               "gpu-acceptance": "benchmarks.gpu.acceptance"}
 SEEDED = ("equal-progress", "time-to-accuracy")  # benchmarks that take --seeds

@@ -507,3 +507,20 @@ def test_gpu_acceptance_reports_nccls_version_and_the_libnccl_mapped(monkeypatch
                      "libnccl": loaded_libraries(Path("/proc/self/maps").read_text())}
     assert nccl_library(torch.device("cpu")) == {"nccl_version": None, "libnccl": None,
                                                  "nccl_why_none": "no CUDA"}
+
+
+def test_host_allocator_quick():
+    """Issue 43's allocator benchmark, smoke test: one fresh process per arm at B = 32,
+    each with the allocator it was given, its profiled step and its epochs' steps."""
+    from benchmarks.training import host_allocator
+
+    result = host_allocator.run(quick=True)
+    runs = result["runs"]
+    assert sorted((r["arm"], r["allocator"]) for r in runs) == [("default", "default"),
+                                                                 ("steady", "steady")]
+    for r in runs:
+        assert r["batch"] == 32 and r["profile_step_s"] > 0
+        assert len(r["epoch_step_s"]) == host_allocator.EPOCHS and min(r["epoch_step_s"]) > 0
+    markdown = (RESULTS_DIR / "host_allocator_quick.md").read_text()
+    assert "| 32 | steady |" in markdown and "| 32 | default |" in markdown
+    assert "- steady: median |profile / train - 1|" in markdown

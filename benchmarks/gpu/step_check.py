@@ -64,8 +64,10 @@ def training_step(workload, batch: int, device: torch.device):
     from tula_ray.training.batches import training_batches
     from tula_ray.training.epochs import EpochTally
     from tula_ray.training.step_timing import cycle
+    from tula_ray.training.host_allocator import steady_host_allocator
     from tula_ray.training.strategy_base import StrategySetup
 
+    steady_host_allocator()  # as the profiling loop's Sweep holds it
     torch.manual_seed(0)
     set_math_mode(workload.precision)
     model = workload.model_fn().to(device).train()

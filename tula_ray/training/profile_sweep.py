@@ -30,6 +30,7 @@ from tula_ray.space import check_batch_in_dataset
 from tula_ray.training.batches import tensor_source, training_batches
 from tula_ray.training.data import evaluation_batch, loader_options
 from tula_ray.training.epoch_costs import checkpoint_s, evaluation_s
+from tula_ray.training.host_allocator import steady_host_allocator
 from tula_ray.training.measure import (collective_buffer_bytes, ddp_bucket_bytes,
                                       reset_peak_memory)
 from tula_ray.training.phase_agreement import PhaseAgreement
@@ -109,6 +110,7 @@ class Sweep:
                              f"warmup_seconds={self.warmup_s}; need warmup_steps >= 0, "
                              "measure_steps >= 1 and warmup_seconds >= 0")
         self.workload = resolve_workload(settings.workload, settings.workload_options)
+        steady_host_allocator()  # the steps `train` takes, from the first (host_allocator)
         torch.manual_seed(settings.seed)
         self._load_data()
         # Every phase of a batch ends with the workers' agreement (its own gloo group).

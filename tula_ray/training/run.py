@@ -26,6 +26,7 @@ from tula_ray.training.batches import Batches
 from tula_ray.training.budget import Budget, budget_for
 from tula_ray.training.data import make_loaders, test_batches
 from tula_ray.training.epochs import evaluate, train_epoch
+from tula_ray.training.host_allocator import steady_host_allocator
 from tula_ray.training.measure import StepTimer
 from tula_ray.training.online_noise import NOISE_METRICS, OnlineNoise, captured_comm_hook
 from tula_ray.training.strategies import (TRAINING_STRATEGY_DEFAULT, StrategySetup,
@@ -222,6 +223,7 @@ def prepare_run(workload: str | Workload, *, global_batch: int,
     train_size, steps_per_epoch = _epoch_size(workload, global_batch, num_replicas,
                                               validation_fraction)
     device = torch.device(device)
+    steady_host_allocator()  # the steps the profile timed, from the first (host_allocator)
     torch.manual_seed(seed)  # the same initial weights on every rank (DDP also broadcasts them)
     model = workload.model_fn()
     model = model.to(device) if wrap_model is None else wrap_model(model)
