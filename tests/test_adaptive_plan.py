@@ -97,6 +97,20 @@ def test_the_adaptive_row_switches_where_the_runs_controller_does():
         assert row["fixed_time_to_accuracy_s"] == pytest.approx(min(times))
 
 
+def test_the_runs_batches_stay_within_the_users_max_batch_as_the_rows_do():
+    """max_batch=256 on a space to 1024, with a memory bound of b = 64: the adaptive row
+    and `train`'s controller both keep B <= 256, accumulating above b = 64 (before, the
+    controller also took B = 512 and 1024, in accumulated micro-batches)."""
+    from tula_ray.runs.adaptive_batch import adaptive_batch_of
+
+    plan = make_plan(rising_profiles(), max_global_batch=256, max_local_batch=64)
+    assert plan.meta["adaptive_batch"]["max_local_batch"] == 64
+    for _, row in plan.adaptive.iterrows():
+        assert max(int(b) for b in row["batches"].split(" > ")) <= 256
+        controller = adaptive_batch_of(plan, int(row["num_workers"]), int(row["global_batch"]))
+        assert max(option.global_batch for option in controller.options) == 256
+
+
 @pytest.mark.parametrize("profiles", [constant_profiles(), rising_profiles(levels=False),
                                       rising_profiles(exponent=-0.5)],
                          ids=["no samples recorded", "one level", "falling"])

@@ -37,7 +37,9 @@ def adaptive_batch_of(plan: Plan, num_workers: int, start: int) -> AdaptiveBatch
 
 
 def _options(plan: Plan, num_workers: int) -> list[BatchOption]:
-    """Each allowed B's step as the plan's adaptive row ranks it (`run_step_s`)."""
-    rows = allowed_rows(plan.table, num_workers, plan.dataset_size, None)
+    """Each allowed B's step as the plan's adaptive row ranks it (`run_step_s`), within
+    the user's max_batch as the row is."""
+    most = (plan.meta.get("plan_context") or {}).get("max_global_batch")
+    rows = allowed_rows(plan.table, num_workers, plan.dataset_size, most)
     steps = run_step_s(rows, plan.perf, adaptive_memory_bound(plan.meta))
     return [BatchOption(batch, step_s, micro) for batch, (step_s, micro) in steps.items()]
