@@ -15,7 +15,7 @@ images, BATCHES, PROCESSES runs per arm and B, the arms' order alternating from 
 to the next and the batches' order rotating, one torch thread (a one-CPU worker). Every
 run is appended to host_allocator.runs.jsonl as it ends; a session that stops mid-run
 resumes from the runs recorded at the same commit. `--quick`: one run per arm at B = 32
-on 1024 images, a smoke test.
+on the CNN's synthetic data (512 images), a smoke test.
 """
 
 from __future__ import annotations
@@ -40,10 +40,12 @@ BATCHES = (32, 128, 512)
 PROCESSES = 4  # per arm and B
 EPOCHS = 2
 ARMS = ("steady", "default")
-QUICK = {"subset": 1024, "batches": (32,), "processes": 1}
+# --quick: the same model on synthetic data (no Fashion-MNIST to read, a small test set).
+QUICK = {"workload": "fashion-mnist-cnn-fake", "options": {"fake_size": 512},
+         "batches": (32,), "processes": 1}
 
 
-def child(arm: str, batch: int, subset: int) -> None:
+def child(arm: str, batch: int, workload: str, options: dict[str, Any]) -> None:
     """One run, in this fresh process: print its row as the last line (JSON)."""
     import torch
 
@@ -55,14 +57,13 @@ def child(arm: str, batch: int, subset: int) -> None:
 
     assert os.environ.get(ENV) == arm, "the parent sets the arm"
     torch.set_num_threads(1)
-    options = {"train_subset": subset}
-    sweep = Sweep(ProfileSettings(workload=WORKLOAD, workload_options=options),
+    sweep = Sweep(ProfileSettings(workload=workload, workload_options=options),
                   SweepWorker.of_process_group(), first_batch=batch)
     row = profile_batch(sweep, batch)
     del sweep
-    frame = fit(get_workload(WORKLOAD, **options), global_batch=batch, strategy="lbt",
-                epochs=EPOCHS)
-    steps = subset // batch
+    trained = get_workload(workload, **options)
+    frame = fit(trained, global_batch=batch, strategy="lbt", epochs=EPOCHS)
+    steps = trained.train_size // batch
     print(json.dumps({"allocator": steady_host_allocator(),
                       "profile_step_s": row["step_time_s"],
                       "profile_steps": row["measure_steps"],
@@ -81,11 +82,12 @@ def schedule(batches, processes: int) -> list[tuple[int, int, str]]:
     return order
 
 
-def _run_child(arm: str, batch: int, subset: int) -> dict[str, Any]:
+def _run_child(arm: str, batch: int, workload: str,
+               options: dict[str, Any]) -> dict[str, Any]:
     from tula_ray.training.host_allocator import ENV
 
     code = (f"from benchmarks.training.host_allocator import child; "
-            f"child({arm!r}, {batch}, {subset})")
+            f"child({arm!r}, {batch}, {workload!r}, {options!r})")
     done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True,
                           text=True, env={**os.environ, ENV: arm, "PYTHONPATH": str(REPO)})
     if done.returncode:
@@ -95,20 +97,22 @@ def _run_child(arm: str, batch: int, subset: int) -> dict[str, Any]:
 
 def run(quick: bool = False) -> dict:
     bench = Benchmark(NAME, quick)
-    subset, batches, processes = ((QUICK["subset"], QUICK["batches"], QUICK["processes"])
-                                  if quick else (TRAIN_SUBSET, BATCHES, PROCESSES))
+    workload, options, batches, processes = (
+        (QUICK["workload"], QUICK["options"], QUICK["batches"], QUICK["processes"]) if quick
+        else (WORKLOAD, {"train_subset": TRAIN_SUBSET}, BATCHES, PROCESSES))
     commit, log = provenance()["commit"], bench.log()
     done = {(r["run"], r["batch"], r["arm"]) for r in read_runs(log) if r["commit"] == commit}
     for key in schedule(batches, processes):
         if key in done:
             continue
         row = {"run": key[0], "batch": key[1], "arm": key[2], "commit": commit,
-               **_run_child(key[2], key[1], subset)}
+               **_run_child(key[2], key[1], workload, options)}
         print({k: v for k, v in row.items() if k != "commit"}, flush=True)
         with log.open("a") as out:
             out.write(json.dumps(row) + "\n")
     runs = [r for r in read_runs(log) if r["commit"] == commit]
-    return bench.record({"workload": WORKLOAD, "train_subset": subset, "epochs": EPOCHS,
+    return bench.record({"workload": workload, "workload_options": options,
+                         "train_subset": options.get("train_subset"), "epochs": EPOCHS,
                          "batches": list(batches), "processes": processes, "runs": runs},
                         report)
 
@@ -116,6 +120,12 @@ def run(quick: bool = False) -> dict:
 def _ms(values: list[float]) -> str:
     return f"{1000 * statistics.median(values):.2f} [{1000 * min(values):.2f}, " \
            f"{1000 * max(values):.2f}]"
+
+
+def _data(result: dict) -> str:
+    if result.get("train_subset"):
+        return f"{result['train_subset']} images"
+    return f"options {result.get('workload_options')}"
 
 
 def ratios(runs: list[dict]) -> list[float]:
@@ -141,7 +151,7 @@ def report(result: dict) -> str:
         f"`{p['command']}` at {p['commit']}, {p['date']}, {p['machine']}.\n",
         f"Each run is a fresh process: the profiling loop's first batch of a launch, then "
         f"`fit` at the same B for {result['epochs']} epochs ({result['workload']}, "
-        f"{result['train_subset']} images, one torch thread, the plain step). Step times in "
+        f"{_data(result)}, one torch thread, the plain step). Step times in "
         "ms, median [min, max] over the runs; `profile / train` is each run's profiled "
         "step over its last epoch's step.\n",
         markdown_table(["B", "malloc", "profiled step", "train, epoch 1", "train, last epoch",
