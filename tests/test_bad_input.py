@@ -56,7 +56,8 @@ RESOURCES = st.sampled_from([{}, {"CPU": 0}, {"CPU": -1}, {"CPU": "4"}, {"CPU": 
                              {"GPU": 1.5}, {1: 2}, {"CPU": float("nan")}, "CPU", 4, ["CPU"]])
 TIMEOUTS = st.sampled_from([-1, -0.5, "600", float("nan"), True, [1]])
 RUNTIME_ENVS = st.sampled_from(["py_modules", 5, ["my_models"], {"env_var": {"A": "1"}},
-                                {"env_vars": {"A": 1}}, {"py_modules": "my_models"}])
+                                {"env_vars": {"A": 1}}, {"py_modules": "my_models"},
+                                {"env_vars": {"TULA_RAY_HOST_ALLOCATOR": "fast"}}])
 
 
 # Not one of tula_ray.verbosity's levels 0, 1, 2.

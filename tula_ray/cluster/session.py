@@ -24,6 +24,7 @@ from typing import Any, Iterator
 
 import ray
 
+from tula_ray.training.host_allocator import check_setting as check_host_allocator
 from tula_ray.verbosity import VERBOSE_DEFAULT, ray_log_level, show
 
 logger = logging.getLogger(__name__)
@@ -66,8 +67,10 @@ def check_runtime_env(runtime_env: Any) -> dict[str, Any] | None:
 
     A Ray runtime environment (https://docs.ray.io/en/latest/ray-core/handling-dependencies.html)
     as a dict: e.g. {"py_modules": ["my_models"], "env_vars": {"NCCL_DEBUG": "INFO"},
-    "pip": ["timm"], "working_dir": "."}; Ray's own RuntimeEnv checks each field."""
+    "pip": ["timm"], "working_dir": "."}; Ray's own RuntimeEnv checks each field. The host
+    allocator's setting the workers will read is checked too (`host_allocator`)."""
     if runtime_env is None:
+        check_host_allocator()
         return None
     if not isinstance(runtime_env, dict):
         raise TypeError(f"runtime_env={runtime_env!r}; it must be a dict of Ray runtime "
@@ -86,6 +89,7 @@ def check_runtime_env(runtime_env: Any) -> dict[str, Any] | None:
     except (TypeError, ValueError) as exc:
         raise ValueError(f"runtime_env={runtime_env!r} is not a Ray runtime environment: "
                          f"{exc}") from exc
+    check_host_allocator(runtime_env.get("env_vars"))
     return copy.deepcopy(runtime_env)
 
 

@@ -27,6 +27,7 @@ import ctypes
 import logging
 import os
 import sys
+from typing import Any, Mapping
 
 logger = logging.getLogger(__name__)
 
@@ -51,9 +52,24 @@ def steady_host_allocator() -> str:
     return _applied
 
 
-def _apply(mode: str) -> str:
+def check_setting(env_vars: Mapping[str, Any] | None = None) -> None:
+    """Before any worker starts: the setting the workers will read, from this process's
+    environment (a local Ray's workers inherit it) and from a runtime_env's `env_vars`,
+    is one allowed (else ValueError, naming it)."""
+    for where, value in (("this process's environment", os.environ.get(ENV)),
+                         ("runtime_env's env_vars", (env_vars or {}).get(ENV))):
+        if value is not None:
+            _check(value, f" (in {where})")
+
+
+def _check(mode: str, where: str = "") -> None:
     if mode not in (STEADY, DEFAULT):
-        raise ValueError(f"{ENV}={mode!r}; allowed: {STEADY!r} (the default) or {DEFAULT!r}")
+        raise ValueError(f"{ENV}={mode!r}{where}; allowed: {STEADY!r} (the default) or "
+                         f"{DEFAULT!r}")
+
+
+def _apply(mode: str) -> str:
+    _check(mode)
     if mode == DEFAULT:
         return DEFAULT
     mallopt = _glibc_mallopt()
