@@ -294,3 +294,20 @@ def test_lars_with_a_workload_that_is_not_sgd_is_refused_before_ray_starts(plan)
     for call in calls:
         assert_refused(call, "Adam")
         assert_refused(call, "lars")
+
+
+def test_a_bad_host_allocator_setting_is_refused_before_ray_starts(plan, monkeypatch):
+    """TULA_RAY_HOST_ALLOCATOR, in the driver's environment (a local Ray's workers inherit
+    it) or in runtime_env's env_vars: search, train and tune_training refuse a value other
+    than "steady" or "default", naming where it was set, before any worker could read it."""
+    calls = [lambda **extra: tula_ray.search(**GOOD_SEARCH, **extra),
+             lambda **extra: tula_ray.train(plan, **extra),
+             lambda **extra: tula_ray.tune_training(plan, **extra)]
+    monkeypatch.setenv("TULA_RAY_HOST_ALLOCATOR", "off")
+    for call in calls:
+        assert_refused(call, "TULA_RAY_HOST_ALLOCATOR='off' (in this process's environment)")
+    monkeypatch.setenv("TULA_RAY_HOST_ALLOCATOR", "default")
+    bad = {"env_vars": {"TULA_RAY_HOST_ALLOCATOR": "fast"}}
+    for call in calls:
+        assert_refused(lambda: call(runtime_env=bad),
+                       "TULA_RAY_HOST_ALLOCATOR='fast' (in runtime_env's env_vars)")

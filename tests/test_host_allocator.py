@@ -57,27 +57,3 @@ def test_a_run_and_a_profile_both_hold_it_steady(monkeypatch):
                         profile_sweep.SweepWorker.of_process_group(), first_batch=32)
     assert called == [run.__name__, profile_sweep.__name__]
 
-
-def test_a_bad_setting_for_the_workers_is_refused_before_ray_starts(monkeypatch):
-    """In the driver's environment (a local Ray's workers inherit it) or in runtime_env's
-    env_vars: `search` and `train` refuse it, naming where, before any worker could."""
-    from unittest import mock
-
-    import ray
-
-    import tula_ray
-
-    def refuse(*args, **kwargs):
-        raise AssertionError("Ray was started for a setting that should have been refused")
-
-    monkeypatch.setenv("TULA_RAY_HOST_ALLOCATOR", "off")
-    with mock.patch.object(ray, "init", side_effect=refuse), \
-            pytest.raises(ValueError, match=r"'off' \(in this process's environment\)"):
-        tula_ray.search("fashion-mnist-cnn", workload_options={"data": "fake"},
-                        cluster_sizes=(1,), min_batch=32, max_batch=64)
-    monkeypatch.setenv("TULA_RAY_HOST_ALLOCATOR", "default")
-    with mock.patch.object(ray, "init", side_effect=refuse), \
-            pytest.raises(ValueError, match=r"'fast' \(in runtime_env's env_vars\)"):
-        tula_ray.search("fashion-mnist-cnn", workload_options={"data": "fake"},
-                        cluster_sizes=(1,), min_batch=32, max_batch=64,
-                        runtime_env={"env_vars": {"TULA_RAY_HOST_ALLOCATOR": "fast"}})

@@ -63,8 +63,8 @@ def training_step(workload, batch: int, device: torch.device):
     from tula_ray.precision import set_math_mode
     from tula_ray.training.batches import training_batches
     from tula_ray.training.epochs import EpochTally
-    from tula_ray.training.step_timing import cycle
     from tula_ray.training.host_allocator import steady_host_allocator
+    from tula_ray.training.step_timing import cycle
     from tula_ray.training.strategy_base import StrategySetup
 
     steady_host_allocator()  # as the profiling loop's Sweep holds it

@@ -28,7 +28,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import Benchmark, markdown_table
+from benchmarks.common import Benchmark, markdown_table, rotated_schedule
 from benchmarks.common.provenance import provenance
 from benchmarks.common.resumable import read_runs
 
@@ -71,14 +71,13 @@ def child(arm: str, batch: int, workload: str, options: dict[str, Any]) -> None:
 
 
 def schedule(batches, processes: int) -> list[tuple[int, int, str]]:
-    """(run, B, arm) in order: per run every B (the order rotating), both arms at each (which
-    goes first alternating)."""
+    """(run, B, arm) in order: per run every B (`rotated_schedule`: the order rotating),
+    both arms at each (which goes first alternating)."""
     order = []
-    for run in range(processes):
-        shift = run % len(batches)
-        for turn, batch in enumerate(batches[shift:] + batches[:shift]):
-            arms = ARMS if (run + turn) % 2 == 0 else ARMS[::-1]
-            order += [(run, batch, arm) for arm in arms]
+    for index, (run, batch) in enumerate(rotated_schedule(range(processes), batches)):
+        turn = index % len(batches)  # the batch's place in its run
+        arms = ARMS if (run + turn) % 2 == 0 else ARMS[::-1]
+        order += [(run, batch, arm) for arm in arms]
     return order
 
 
