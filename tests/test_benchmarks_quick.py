@@ -252,8 +252,10 @@ def test_online_noise_quick():
     assert [r["epoch"] for r in result["agreement"]] == list(settings["checkpoint_epochs"])
     for row in result["agreement"]:
         assert row["pairs"] == settings["online_samples"] // settings["pair_batch"]
+        assert row["reference_pairs"] == settings["reference_pairs"]
         assert _finite(row["online"], row["reference"], row["ratio"])
-        assert row["online_low"] <= row["online_high"]
+        for name in ("online", "reference", "ratio"):
+            assert row[f"{name}_low"] <= row[f"{name}_high"]
     for setup in ("N=1", "N=2"):
         for strategy in settings["cost_strategies"]:
             costs = result["costs"][setup][strategy]
