@@ -16,7 +16,7 @@ from hypothesis import given, strategies as st
 from torch import nn
 
 from benchmarks.common import spawn_gloo
-from tula_ray.models.noise_scale import NoiseAverage
+from tula_ray.models.noise_scale import NoiseAverage, signal_and_noise
 from tula_ray.training.checkpoints import checkpoint_state, restore_state
 from tula_ray.training.epochs import EpochTally
 from tula_ray.training.online_noise import NOISE_METRICS, OnlineNoise, captured_comm_hook
@@ -44,12 +44,39 @@ def test_bias_correction_makes_the_first_estimate_the_first_pair(small, large, b
 def test_a_pair_weighs_exp_minus_the_samples_since_over_the_timescale(values, batch,
                                                                       timescale):
     average = NoiseAverage(timescale_samples=timescale)
-    for value in values:
+    for value in values:  # each pair's tr(Sigma): (2v - v) / (1/b - 1/2b) = 2 b v
         average.update(2.0 * value, batch, value, 2 * batch)
     ages = [batch * (len(values) - 1 - i) for i in range(len(values))]  # in large batches
     weights = [math.exp(-2 * age / timescale) for age in ages]
     expected = sum(w * v for w, v in zip(weights, values)) / sum(weights)
-    assert average.large_sqr / average.weight == pytest.approx(expected, rel=1e-9)
+    assert average.estimate()[1] == pytest.approx(2 * batch * expected, rel=1e-9)
+
+
+@given(st.lists(st.sampled_from([(8, 16), (16, 32), (64, 256), (128, 256), (256, 512)]),
+                min_size=1, max_size=20),
+       st.floats(1e-3, 10.0), st.floats(1e-2, 1e3), st.sampled_from([None, 0.9, 2048.0]))
+def test_pairs_at_different_batches_average_to_the_true_signal_and_noise(batches, signal,
+                                                                         noise, smoothing):
+    """An adaptive run changes B (and b) between steps: noiseless pairs at any mixture of
+    batches, E|g_b|^2 = |G|^2 + tr(Sigma) / b each, give back |G|^2 and tr(Sigma) exactly
+    (averaging the norms with their batches read 4.5x the noise for a half-and-half mix
+    of b = 16 and b = 256, as an adaptive run's first switches did)."""
+    average = NoiseAverage(**({"decay": smoothing} if smoothing == 0.9 else
+                              {"timescale_samples": smoothing}))
+    for small, large in batches:
+        average.update(signal + noise / small, small, signal + noise / large, large)
+    assert average.estimate() == pytest.approx((signal, noise), rel=1e-6)
+    assert average.noise_scale == pytest.approx(noise / signal, rel=1e-6)
+
+
+def test_a_state_saved_with_averaged_norms_resumes_as_the_estimates_it_read():
+    """A checkpoint written before the averages held estimates loads as what it read."""
+    old = {"decay": None, "small_sqr": 2 * 3.0, "large_sqr": 2 * 2.0, "small_batch": 2 * 16,
+           "large_batch": 2 * 32, "weight": 2.0, "steps": 5, "timescale_samples": 512.0}
+    average = NoiseAverage()
+    average.load_state_dict(old)
+    assert average.estimate() == pytest.approx(signal_and_noise(3.0, 16, 2.0, 32))
+    assert (average.steps, average.timescale_samples) == (5, 512.0)
 
 
 def test_the_timescale_counts_samples_not_steps():

@@ -7,9 +7,9 @@ Two gradient estimates of one model at one point, averaged over b samples (each 
 own gradient, or a sub-batch's) and over B > b samples (their mean), give unbiased
 estimates of the true gradient's squared norm |G|^2 and of the per-sample covariance's
 trace tr(Sigma), since E|g_b|^2 = |G|^2 + tr(Sigma) / b (`signal_and_noise`). A single
-step's pair is noisy: `NoiseAverage` averages the squared norms over steps (a running
-mean, or a moving average with bias correction for a model that moves) before taking
-the ratio. The noise scale phi = tr(Sigma) / |G|^2 (`noise_scale`) is the batch at which
+step's pair is noisy: `NoiseAverage` averages each step's two estimates over steps (a
+running mean, or a moving average with bias correction for a model that moves) before
+taking the ratio. The noise scale phi = tr(Sigma) / |G|^2 (`noise_scale`) is the batch at which
 a step's noise equals its signal.
 
 No Ray, no torch (core module): squared norms arrive as floats.
@@ -31,7 +31,7 @@ def signal_and_noise(small_sqr: float, small_batch: float, large_sqr: float,
         tr(Sigma) = (|g_b|^2 - |g_B|^2) / (1/b - 1/B)
 
     tr(Sigma) is the trace of one sample's gradient covariance. Either may come out
-    negative from a noisy pair: average the squared norms over steps first."""
+    negative from a noisy pair: average them over steps before their ratio."""
     if not 0 < small_batch < large_batch:
         raise ValueError(f"need 0 < small_batch < large_batch, got small_batch={small_batch}, "
                          f"large_batch={large_batch}")
@@ -60,23 +60,28 @@ def efficiency(noise_scale: float, global_batch: float, reference_batch: float) 
 
 @dataclass
 class NoiseAverage:
-    """Squared gradient norms averaged over steps, then turned into |G|^2 and tr(Sigma).
+    """Each step's pair turned into unbiased estimates of |G|^2 and tr(Sigma)
+    (`signal_and_noise`), averaged over steps; phi from the averages' ratio.
+
+    The estimates, not the squared norms, are averaged: E|g_b|^2 = |G|^2 + tr(Sigma) / b
+    is linear in 1 / b, so squared norms of pairs at different batches (an adaptive run
+    switching B) averaged with their batches would weigh each pair's noise by the wrong
+    batch: half the pairs at b = 16 and half at b = 256 read tr(Sigma) 4.5x too large.
+    Each step's estimate is unbiased whatever its batches; at constant batches the two
+    ways are the same numbers (both linear).
 
     decay None and timescale_samples None: the running mean (a profile, where the model
     barely moves). decay in (0, 1): an exponential moving average per step with Adam's
     bias correction (dividing by the weights' sum, 1 - decay^t). timescale_samples T > 0:
     the same, each step's decay exp(-B / T) for a step of B samples (its `large_batch`),
     so a pair S samples ago weighs exp(-S / T) whatever the batch: AdaptDL's
-    `GradientNoiseScale` counts its smoothing 0.999 per local batch alike (a training run,
-    where the noise scale drifts; `tula_ray.training.online_noise`). The batch sizes may
-    differ from step to step only by the pair's ratio being kept: give each step its own
-    b and B."""
+    `GradientNoiseScale` counts its smoothing 0.999 per local batch alike, and averages
+    the per-step estimates as here (a training run, where the noise scale drifts;
+    `tula_ray.training.online_noise`)."""
 
     decay: float | None = None
-    small_sqr: float = 0.0
-    large_sqr: float = 0.0
-    small_batch: float = 0.0
-    large_batch: float = 0.0
+    grad_sqr: float = 0.0  # the weighted sum of the steps' |G|^2 estimates
+    grad_var: float = 0.0  # ... and of their tr(Sigma) estimates
     weight: float = 0.0  # the sum of the steps' weights (bias correction's denominator)
     steps: int = 0
     timescale_samples: float | None = None
@@ -103,10 +108,10 @@ class NoiseAverage:
         """Add one step's pair: |g_b|^2 over b samples and |g_B|^2 over B samples."""
         if not (math.isfinite(small_sqr) and math.isfinite(large_sqr)):
             return  # an overflowed step (fp16), or no pair (NaN), carries no estimate
+        grad_sqr, grad_var = signal_and_noise(small_sqr, small_batch, large_sqr, large_batch)
         keep = self._keep(large_batch)
-        for name, value in (("small_sqr", small_sqr), ("large_sqr", large_sqr),
-                            ("small_batch", small_batch), ("large_batch", large_batch)):
-            setattr(self, name, keep * getattr(self, name) + (1 - keep) * value)
+        self.grad_sqr = keep * self.grad_sqr + (1 - keep) * grad_sqr
+        self.grad_var = keep * self.grad_var + (1 - keep) * grad_var
         self.weight = keep * self.weight + (1 - keep)
         self.steps += 1
 
@@ -114,9 +119,7 @@ class NoiseAverage:
         """(|G|^2, tr(Sigma)) from the averages; (nan, nan) before any step."""
         if self.steps == 0:
             return math.nan, math.nan
-        unbias = 1.0 / self.weight  # 1 for the running mean
-        return signal_and_noise(self.small_sqr * unbias, self.small_batch * unbias,
-                                self.large_sqr * unbias, self.large_batch * unbias)
+        return self.grad_sqr / self.weight, self.grad_var / self.weight
 
     @property
     def noise_scale(self) -> float:
@@ -128,6 +131,7 @@ class NoiseAverage:
         return asdict(self)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        state = _estimates_of_norms(state)
         unknown = sorted(set(state) - set(asdict(self)))
         if unknown:
             raise ValueError(f"not a NoiseAverage state: unknown keys {unknown}; expected "
@@ -135,3 +139,21 @@ class NoiseAverage:
         for name, value in state.items():
             setattr(self, name, value)
         self.__post_init__()
+
+
+NORM_KEYS = ("small_sqr", "small_batch", "large_sqr", "large_batch")
+
+
+def _estimates_of_norms(state: dict[str, Any]) -> dict[str, Any]:
+    """A state saved before the averages held estimates (2026-11-29: the squared norms and
+    batches averaged apart) as this version's: its estimates from its averages, what it
+    read then. Any other state as it is."""
+    if not set(NORM_KEYS) <= set(state):
+        return state
+    state = dict(state)
+    sums = [state.pop(key) for key in NORM_KEYS]
+    if state.get("steps"):
+        weight = state["weight"]
+        grad_sqr, grad_var = signal_and_noise(*(value / weight for value in sums))
+        state["grad_sqr"], state["grad_var"] = grad_sqr * weight, grad_var * weight
+    return state
