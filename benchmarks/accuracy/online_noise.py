@@ -60,9 +60,10 @@ FULL = {"train_subset": 10_000, "train_batch": 32, "checkpoint_epochs": (1, 2, 3
         "bootstrap": 1000, "cost_batch": 256, "block_steps": 32, "blocks": 15,
         "cost_strategies": ("ags-ns", "lbt"), "seed": 0}
 # --quick, a smoke test of the same code: one checkpoint of a 1024-image subset, pairs of
-# 64, 256 online samples, 2 pairs of 4-step blocks at B = 32.
+# 64, 1280 online samples (20 steps: past a worker's 16-batch epoch, as the full run's
+# 64 steps are past its 39), 2 pairs of 4-step blocks at B = 32.
 QUICK = {**FULL, "train_subset": 1024, "checkpoint_epochs": (1,), "pair_batch": 64,
-         "reference_pairs": 8, "online_samples": 256, "bootstrap": 50, "cost_batch": 32,
+         "reference_pairs": 8, "online_samples": 1280, "bootstrap": 50, "cost_batch": 32,
          "block_steps": 4, "blocks": 2}
 
 
@@ -124,6 +125,7 @@ def _online_pairs(rank: int, settings: dict[str, Any], state: dict) -> list[tupl
 
     from tula_ray.training.batches import training_batches
     from tula_ray.training.epochs import EpochTally
+    from tula_ray.training.step_timing import cycle
 
     workload = _workload(settings)
     model = workload.model_fn()
@@ -133,13 +135,10 @@ def _online_pairs(rank: int, settings: dict[str, Any], state: dict) -> list[tupl
     setup, noise = _attached(workload, model, STRATEGY, batch, 2,
                              _frozen(workload.optimizer_fn))
     tally = EpochTally(model, setup, workload.loss_fn(), "cpu", noise.before_step)
-    batches = training_batches(workload.train_dataset_fn(), batch // 2, "cpu",
-                               seed=settings["seed"] + 1, num_replicas=2, rank=rank)
-    steps = settings["online_samples"] // batch
-    for index, (inputs, targets) in enumerate(batches):
-        if index == steps:
-            break
-        tally.step(inputs, targets)
+    batches = cycle(training_batches(workload.train_dataset_fn(), batch // 2, "cpu",
+                                     seed=settings["seed"] + 1, num_replicas=2, rank=rank))
+    for _ in range(settings["online_samples"] // batch):  # past an epoch: a new shuffle
+        tally.step(*next(batches))
     with torch.no_grad():
         return noise.flush()
 
