@@ -291,6 +291,25 @@ def test_version_3_scores_again_on_new_seeds_from_version_2s_plans_and_selection
         runner.recorded_plan(WORKLOAD, inputs)
 
 
+# --------------------------------------------------------------------------- version 4
+
+def test_version_4_searches_and_selects_again_on_new_seeds():
+    from benchmarks.accuracy import adaptive_batch as runner
+    from benchmarks.accuracy import adaptive_batch_v2_protocol as v2
+    from benchmarks.accuracy import adaptive_batch_v3_protocol as v3
+    from benchmarks.accuracy import adaptive_batch_v4_protocol as v4
+    from benchmarks.common import Benchmark
+
+    earlier = {*PROTOCOL.selection_seeds, *PROTOCOL.scoring_seeds, *v2.SELECTION_SEEDS,
+               *v2.SCORING_SEEDS, *v3.SCORING_SEEDS}
+    seeds = (*v4.SELECTION_SEEDS, *v4.SCORING_SEEDS)
+    assert len(set(seeds)) == len(seeds) == 9 and not set(seeds) & earlier
+    assert v4.PROTOCOL.workloads == v2.PROTOCOL.workloads and v4.PROTOCOL.goals == PROTOCOL.goals
+    assert v4.PROTOCOL.rotate_scored_arms and v4.PROTOCOL.plan_row_measure == "training"
+    own = Benchmark(v4.RESULTS_NAME)
+    assert runner.inputs_of(own, v4.PROTOCOL) == (own, 4)  # its own plans and selection
+
+
 def test_the_plans_step_time_beside_the_runs_reads_the_plan_rows_error():
     """Added after version 3's runs: the plan's ms per step at each fixed B against the fixed
     runs' (every seed), and the batches the plan's adaptive row trains."""

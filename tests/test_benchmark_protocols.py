@@ -21,6 +21,7 @@ from benchmarks.common.protocol_history import (ROOT, Commit, in_git_checkout, o
 PROTOCOLS = ("benchmarks.accuracy.adaptive_batch_protocol",
              "benchmarks.accuracy.adaptive_batch_v2_protocol",
              "benchmarks.accuracy.adaptive_batch_v3_protocol",
+             "benchmarks.accuracy.adaptive_batch_v4_protocol",
              "benchmarks.accuracy.time_to_accuracy_protocol")
 
 
