@@ -56,4 +56,3 @@ def test_a_run_and_a_profile_both_hold_it_steady(monkeypatch):
     profile_sweep.Sweep(ProfileSettings(workload=workload),
                         profile_sweep.SweepWorker.of_process_group(), first_batch=32)
     assert called == [run.__name__, profile_sweep.__name__]
-

@@ -205,22 +205,17 @@ def _ddp_rank(rank: int, settings: dict[str, Any], states_path: str, out: str) -
 
 
 def reference_pairs(settings: dict[str, Any], state: dict) -> list[tuple]:
-    """The pairs `measure_noise_scale` pools at `state` (steps=0; its seed, batches and
-    step), kept one by one: what its interval resamples."""
+    """The pairs `measure_noise_scale` pools at `state` (steps=0: its `pairs_along`, its
+    seed), kept one by one: what its interval resamples."""
+    import torch
+
     from tula_ray.models.noise_scale import NoiseAverage
-    from tula_ray.training.batches import training_batches
-    from tula_ray.training.gradient_noise import measure_gradient_noise
-    from tula_ray.training.step_timing import cycle
-    from tula_ray.training.strategy_base import StrategySetup
+    from tula_ray.training.gradient_noise import pairs_along
 
     workload = _workload(settings)
     model = workload.model_fn()
     model.load_state_dict(state)
     model.train()
-    setup = StrategySetup("plain", workload.optimizer_fn(model.parameters()))
-    setup.set_precision(workload.precision, "cpu")
-    probes = cycle(training_batches(workload.train_dataset_fn(), settings["pair_batch"],
-                                    "cpu", seed=settings["seed"] + 2))
     kept: list[tuple] = []
 
     class Kept(NoiseAverage):
@@ -228,8 +223,9 @@ def reference_pairs(settings: dict[str, Any], state: dict) -> list[tuple]:
             kept.append(pair)
             super().update(*pair)
 
-    measure_gradient_noise(model, setup, workload.loss_fn(), probes,
-                           settings["reference_pairs"], average=Kept())
+    pairs_along(workload, model, workload.train_dataset_fn(), settings["reference_pairs"],
+                settings["pair_batch"], 0, 1, settings["seed"] + 2, torch.device("cpu"),
+                average=Kept())
     return kept
 
 

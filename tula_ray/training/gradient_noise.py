@@ -147,8 +147,8 @@ def measure_noise_scale(workload: str | Workload, model: nn.Module | None = None
     measured = (copy.deepcopy(model) if steps else model).to(device)
     measured.train()  # as the training steps see it (BatchNorm's batch statistics)
     try:
-        average = _pairs_along(workload, measured, dataset, pairs, batch, steps, train_batch,
-                               seed, device)
+        average = pairs_along(workload, measured, dataset, pairs, batch, steps, train_batch,
+                              seed, device)
     finally:
         model.train(was_training)
     grad_sqr, grad_var = average.estimate()
@@ -162,16 +162,18 @@ def measure_noise_scale(workload: str | Workload, model: nn.Module | None = None
     return average.noise_scale
 
 
-def _pairs_along(workload: Workload, model: nn.Module, dataset, pairs: int, batch: int,
-                 steps: int, train_batch: int, seed: int, device: torch.device) -> NoiseAverage:
-    """`pairs` pairs at `model`, spread evenly over `steps` training steps of it."""
+def pairs_along(workload: Workload, model: nn.Module, dataset, pairs: int, batch: int,
+                steps: int, train_batch: int, seed: int, device: torch.device,
+                average: NoiseAverage | None = None) -> NoiseAverage:
+    """`pairs` pairs at `model`, spread evenly over `steps` training steps of it, added to
+    `average` (default a new running mean): `measure_noise_scale`'s measurement."""
     setup = StrategySetup("plain", workload.optimizer_fn(model.parameters()))
     setup.set_precision(workload.precision, device)
     loss_fn = workload.loss_fn()
     probes = cycle(training_batches(dataset, batch, device, seed=seed))
     training = cycle(training_batches(dataset, train_batch, device, seed=seed + 1)) \
         if steps else iter(())
-    average, done = NoiseAverage(), 0
+    average, done = NoiseAverage() if average is None else average, 0
     for index in range(pairs):
         for _ in range(index * steps // pairs - done):  # to this pair's iterate
             setup.train_step(model, loss_fn, *next(training))
