@@ -8,10 +8,13 @@ import os
 
 import pytest
 import torch
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
 from torch import nn
 
 from benchmarks.common import spawn_gloo
 from tula_ray.ags import TulaOptimizer, gain_ratio, max_scale, register_local_gradient_hook
+from tula_ray.ags.equations import carried_sq_norms
 from tula_ray.training.strategies import TRAINING_STRATEGIES, build_strategy
 
 
@@ -170,3 +173,65 @@ def test_the_comm_hook_sees_local_gradients_and_all_reduces_as_ddp_does(tmp_path
         assert torch.equal(ranks[0][estimator]["scales"], ranks[1][estimator]["scales"])
         assert torch.equal(ranks[0][estimator]["params"], ranks[1][estimator]["params"])
         assert (ranks[0][estimator]["scales"] > 1).all()  # b_ref = 2 < b = 8: gains above 1
+
+
+@settings(max_examples=60, deadline=None)
+@given(signal=st.floats(0.0, 10.0), noise=st.floats(0.0, 1000.0),
+       batches=st.tuples(*(st.sampled_from([8, 16, 32, 64, 128, 256]) for _ in range(4))))
+def test_carried_norms_are_the_noiseless_norms_at_the_new_batches(signal, noise, batches):
+    """E|g_b|^2 = |G|^2 + tr(Sigma) / b (McCandlish): from any two batches to any two."""
+    measured_from, large_from, measured_to, large_to = batches
+    assume(measured_from != large_from)
+    expected = lambda b: torch.tensor(signal + noise / b, dtype=torch.float64)  # noqa: E731
+    small, large = carried_sq_norms(expected(measured_from), expected(large_from),
+                                    measured_from=measured_from, large_from=large_from,
+                                    measured_to=measured_to, large_to=large_to)
+    assert small.item() == pytest.approx(expected(measured_to).item(), rel=1e-9, abs=1e-9)
+    assert large.item() == pytest.approx(expected(large_to).item(), rel=1e-9, abs=1e-9)
+
+
+def test_carried_norms_of_all_noise_stop_at_zero():
+    # |g_16|^2 = 1, |g_32|^2 = 0.25: the line's |G|^2 is -0.5; at B = 256 it reads < 0
+    small, large = carried_sq_norms(torch.tensor(1.0), torch.tensor(0.25), measured_from=16,
+                                    large_from=32, measured_to=16, large_to=256)
+    assert small.item() == pytest.approx(1.0) and large.item() == 0.0
+    with pytest.raises(ValueError, match="measured_from=32 equals large_from=32"):
+        carried_sq_norms(torch.tensor(1.0), torch.tensor(1.0), measured_from=32,
+                         large_from=32, measured_to=16, large_to=64)
+
+
+def _noiseless_refresh(optimizer: TulaOptimizer, weight: nn.Parameter, signal: float,
+                       noise: float) -> None:
+    """One refresh and step whose norms are E|g|^2 at the optimizer's batches, exactly."""
+    def at(batch: int) -> torch.Tensor:
+        return torch.tensor([math.sqrt(signal + noise / batch), 0.0])
+    weight.grad = at(optimizer.large_batch)
+    optimizer.refresh_scales([at(optimizer.measured_batch)])
+    optimizer.step()
+
+
+def test_a_resize_carries_the_moving_averages_to_the_new_batch():
+    """An adaptive batch: after B changes, the averages hold the new batch's norms from its
+    first refresh on, not a mixture of the old and new batches' (which would read the
+    noise of B = 64 as B = 256's for ~10 steps). Fails on averages kept as they were."""
+    weight = nn.Parameter(torch.zeros(2))
+    optimizer = TulaOptimizer(torch.optim.SGD([weight], lr=0.0), large_batch=64,
+                              small_batch=16, estimator="ema", gain_exponent=1.0, delta=None,
+                              refresh_every=1)
+    signal, noise = 0.5, 40.0
+    for _ in range(5):
+        _noiseless_refresh(optimizer, weight, signal, noise)
+    optimizer.resize(64, 256)
+    _noiseless_refresh(optimizer, weight, signal, noise)
+    state = optimizer.state[weight]
+    assert state["small_sq_avg"].item() == pytest.approx(signal + noise / 16, rel=1e-5)
+    assert state["large_sq_avg"].item() == pytest.approx(signal + noise / 256, rel=1e-5)
+    # r = E|g_16|^2 / E|g_256|^2, AdaScale's gain at the new B
+    gain = (signal + noise / 16) / (signal + noise / 256)
+    assert state["scale"].item() == pytest.approx(gain, rel=1e-5)
+    # a checkpoint keeps the batches the averages are at
+    restored = TulaOptimizer(torch.optim.SGD([weight], lr=0.0), large_batch=256,
+                             small_batch=16, estimator="ema", gain_exponent=1.0, delta=None,
+                             refresh_every=1)
+    restored.load_state_dict(optimizer.state_dict())
+    assert restored._averages_at == (16, 256)

@@ -57,6 +57,28 @@ def gain_ratio(norm_ratio: torch.Tensor, *, large_batch: int, measured_batch: in
     return 1 + (x - 1) * carry
 
 
+def carried_sq_norms(small_sq: torch.Tensor, large_sq: torch.Tensor, *,
+                     measured_from: int, large_from: int, measured_to: int,
+                     large_to: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """E|g_b|^2 and E|g_B|^2 at new batches (b, B) from those measured at (b0, B0): the
+    moving averages carried across a change of the global batch (an adaptive batch).
+
+    McCandlish et al.: E|g_b|^2 = |G|^2 + tr(Sigma) / b is linear in 1 / b, so the two
+    measured points fix the line and the new points are read off it (exact in
+    expectation: averages of |g_b0|^2 and |g_b|^2 mixed would read the noise at the
+    wrong batch). Clamped at 0: a line whose |G|^2 is negative (all noise) would read
+    a negative norm at a larger batch; the gain is then AdaScale's ceiling.
+    """
+    x_small, x_large = 1.0 / measured_from, 1.0 / large_from
+    if x_small == x_large:
+        raise ValueError(f"measured_from={measured_from} equals large_from={large_from}: "
+                         "two batches are needed to carry the norms")
+    noise = (small_sq - large_sq) / (x_small - x_large)  # tr(Sigma)
+    signal = large_sq - noise * x_large  # |G|^2
+    return ((signal + noise / measured_to).clamp(min=0.0),
+            (signal + noise / large_to).clamp(min=0.0))
+
+
 def scalar_gain(small_sq: torch.Tensor, large_sq: torch.Tensor, *, large_batch: int,
                 measured_batch: int, reference_batch: int) -> torch.Tensor:
     """AdaScale's gain ratio for the whole model (Johnson et al. 2020, "AdaScale SGD"):

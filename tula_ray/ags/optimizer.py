@@ -152,6 +152,9 @@ class TulaOptimizer(ScaleRefresh, torch.optim.Optimizer):
         # steps, in reference-batch steps; on the device, read once an epoch.
         self._gain: torch.Tensor | None = None
         self._progress: torch.Tensor | float = 0.0
+        # The (measured, large) batches the "ema" averages hold norms of: after a change
+        # of B they are carried to the new ones (`ScaleRefresh._carry_averages`).
+        self._averages_at: tuple[int, int] | None = None
         self.telemetry: dict[str, Any] = {"variability": math.nan, "scaled": False,
                                           **self._scale_stats, **self._counters}
 
@@ -191,7 +194,8 @@ class TulaOptimizer(ScaleRefresh, torch.optim.Optimizer):
     def resize(self, old: int, new: int) -> None:
         """Train at large batch `new` (was `old`) from the next step (an adaptive global
         batch): the gain is AdaScale's at the new B, and a default s_max, Algorithm 1 line
-        12's ceiling, follows it; the scales, averages and progress carry on."""
+        12's ceiling, follows it; the scales and progress carry on, and the next refresh
+        carries the moving averages to the new batches (`carried_sq_norms`)."""
         self.large_batch = int(new)
         if self.s_max_given:
             return
@@ -289,7 +293,8 @@ class TulaOptimizer(ScaleRefresh, torch.optim.Optimizer):
         state["ags"] = {"previous_norm_sq": self._previous_norm_sq,
                         "epoch_pending": self._epoch_pending,
                         "counters": dict(self._counters), "scale_stats": dict(self._scale_stats),
-                        "progress": float(self._progress)}
+                        "progress": float(self._progress),
+                        "averages_at": self._averages_at}
         return state
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:  # type: ignore[override]
@@ -310,3 +315,5 @@ class TulaOptimizer(ScaleRefresh, torch.optim.Optimizer):
         self._counters = dict(ags["counters"])
         self._scale_stats = dict(ags["scale_stats"])
         self._progress = float(ags.get("progress", 0.0))  # checkpoints before issue 25: 0
+        at = ags.get("averages_at")  # None before issue 44: at the batch it resumes at
+        self._averages_at = None if at is None else (int(at[0]), int(at[1]))

@@ -15,8 +15,8 @@ from typing import Any, Sequence
 
 import torch
 
-from tula_ray.ags.equations import (GAIN_EXPONENT_PAPER, REFRESH_EPOCH, gain_ratio,
-                                    scalar_gain, scale_factor)
+from tula_ray.ags.equations import (GAIN_EXPONENT_PAPER, REFRESH_EPOCH, carried_sq_norms,
+                                    gain_ratio, scalar_gain, scale_factor)
 from tula_ray.distributed import average_tensors_over_ranks
 
 
@@ -133,6 +133,7 @@ class ScaleRefresh:
         and |g_B|^2 per tensor; the ratio of their roots is the norm ratio."""
         if not groups:
             return {}
+        self._carry_averages()
         small_sq = torch.stack([(small[p] if norms else torch.linalg.vector_norm(small[p]))
                                 .float().square() for _, p in groups])
         average_tensors_over_ranks([small_sq], self.process_group)
@@ -145,11 +146,28 @@ class ScaleRefresh:
                     state[key].mul(decay).add_(value, alpha=1 - decay)
             ratio = state["small_sq_avg"].sqrt() / (state["large_sq_avg"].sqrt() + group["eps"])
             scales[p] = self._to_scale(ratio, group)
+        self._averages_at = (self.measured_batch, self.large_batch)
         self._gain = scalar_gain(sum(self.state[p]["small_sq_avg"] for _, p in groups),
                                  sum(self.state[p]["large_sq_avg"] for _, p in groups),
                                  large_batch=self.large_batch, measured_batch=self.measured_batch,
                                  reference_batch=self.small_batch)
         return scales
+
+    def _carry_averages(self) -> None:
+        """Moving averages kept at other batches (the global batch changed since: an
+        adaptive batch) carried to this step's (`carried_sq_norms`), so that the new
+        observations are not mixed with norms of other batches."""
+        here = (self.measured_batch, self.large_batch)
+        if self._averages_at is None or self._averages_at == here:
+            return
+        (measured_from, large_from), (measured_to, large_to) = self._averages_at, here
+        for state in self.state.values():
+            if "small_sq_avg" in state:
+                state["small_sq_avg"], state["large_sq_avg"] = carried_sq_norms(
+                    state["small_sq_avg"], state["large_sq_avg"],
+                    measured_from=measured_from, large_from=large_from,
+                    measured_to=measured_to, large_to=large_to)
+        self._averages_at = here
 
     def _to_scale(self, ratio: torch.Tensor, group: dict[str, Any]) -> torch.Tensor:
         """s = r^p bounded to [s_min, s_max]; exactly line 16 for the paper's settings."""
