@@ -14,9 +14,10 @@ move):
       pair) for 16384 samples (64 steps, twice the timescale) with the estimator
       attached, as `Run` does: each worker's gradient and the all-reduced one, averaged
       over the default timescale (8192 samples) with bias correction.
-Intervals: 2.5 and 97.5 % of `bootstrap` resamples, the online steps' pairs (averaged as
-the estimator does) and the reference's pairs (pooled as it does) resampled apart; the
-ratio's from the two together. The goal: online / reference in [0.8, 1.25].
+Intervals (`online_noise_agreement`): 2.5 and 97.5 % of `bootstrap` resamples, the online
+steps' pairs (averaged as the estimator does) and the reference's pairs (pooled as it
+does) resampled apart; the ratio's from the two together. The goal: online / reference
+in [0.8, 1.25].
 
 Protocol v2 (this one), after v1's run at a2da400 (64 reference pairs with no interval of
 their own, 8192 online samples: ratios 0.87, 0.82, 0.73 [0.51, 1.22]): v1 could not tell
@@ -46,8 +47,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
+from benchmarks.accuracy.online_noise_agreement import agreement_at, phi_of
 from benchmarks.common import Benchmark, markdown_table, spawn_gloo, spread
 
 NAME = "online_noise"
@@ -227,44 +227,6 @@ def reference_pairs(settings: dict[str, Any], state: dict) -> list[tuple]:
                 settings["pair_batch"], 0, 1, settings["seed"] + 2, torch.device("cpu"),
                 average=Kept())
     return kept
-
-
-def phi_of(pairs: list[tuple], timescale_samples: float | None) -> float:
-    """phi of `pairs` averaged as the estimator does (a timescale: the online one's) or
-    pooled as `measure_noise_scale` does (None: a running mean)."""
-    from tula_ray.models.noise_scale import NoiseAverage
-
-    average = NoiseAverage(timescale_samples=timescale_samples)
-    for pair in pairs:
-        average.update(*pair)
-    return average.noise_scale
-
-
-def resampled(pairs: list[tuple], timescale_samples: float | None, resamples: int,
-              generator: np.random.Generator) -> np.ndarray:
-    """phi of `resamples` resamples of the pairs (with replacement, kept in order)."""
-    return np.array([phi_of([pairs[i] for i in sorted(generator.integers(0, len(pairs),
-                                                                          len(pairs)))],
-                            timescale_samples) for _ in range(resamples)])
-
-
-def agreement_at(epoch: int, online: list[tuple], reference: list[tuple],
-                 settings: dict[str, Any]) -> dict[str, Any]:
-    """One checkpoint's row: each phi with its 95 % interval, and their ratio's (the two
-    resampled apart, the ratio of each draw)."""
-    from tula_ray.training.online_noise import TIMESCALE_SAMPLES_DEFAULT
-
-    generator = np.random.default_rng(settings["seed"])
-    draws = {name: resampled(pairs, timescale, settings["bootstrap"], generator)
-             for name, pairs, timescale in (("online", online, TIMESCALE_SAMPLES_DEFAULT),
-                                            ("reference", reference, None))}
-    row = {"epoch": epoch, "pairs": len(online), "reference_pairs": len(reference),
-           "online": phi_of(online, TIMESCALE_SAMPLES_DEFAULT),
-           "reference": phi_of(reference, None)}
-    row["ratio"] = row["online"] / row["reference"]
-    for name, values in (*draws.items(), ("ratio", draws["online"] / draws["reference"])):
-        row[f"{name}_low"], row[f"{name}_high"] = np.percentile(values, [2.5, 97.5]).tolist()
-    return row
 
 
 def run(quick: bool = False) -> dict:
