@@ -12,6 +12,9 @@ import pytest
 from benchmarks.accuracy import adaptive_batch_protocol as protocol_module
 from benchmarks.accuracy.adaptive_batch import (ADAPTIVE_MISSING, adaptive_support,
                                                 scoring_specs, selection_specs)
+from benchmarks.accuracy.adaptive_batch_efficiency import (efficiency_rows,
+                                                          implied_noise_scale,
+                                                          trajectory_noise_scale)
 from benchmarks.accuracy.adaptive_batch_protocol import (
     PROTOCOL, QUICK, Protocol, WorkloadProtocol, gpu_step_seconds, projected_seconds,
     protocol_record, step_seconds_at)
@@ -341,3 +344,41 @@ def test_the_plans_step_time_is_its_fixed_rows_training_part_per_step():
         - row["eval_time_s"] - row["checkpoint_time_s"]
     assert steps["128"] == pytest.approx(1000 * training / (1000 // 128))
     assert steps["128"] >= 1000 * row["step_time_s"] * 0.999  # the strategy's cost adds
+
+
+def _fixed_run(batch: int, seed: int, samples_to_target: int, phis: list[float]) -> dict:
+    """A fixed run whose evaluations are evenly spaced up to the target, at `phis`."""
+    spacing = samples_to_target // len(phis)
+    return {"workload": "w", "batch": batch, "seed": seed,
+            "evaluations": [{"samples": spacing * (i + 1), "noise_scale": phi,
+                             "val_accuracy": 0.9 if i == len(phis) - 1 else 0.5}
+                            for i, phi in enumerate(phis)]}
+
+
+def test_the_implied_noise_scale_inverts_e_of_b():
+    phi, reference = 150.0, 32
+    for batch in (64, 256, 2048):
+        efficiency = (phi + reference) / (phi + batch)
+        assert implied_noise_scale(efficiency, batch, reference) == pytest.approx(phi)
+    assert implied_noise_scale(1.0, 64, 32) == math.inf
+    assert math.isnan(implied_noise_scale(0.25, 64, 32))  # below M0 / B: outside the model
+    # a constant phi along the way is itself; a varying one, the harmonic mean of phi + M0
+    assert trajectory_noise_scale([100.0] * 4, 32) == pytest.approx(100.0)
+    assert trajectory_noise_scale([18.0, 68.0], 32) == pytest.approx(2 / (1 / 50 + 1 / 100) - 32)
+
+
+def test_efficiency_rows_read_e_of_b_from_the_selection_runs_only():
+    """Runs that follow E(B) with phi = 96 exactly give it back at every B; the scoring
+    seeds' runs (here far off) and the adaptive arm are left out."""
+    phi, reference, base = 96.0, 32, 6400
+    runs = [_fixed_run(b, seed, round(base * (phi + b) / (phi + reference)), [phi] * 4)
+            for b in (32, 128, 512) for seed in (0, 1, 2)]
+    runs += [_fixed_run(128, 5, 100, [1.0]), {**_fixed_run(64, 0, 100, [1.0]),
+                                              "batch": "adaptive"}]
+    rows = efficiency_rows(runs, "w", (0, 1, 2), 0.8)
+    assert [r["batch"] for r in rows] == [32, 128, 512] and all(r["runs"] == 3 for r in rows)
+    assert rows[0]["implied"] == math.inf
+    for row in rows[1:]:
+        assert row["implied"] == pytest.approx(phi, rel=0.01)
+        assert row["online"] == row["along"] == pytest.approx(phi)
+    assert efficiency_rows(runs, "w", (0, 1, 2), 0.95) == []  # nothing reached it

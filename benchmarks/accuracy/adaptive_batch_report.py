@@ -14,6 +14,7 @@ import math
 import statistics
 from typing import Any
 
+from benchmarks.accuracy.adaptive_batch_efficiency import efficiency_lines
 from benchmarks.accuracy.adaptive_batch_protocol import projected_seconds
 from benchmarks.common import markdown_table
 from benchmarks.common.bootstrap import ratio, ratio_of_medians
@@ -299,7 +300,8 @@ def _workload_section(result: dict[str, Any], workload: dict[str, Any]) -> list[
     lines += _like_for_like(result, workload, judged)
     lines += _plan_speed_lines(result, workload)
     lines += _overhead_lines(result, workload)
-    return lines + _switch_lines(result["workloads"][workload["name"]].get("switches"))
+    lines += _switch_lines(result["workloads"][workload["name"]].get("switches"))
+    return lines + efficiency_lines(result, workload)
 
 
 def start_overhead(runs: list[dict], workload: str, seeds) -> list[dict[str, Any]]:
