@@ -18,9 +18,9 @@ from benchmarks.accuracy.adaptive_batch_efficiency import (efficiency_rows,
 from benchmarks.accuracy.adaptive_batch_protocol import (
     PROTOCOL, QUICK, Protocol, WorkloadProtocol, gpu_step_seconds, projected_seconds,
     protocol_record, step_seconds_at)
-from benchmarks.accuracy.adaptive_batch_report import (ADAPTIVE, best_fixed, report,
-                                                       step_ms, steps_by_batch,
-                                                       time_to_target, verdicts, judge)
+from benchmarks.accuracy.adaptive_batch_report import best_fixed, judge, report, verdicts
+from benchmarks.accuracy.adaptive_batch_runs import (ADAPTIVE, step_ms, steps_by_batch,
+                                                     time_to_target)
 from benchmarks.common.bootstrap import Bootstrap, ratio, ratio_of_medians
 
 EARLY, LATE = 0.5, 0.8
@@ -221,6 +221,10 @@ def test_version_2_judges_the_plan_rows_training_part_and_shows_the_speed():
     markdown = report(made_result_v2(plan_train_s=5.5, plan_whole_s=30.0))
     assert "the plan's adaptive row's training part at 80%" in markdown
     assert "Not judged: the plan's adaptive row's whole time" in markdown
+    # ... and beside the adaptive runs' whole train call (made_run: wall_s 10 s) at LATE
+    assert (f"the whole row at {LATE:.0%}, where every run stops, against the adaptive runs' "
+            "median wall (the whole `train` call, Ray already up): 30 s against 10 s (+200%)"
+            in markdown)
     assert "adaptive_batch_v2_protocol.py" in markdown
     assert "ms/step" in markdown and "ms/step" not in report(made_result(plan_adaptive=5.5))
     # made_run's fixed runs: 4 evaluations of 0.5 s, the last at 7 s after 40 steps.
@@ -243,7 +247,7 @@ def test_version_2_is_new_runs_on_new_seeds_its_scored_arms_rotating():
 
 
 def test_version_2_sets_each_adaptive_run_before_its_first_switch_beside_its_fixed_twin():
-    from benchmarks.accuracy.adaptive_batch_report import start_overhead
+    from benchmarks.accuracy.adaptive_batch_post_hoc import start_overhead
 
     result = made_result_v2(plan_train_s=5.5, plan_whole_s=30.0)
     found = start_overhead(result["runs"], WORKLOAD.name, (3, 4, 5))

@@ -32,7 +32,8 @@ from benchmarks.accuracy.adaptive_batch_protocol import (
     Protocol, WorkloadProtocol, gpu_step_seconds, protocol_record, split_digest, split_indices)
 from benchmarks.accuracy.adaptive_batch_plan import (explained_switches, fixed_batches,
                                                      planned_arms)
-from benchmarks.accuracy.adaptive_batch_report import ADAPTIVE, arm_runs, report
+from benchmarks.accuracy.adaptive_batch_report import report
+from benchmarks.accuracy.adaptive_batch_runs import ADAPTIVE, arm_runs
 from benchmarks.common import RESULTS_DIR, Benchmark, read_runs, rotated_schedule
 
 NAME = "adaptive_batch"

@@ -12,7 +12,8 @@ from typing import Any
 
 from benchmarks.accuracy.adaptive_batch_protocol import (TIME_MEASURE, WORLD_SIZE, Protocol,
                                                          WorkloadProtocol)
-from benchmarks.accuracy.adaptive_batch_report import arm_runs, best_fixed, time_to_target
+from benchmarks.accuracy.adaptive_batch_report import best_fixed
+from benchmarks.accuracy.adaptive_batch_runs import arm_runs, time_to_target
 
 
 def _adaptive_row(plan):

@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 from typing import Any, Mapping, Sequence
 
-from benchmarks.accuracy.adaptive_batch_report import median, step_ms, time_to_target
+from benchmarks.accuracy.adaptive_batch_runs import median, step_ms, time_to_target
 from benchmarks.accuracy.time_to_accuracy import epochs_agreement, plan_epoch_s, replanned
 from benchmarks.accuracy.time_to_accuracy_regret import (M0_HEADER, m0_baseline,
                                                          m0_baseline_row, regret_interval,
