@@ -144,6 +144,29 @@ def test_adaptive_start_cost_quick():
     assert len(_table_rows(markdown, "| arm |")) == 2
 
 
+def test_eval_pricing_quick():
+    """The recorded train-time cells re-read: the pass priced at b from each cell's plan
+    equals what a plan built with eval_at_local_batch puts in its table there."""
+    from benchmarks.prediction import eval_pricing
+    from tula_ray.planning.context import PlanContext
+    from tula_ray.planning.plan import Plan, build_plan
+    from tula_ray.space import SearchSpace
+
+    result = eval_pricing.run(quick=True)
+    assert len(result["cells"]) == eval_pricing.QUICK_CELLS
+    first = result["cells"][0]
+    plan = Plan.from_json(eval_pricing._plan_path(first["workload"]))
+    context = PlanContext.from_dict({**plan.meta["plan_context"], "eval_at_local_batch": True})
+    space = SearchSpace.of_pairs(plan.table["num_workers"], plan.table["global_batch"])
+    again = build_plan(space, plan.profiles, context, search_strategy="full").table
+    row = again[(again["num_workers"] == first["num_workers"])
+                & (again["global_batch"] == first["global_batch"])].iloc[0]
+    assert row["eval_time_s"] == pytest.approx(first["priced_s"], rel=1e-6)
+    assert set(result["summary"]) == {"as_profiled_s", "priced_s"}
+    markdown = (RESULTS_DIR / "eval_pricing_quick.md").read_text()
+    assert len(_table_rows(markdown, "| workload | N | B |")) == eval_pricing.QUICK_CELLS
+
+
 def test_memory_benchmarks_record_an_out_of_memory_as_does_not_fit(monkeypatch):
     """A CUDA OOM in the memory benchmarks is a measurement ("does not fit"), not a crash
     (issue 14, GPU review item 8). No GPU here: the peak measurement raises torch's

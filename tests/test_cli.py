@@ -3,6 +3,7 @@
 from pathlib import Path
 
 import pandas as pd
+import numpy as np
 import pytest
 from result_checks import summary_words
 
@@ -302,3 +303,24 @@ def test_replay_keeps_where_the_training_strategy_trains_plain_steps(tmp_path):
     assert again["strategy_extra_s"].to_numpy() == pytest.approx(
         plan.table["strategy_extra_s"].to_numpy())
     assert (again.loc[again["global_batch"] == 32, "strategy_extra_s"] == 0).all()
+
+
+def test_replay_keeps_how_the_workload_evaluates(tmp_path):
+    """A plan whose workload evaluates at the local batch prices its evaluation pass at each
+    b; its replay does the same (the context's `eval_at_local_batch`), not the pass as
+    measured at every b."""
+    from tula_ray import build_plan
+    from tula_ray.space import SearchSpace
+    from tula_ray.planning.synthetic import example_params, synthetic_profiles
+
+    space = SearchSpace.build((1, 2), min_batch=32, max_batch=256)
+    profiles = synthetic_profiles(space.candidates(), example_params())
+    profiles["eval_time_s"] = np.where(profiles["global_batch"] == 32, 0.5, np.nan)
+    plan = build_plan(space, profiles, epochs=2, dataset_size=4096, objective="time",
+                      eval_at_local_batch=True)
+    plan.to_json(tmp_path / "plan.json")
+    assert main(["replay", str(tmp_path / "plan.json"), "--objective", "time",
+                 "--out", str(tmp_path / "again")]) == 0
+    again = Plan.from_json(tmp_path / "again" / "plan.json").table
+    assert again["eval_time_s"].to_numpy() == pytest.approx(plan.table["eval_time_s"].to_numpy())
+    assert plan.table["eval_time_s"].nunique() > 2

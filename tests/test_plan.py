@@ -413,6 +413,50 @@ def test_an_epoch_is_its_steps_plus_the_measured_evaluation_and_checkpoint():
     assert "not measured, left out: an evaluation pass per epoch" in summary_words(bare)
 
 
+def test_an_evaluation_at_the_local_batch_is_priced_by_the_compute_cost_per_sample():
+    """`train` evaluates at the training's local batch (a workload without eval_batch): the
+    pass measured at (N=2, b=16) is priced at each candidate's b by eq. 2b's compute cost
+    per sample (the fit's: exact here), split over the workers at another N; a context
+    without the flag (a plan of before) keeps the measured pass at every b."""
+    from tula_ray.models import perf
+
+    profiles = exact_profiles(SPACE.candidates())
+    at_n2 = (profiles["num_workers"] == 2) & (profiles["global_batch"] == 32)
+    profiles.loc[at_n2, "eval_time_s"] = 0.5
+    context = {"epochs": EPOCHS, "dataset_size": DATASET, "objective": "time"}
+    plan = build_plan(SPACE, profiles, PlanContext(**context, eval_at_local_batch=True),
+                      search_strategy="full")
+    per_sample = {(n, b): float(perf.predict_compute_s(plan.perf, n, b)) / b
+                  for n, b in zip(plan.table["num_workers"], plan.table["local_batch"])}
+    for _, row in plan.table.iterrows():
+        n, b = int(row["num_workers"]), float(row["local_batch"])
+        expected = 0.5 * (2 / n) * per_sample[n, b] / per_sample[2, 16.0]
+        assert row["eval_time_s"] == pytest.approx(expected, rel=1e-6)
+    assert plan.table["eval_time_s"].nunique() > 2  # it moves with b, not only with N
+    assert "an evaluation pass per epoch (at each candidate's local batch" \
+        in summary_words(plan)
+    before = build_plan(SPACE, profiles, PlanContext(**context), search_strategy="full")
+    assert set(before.table["eval_time_s"].round(9)) == {0.5, 1.0}
+
+
+def test_an_evaluation_pass_by_batch_from_rows_at_other_batches_and_its_fallbacks():
+    from tula_ray.planning.estimates import evaluation_by_batch
+
+    rows = pd.DataFrame({"num_workers": [1, 1, 2], "local_batch": [32.0, 256.0, 16.0],
+                         "eval_time_s": [1.0, 0.5, 0.4]})
+    per_sample = lambda n, b: 1.0 / np.asarray(b, dtype=float) ** 0.5  # noqa: E731
+    at = evaluation_by_batch(rows, per_sample)
+    # N=1: each pass in units of its b's cost, their median (1.0 x sqrt(32), 0.5 x 16)
+    unit = np.median([1.0 * 32 ** 0.5, 0.5 * 256 ** 0.5])
+    assert at(np.array([1.0]), np.array([64.0]))[0] == pytest.approx(unit / 8)
+    assert at(np.array([4.0]), np.array([16.0]))[0] == pytest.approx(0.4 * 2 / 4)  # N=2's
+    unscaled = evaluation_by_batch(rows)
+    assert unscaled(np.array([1.0]), np.array([64.0]))[0] == pytest.approx(0.75)
+    broken = evaluation_by_batch(rows, lambda n, b: np.full(np.shape(b), np.nan))
+    assert broken(np.array([1.0]), np.array([64.0]))[0] == pytest.approx(0.75)
+    assert evaluation_by_batch(rows.assign(eval_time_s=np.nan), per_sample) is None
+
+
 def test_the_start_up_is_the_launchs_whole_time_beyond_its_candidates_where_recorded():
     """Issue 24: a launch's set-up and end are waited for too (`launch_fixed_s`); a
     profile without it (an older search) keeps its start and data load."""

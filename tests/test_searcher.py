@@ -317,7 +317,7 @@ def test_search_gives_the_adaptive_search_the_training_strategys_limits():
     space = SearchSpace.build((1, 2), min_batch=32, max_batch=256)
     request = SimpleNamespace(
         search_strategy="adaptive", strategy_options={}, objective="time_to_accuracy", epochs=2,
-        workload=SimpleNamespace(dataset_size=8192, name="custom"),
+        workload=SimpleNamespace(dataset_size=8192, name="custom", eval_batch=None),
         pricing=parse_pricing("fixed"),
         weight_time=0.5, collective="ring", reference_batch=64, noise_scale=250.0,
         training_strategy="ags", training_options={"small_batch": 64})
@@ -331,3 +331,7 @@ def test_search_gives_the_adaptive_search_the_training_strategys_limits():
     assert set(strategy.context.refused) == {(2, 128)}
     assert strategy.context.plain_steps == {(1, 32), (1, 64), (2, 32), (2, 64)}
     assert strategy.context.noise_scale == 250.0  # the user's phi plans its rounds too
+    # train evaluates at the local batch of a workload without eval_batch: the plan knows
+    assert strategy.context.eval_at_local_batch
+    request.workload.eval_batch = 500
+    assert not _plan_context(request, space, probe, workers_per_node=None).eval_at_local_batch

@@ -148,6 +148,7 @@ def run_replay(args: argparse.Namespace) -> None:
     untrainable: dict = {}
     plain: set = set()  # where the plan's training strategy trains plain SGD steps
     workers_per_node = None  # one node holds every N, unless the plan replayed says not
+    eval_at_local_batch = False  # profiles alone do not say how the workload evaluates
     if args.synthetic:
         from tula_ray.planning.synthetic import example_params, synthetic_profiles
 
@@ -166,6 +167,9 @@ def run_replay(args: argparse.Namespace) -> None:
         for key in ("training_strategy", "training_options"):
             meta[key] = old.meta.get(key)
         workers_per_node = old.meta.get("workers_per_node")  # the cluster it was profiled on
+        # how its workload evaluates: at the local batch, or at its own eval_batch
+        eval_at_local_batch = bool((old.meta.get("plan_context") or {}).get(
+            "eval_at_local_batch"))
         space = SearchSpace.of_pairs(old.table["num_workers"], old.table["global_batch"])
         if "trainable" in old.table:  # what the plan's training strategy cannot train
             refused = old.table[~old.table["trainable"].astype(bool)]
@@ -183,7 +187,8 @@ def run_replay(args: argparse.Namespace) -> None:
                           pricing=args.pricing, reference_batch=args.reference_batch,
                           noise_scale=args.noise_scale, workload=workload,
                           untrainable=untrainable, plain_steps=plain,
-                          workers_per_node=workers_per_node)
+                          workers_per_node=workers_per_node,
+                          eval_at_local_batch=eval_at_local_batch)
     plan = build_plan(space, profiles, context, search_strategy=args.search_strategy,
                       meta=meta)
     write_plan(plan, args.out)

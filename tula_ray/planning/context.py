@@ -64,6 +64,9 @@ CHECKS: dict[str, Callable[[Any], Any]] = {
     "adaptive_batch": lambda value: check_bool(
         "adaptive_batch", value, hint="whether time_to_accuracy and cost_to_accuracy may "
         "choose an adaptive run (the plan's adaptive rows)"),
+    "eval_at_local_batch": lambda value: check_bool(
+        "eval_at_local_batch", value, hint="whether train evaluates at the training's local "
+        "batch (a workload without eval_batch)"),
 }
 
 
@@ -103,6 +106,11 @@ class PlanContext:
     adaptive_batch: whether `time_to_accuracy` and `cost_to_accuracy` may choose an
       adaptive run (a row of `Plan.adaptive`, `tula_ray.planning.adaptive_rows`), the batch
       following the noise scale inside N; the rows are predicted either way.
+    eval_at_local_batch: whether `train` evaluates at the training's local batch (the
+      workload has no `eval_batch`; a search sets it): each candidate's evaluation pass is
+      then the profiled one priced at its b by the compute cost per sample (eq. 2b,
+      `planning.estimates.evaluation_by_batch`). False: the profiled pass at every b (a
+      context built by hand, or a plan from before this field).
     """
 
     epochs: int
@@ -124,6 +132,7 @@ class PlanContext:
     plain_steps: frozenset[Pair] = frozenset()
     workload: str = WORKLOAD_NAME_DEFAULT
     adaptive_batch: bool = True
+    eval_at_local_batch: bool = False
 
     def __post_init__(self) -> None:
         check_plan_values(**{name: getattr(self, name) for name in CHECKS})

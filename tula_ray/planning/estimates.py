@@ -19,6 +19,8 @@ from tula_ray.profile_table import STATUS_OK, usable
 
 DENSE_POINTS = 256  # batch sizes on the dense curve the knee is found on
 StepExtra = Callable[[np.ndarray], np.ndarray]  # N -> seconds the strategy adds per step
+# (N, b) -> seconds: an evaluation pass, a compute cost per sample
+BatchCost = Callable[[np.ndarray, np.ndarray], np.ndarray]
 
 
 def by_nearest_n(profiles: pd.DataFrame, column: str, *, per_worker_share: bool = False
@@ -41,6 +43,36 @@ def by_nearest_n(profiles: pd.DataFrame, column: str, *, per_worker_share: bool 
         nearest = np.abs(np.log2(n)[..., None] - known).argmin(axis=-1)
         return values[nearest] * (counts[nearest] / n if per_worker_share else 1.0)
     return at
+
+
+def evaluation_by_batch(profiles: pd.DataFrame, per_sample: BatchCost | None = None
+                        ) -> BatchCost | None:
+    """An evaluation pass's seconds at (N, b), from the passes profiled (`eval_time_s`, at
+    the local batch of their row) by `by_nearest_n`. per_sample: the compute seconds per
+    sample at (N, b) (eq. 2b's curve over b); given, `train` evaluates at the training's
+    local batch, so each measured pass is counted in units of that cost at its own b and
+    priced at the queried b (a CPU's cost per sample rises again at large b: the CNN's
+    pass at B = 2048 took 1.8x its pass at B = 32 in train-time's runs). None: the
+    measured pass at every b. None when no pass was measured."""
+    if "eval_time_s" not in profiles or profiles["eval_time_s"].isna().all():
+        return None
+    if per_sample is None:
+        by_n = by_nearest_n(profiles, "eval_time_s", per_worker_share=True)
+        return lambda n, b: by_n(n)  # type: ignore[misc]
+    rows = profiles.dropna(subset=["eval_time_s"])
+    unit = np.asarray(per_sample(rows["num_workers"].to_numpy(float),
+                                 rows["local_batch"].to_numpy(float)), dtype=float)
+    units = by_nearest_n(rows.assign(eval_units=rows["eval_time_s"].to_numpy(float) / unit),
+                         "eval_units", per_worker_share=True)
+    if units is None or not np.all(np.isfinite(unit) & (unit > 0)):
+        return evaluation_by_batch(profiles)  # a compute curve that says nothing here
+    return lambda n, b: units(n) * np.asarray(per_sample(n, b), dtype=float)
+
+
+def compute_per_sample(params: perf.PerfParams) -> BatchCost:
+    """Eq. 2b's compute seconds per sample at (N, b): the cost `evaluation_by_batch`
+    prices an evaluation pass in."""
+    return lambda n, b: perf.predict_compute_s(params, n, b) / np.asarray(b, dtype=float)
 
 
 def step_extras(frame: pd.DataFrame, extra: StepExtra | None,
@@ -93,27 +125,44 @@ class EpochCosts:
     split over N workers), rank 0's checkpoint write per epoch, and the start-up (N ->
     seconds, `startup_by_n`). Zero where not measured."""
 
-    eval_s: StepExtra | None = None
+    eval_s: BatchCost | None = None  # (N, b) -> seconds (`evaluation_by_batch`)
     checkpoint_s: float = 0.0
     startup_s: StepExtra | None = None
     check_s: float = 0.0  # of the start-up: `train`'s check of the workload on a worker
+    eval_scaled: bool = False  # the pass priced at each b (`evaluation_by_batch`)
 
     @classmethod
-    def from_profiles(cls, profiles: pd.DataFrame,
-                      check_s: float | None = None) -> "EpochCosts":
+    def from_profiles(cls, profiles: pd.DataFrame, check_s: float | None = None,
+                      params: perf.PerfParams | None = None) -> "EpochCosts":
         """check_s: the seconds a check of the workload on one worker took the search
-        (`train` runs it before its launch), added to every N's start-up; None: unknown."""
+        (`train` runs it before its launch), added to every N's start-up; None: unknown.
+        params: where `train` evaluates at the local batch, the fit whose compute cost per
+        sample prices the evaluation pass at each b (`evaluation_by_batch`)."""
+        per_sample = None if params is None else compute_per_sample(params)
         check_s = float(check_s) if check_s is not None and math.isfinite(check_s) else 0.0
         startup = startup_by_n(profiles, check_s)
         checkpoint = profiles["checkpoint_time_s"].dropna() if "checkpoint_time_s" in \
             profiles else pd.Series(dtype=float)
-        return cls(eval_s=by_nearest_n(profiles, "eval_time_s", per_worker_share=True),
+        eval_s = evaluation_by_batch(profiles, per_sample)
+        return cls(eval_s=eval_s,
                    checkpoint_s=float(checkpoint.median()) if len(checkpoint) else 0.0,
-                   startup_s=startup, check_s=check_s if startup is not None else 0.0)
+                   startup_s=startup, check_s=check_s if startup is not None else 0.0,
+                   eval_scaled=eval_s is not None and per_sample is not None)
+
+    @classmethod
+    def of_plan(cls, profiles: pd.DataFrame, meta: dict,
+                params: perf.PerfParams) -> "EpochCosts":
+        """A built plan's costs, as its build made them (its meta's check and context)."""
+        at_local_batch = bool((meta.get("plan_context") or {}).get("eval_at_local_batch"))
+        return cls.from_profiles(profiles, check_s=meta.get("workload_check_s"),
+                                 params=params if at_local_batch else None)
 
     def describe(self) -> str:
         """Which parts of the training time were measured, which left out."""
-        parts = {"an evaluation pass per epoch": self.eval_s is not None,
+        evaluation = "an evaluation pass per epoch" + (
+            " (at each candidate's local batch, from the compute cost per sample)"
+            if self.eval_scaled else "")
+        parts = {evaluation: self.eval_s is not None,
                  "a checkpoint write per epoch": self.checkpoint_s > 0,
                  "the start-up (" + ("the workload's check on a worker, " if self.check_s
                                      else "") + "the worker group's launch, data load, "
@@ -139,7 +188,8 @@ def add_epoch_times(frame: pd.DataFrame, step_column: str, epochs: int, dataset_
     n = frame["num_workers"].to_numpy(float)
     zero = np.zeros(len(frame))
     if "eval_time_s" not in frame:
-        frame["eval_time_s"] = zero if costs.eval_s is None else costs.eval_s(n)
+        frame["eval_time_s"] = zero if costs.eval_s is None else costs.eval_s(
+            n, frame["local_batch"].to_numpy(float))
         frame["checkpoint_time_s"] = zero + costs.checkpoint_s
         frame["startup_time_s"] = zero if costs.startup_s is None else costs.startup_s(n)
     frame[f"{prefix}epoch_time_s"] = perf.training_time_s(  # eq. 4a for one epoch

@@ -192,8 +192,7 @@ class Plan:
             choice_line(c),
             c.describe_ties(),
             self.describe_strategy_cost(),
-            EpochCosts.from_profiles(self.profiles,
-                                     check_s=self.meta.get("workload_check_s")).describe(),
+            EpochCosts.of_plan(self.profiles, self.meta, self.perf).describe(),
         ]
         lines += noise_lines(self.meta, self.adaptive)
         if self.meta.get("noise_warning"):
@@ -270,9 +269,10 @@ def build_plan(
     profiles = profile_frame(profiles.to_dict("records"))
     params, memory = _fitted_models(profiles, context, search_strategy)
     extra = strategy_extra_by_n(profiles)  # the training strategy's measured cost per step
-    # evaluation, checkpoint, start-up: measured (the workload's check on a worker, which
-    # `train` runs again before its launch, by the search's memory probe)
-    costs = EpochCosts.from_profiles(profiles, check_s=(meta or {}).get("workload_check_s"))
+    # evaluation, checkpoint, start-up (with the probe's check of the workload): measured
+    costs = EpochCosts.from_profiles(
+        profiles, check_s=(meta or {}).get("workload_check_s"),
+        params=params if context.eval_at_local_batch else None)
     billing = NodeBilling(context.pricing, context.workers_per_node)  # costs in whole nodes
     table = candidate_table(space, profiles, params, memory, billing, costs, extra, context)
     predicted_u = add_uncertainty(table, profiles, params)

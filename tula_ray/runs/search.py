@@ -310,7 +310,8 @@ def _plan_context(request: SearchRequest, space: SearchSpace, probe: MemoryProbe
         collective=request.collective, memory=probe.params,
         max_local_batch=probe.max_local_batch, reference_batch=request.reference_batch,
         noise_scale=request.noise_scale, workers_per_node=workers_per_node,
-        untrainable=untrainable, plain_steps=plain, workload=request.workload.name)
+        untrainable=untrainable, plain_steps=plain, workload=request.workload.name,
+        eval_at_local_batch=request.workload.eval_batch is None)
 
 
 def _strategy_options(request: SearchRequest, context: PlanContext) -> dict[str, Any]:
