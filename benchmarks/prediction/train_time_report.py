@@ -31,6 +31,7 @@ def report(result: dict) -> str:
                      f"{s['median_abs_error']:.1%}, worst {s['worst_abs_error']:.1%} "
                      "(fp32; goal: <= 5 %, worst <= 15 %).")
     lines += _searches(result)
+    lines += _evaluation_line(result["rows"])
     if s.get("bf16_abs_errors"):
         each = ", ".join(f"{e:.1%}" for e in s["bf16_abs_errors"])
         lines.append(f"- The CNN in bf16 (its own search and runs; not in the figures above): "
@@ -82,6 +83,18 @@ def report(result: dict) -> str:
             trees = ", ".join(f"{commit} ({count})" for commit, count in commits.items())
             lines.append(f"- The {part}'s runs trained at: {trees}.")
     return "\n".join(lines) + "\n"
+
+
+def _evaluation_line(rows: list[dict]) -> list[str]:
+    """The plan's evaluation pass against `train`'s over every cell that measured one
+    (added 2026-11-29 with the pass priced at each local batch, `eval-pricing`)."""
+    errors = [abs(r["eval_predicted_s"] / r["eval_measured_s"] - 1) for r in rows
+              if np.isfinite(r.get("eval_predicted_s", np.nan))
+              and np.isfinite(r.get("eval_measured_s", np.nan))]
+    if not errors:
+        return []
+    return [f"- The evaluation pass (`eval plan s` against `eval train s`, {len(errors)} cells):"
+            f" median |plan / train - 1| = {np.median(errors):.1%}, worst {max(errors):.1%}."]
 
 
 def _spread(row: dict) -> str:
