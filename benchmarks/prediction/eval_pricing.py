@@ -5,8 +5,9 @@ pass as profiled at every b (the plans before `PlanContext.eval_at_local_batch`)
 No new run: it reads what `python -m benchmarks train-time` recorded. For every cell of
 its grid (the fp32 workloads, the bf16 one and the demo's choices), `train`'s evaluation
 pass (its recorded median, `eval_measured_s`) against the first search's saved plan
-(results/train_time_<label>.plan.json, demoN's own): the plan's profiled pass re-priced
-at the cell's b from that plan's profiles and fit, and the pass as that plan recorded it.
+(results/train_time_<label>.plan.json, demoN's own): the plan's profiled pass priced at
+the cell's b from that plan's profiles and fit, and the same pass as profiled, at every b
+(what plans before the context's flag counted; the recorded `eval plan s` of those).
 The figures: median and worst |plan / train - 1| of each. `train` evaluates at the local
 batch there (none of the workloads sets `eval_batch`). `--quick` reads the same records
 and keeps the first 4 cells.
@@ -33,11 +34,13 @@ def _plan_path(label: str) -> Path:
     return RESULTS_DIR / f"{SOURCE}_{label}.plan.json"
 
 
-def priced_pass_s(plan, num_workers: int, global_batch: int) -> float:
-    """The plan's profiled evaluation pass priced at the cell's local batch."""
+def pass_s(plan, num_workers: int, global_batch: int, priced: bool) -> float:
+    """The plan's profiled evaluation pass at the cell: priced at its local batch by the
+    fit's compute cost per sample, or as profiled (`evaluation_by_batch`), whichever way
+    the plan itself counted it."""
     from tula_ray.planning.estimates import compute_per_sample, evaluation_by_batch
 
-    at = evaluation_by_batch(plan.profiles, compute_per_sample(plan.perf))
+    at = evaluation_by_batch(plan.profiles, compute_per_sample(plan.perf) if priced else None)
     if at is None:
         return math.nan
     local = np.array([global_batch / num_workers])
@@ -56,9 +59,11 @@ def cells(recorded: dict[str, Any]) -> list[dict[str, Any]]:
             continue
         if label not in plans:
             plans[label] = Plan.from_json(_plan_path(label))
+        plan = plans[label]
         found.append({"workload": label, "num_workers": n, "global_batch": b,
-                      "train_s": row["eval_measured_s"], "as_profiled_s": row["eval_predicted_s"],
-                      "priced_s": priced_pass_s(plans[label], n, b)})
+                      "train_s": row["eval_measured_s"],
+                      "as_profiled_s": pass_s(plan, n, b, priced=False),
+                      "priced_s": pass_s(plan, n, b, priced=True)})
     return found
 
 
