@@ -235,8 +235,32 @@ def test_evaluation_estimate_leaves_out_the_first_batchs_one_off_cost():
                              torch.randint(0, 3, (10 * eval_batch,)))
     seconds = evaluation_s(SlowFirstForward(4, 3), test_set, nn.CrossEntropyLoss(),
                            torch.device("cpu"), eval_batch=eval_batch)
-    assert SlowFirstForward.calls == 3  # the untimed batch and the two timed ones
-    assert 0 < seconds < 0.5  # scaled x5 from two fast batches: far below the sleep
+    # the untimed pass, then passes of 1 and of 10 batches (short batches: every one)
+    assert SlowFirstForward.calls == 1 + 1 + 10
+    assert 0 < seconds < 0.5  # from fast batches: far below the sleep
+
+
+def test_the_evaluation_estimate_counts_a_pass_s_fixed_cost_once(monkeypatch):
+    """A pass's fixed cost (its all-reduce, the wait for the other ranks; here a 50 ms
+    sleep in every `evaluate`) is counted once, not once per probe: a 2-batch pass scaled
+    to 20 batches read 10 x 50 ms."""
+    import time
+
+    from torch.utils.data import TensorDataset
+
+    from tula_ray.training import epoch_costs
+
+    real = epoch_costs.evaluate
+
+    def slow_to_agree(*args, **kwargs):
+        time.sleep(0.05)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(epoch_costs, "evaluate", slow_to_agree)
+    test_set = TensorDataset(torch.randn(20 * 50, 4), torch.randint(0, 3, (20 * 50,)))
+    seconds = epoch_costs.evaluation_s(nn.Linear(4, 3), test_set, nn.CrossEntropyLoss(),
+                                       torch.device("cpu"), eval_batch=50)
+    assert 0.045 < seconds < 0.15  # one fixed cost and 20 fast batches
 
 
 class _TakesAtMost(nn.Module):
@@ -287,7 +311,8 @@ def test_the_evaluation_estimate_runs_at_the_batch_train_evaluates_in(workload):
                                       local_batch)
         evaluation_s(Recording(4, 3), test_set, nn.CrossEntropyLoss(), torch.device("cpu"),
                      eval_batch=eval_batch)
-        assert set(seen) == {given or local_batch}
+        batch = given or local_batch  # and the set's last, short one, as train's pass
+        assert max(seen) == batch and set(seen) <= {batch, len(test_set) % batch}
 
 
 @pytest.mark.parametrize("training, stage", [

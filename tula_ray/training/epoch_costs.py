@@ -26,7 +26,8 @@ from tula_ray.training.epochs import evaluate
 from tula_ray.training.measure import StepTimer
 from tula_ray.training.strategy_base import StrategySetup
 
-EVAL_PROBE_BATCHES = 2  # evaluation batches timed per rank; the pass is scaled from them
+EVAL_PROBE_BATCHES = 2  # evaluation batches per rank timed beyond a 1-batch pass, at least
+EVAL_PROBE_SECONDS = 0.05  # ... and at least this long a 1-batch pass's worth, in batches
 # The timed checkpoint's directory in the storage, removed after it: a dot name no run,
 # trial or experiment of Ray's takes, made unique per write.
 CHECKPOINT_PROBE_PREFIX = ".tula-checkpoint-probe-"
@@ -40,29 +41,41 @@ def evaluation_s(model: nn.Module, test_set: Dataset, loss_fn, device: torch.dev
                  probe_batches: int = EVAL_PROBE_BATCHES,
                  autocast: Callable[[], ContextManager] = contextlib.nullcontext) -> float:
     """Seconds of one `evaluate` pass over `test_set` on this worker group, the slowest
-    rank's: `probe_batches` batches per rank are timed (the pass through `evaluate`
-    itself, its all-reduce included) and scaled to the rank's whole share, which
-    `train` evaluates in batches of `eval_batch` (`tula_ray.training.data.evaluation_batch`;
-    a large model's full pass would cost the profile as much as an epoch)."""
+    rank's, in batches of `eval_batch` (`tula_ray.training.data.evaluation_batch`), from
+    a few batches (a large model's full pass would cost the profile as much as an epoch).
+
+    A pass is a fixed cost (entering `evaluate`, the all-reduce of its sums, waiting there
+    for the other ranks) plus one cost per batch. Passes of 1 and of 1 + `probe_batches`
+    batches per rank (more where a batch is short: `EVAL_PROBE_SECONDS`) are timed: their
+    difference is the batches', the rest the fixed cost, counted once. One short pass
+    scaled up to the rank's share would count the fixed cost once per probe (train-time
+    at d6ebabe: the CNN's pass at N = 2, b = 16, 1.09 s profiled so, 0.58 s in `train`)."""
     size = len(test_set)  # type: ignore[arg-type]
     share = math.ceil((size - rank) / num_replicas)
     full_batches = math.ceil(share / eval_batch)
-    probe = min(probe_batches, full_batches)
 
-    def batches_of(count: int):
+    def timed_pass(count: int) -> float:
         subset = Subset(test_set, range(min(size, count * eval_batch * num_replicas)))
-        return evaluation_batches(subset, eval_batch, device, num_replicas=num_replicas,
-                                  rank=rank)
+        batches = evaluation_batches(subset, eval_batch, device, num_replicas=num_replicas,
+                                     rank=rank)
+        with StepTimer(device) as timer:
+            evaluate(model, batches, device, loss_fn, autocast=autocast)
+        return timer.seconds
 
-    # One batch untimed first: a first pass's one-off costs (set-up for a new batch shape
+    # One pass untimed first: a first pass's one-off costs (set-up for a new batch shape
     # and precision, allocations) fall in `train`'s first epoch only, not in the later
     # ones the plan predicts; scaled up from two batches, something of the kind had
     # doubled bf16's predicted pass at random (train-time's bf16 plans at b21805e, e9fb50d).
-    evaluate(model, batches_of(1), device, loss_fn, autocast=autocast)
-    batches = batches_of(probe)
-    with StepTimer(device) as timer:
-        evaluate(model, batches, device, loss_fn, autocast=autocast)
-    (seconds,) = max_over_ranks([timer.seconds * full_batches / max(probe, 1)], device)
+    timed_pass(1)
+    one = timed_pass(1)
+    # Enough batches that their time stands out of the timer's noise: a small batch's
+    # milliseconds would not (a CPU's clock and the other rank's wait vary by about that).
+    probe = max(probe_batches, math.ceil(EVAL_PROBE_SECONDS / max(one, 1e-6)))
+    (most,) = max_over_ranks([float(probe)], device)  # the ranks pass alike
+    probe = min(full_batches - 1, int(most))
+    per_batch = max(0.0, (timed_pass(1 + probe) - one) / probe) if probe > 0 else 0.0
+    seconds = max(one - per_batch, 0.0) + per_batch * full_batches
+    (seconds,) = max_over_ranks([seconds], device)
     return seconds
 
 
