@@ -155,7 +155,7 @@ def test_eval_pricing_quick():
     result = eval_pricing.run(quick=True)
     assert len(result["cells"]) == eval_pricing.QUICK_CELLS
     first = result["cells"][0]
-    plan = Plan.from_json(eval_pricing._plan_path(first["workload"]))
+    plan = Plan.from_json(eval_pricing.plan_path(eval_pricing.SOURCE, first["workload"]))
     context = PlanContext.from_dict({**plan.meta["plan_context"], "eval_at_local_batch": True})
     space = SearchSpace.of_pairs(plan.table["num_workers"], plan.table["global_batch"])
     again = build_plan(space, plan.profiles, context, search_strategy="full").table

@@ -26,6 +26,7 @@ import math
 import statistics
 from typing import Any
 
+from benchmarks.accuracy.adaptive_batch_runs import ADAPTIVE, evaluations_to
 from benchmarks.common import markdown_table
 
 
@@ -46,22 +47,13 @@ def trajectory_noise_scale(phis: list[float], reference_batch: int) -> float:
     return len(phis) / sum(1 / (phi + reference_batch) for phi in phis) - reference_batch
 
 
-def _to_target(run: dict[str, Any], target: float) -> list[dict[str, Any]]:
-    """`run`'s evaluations up to the first at or above `target` ([] if none is)."""
-    for count, row in enumerate(run["evaluations"], start=1):
-        if row["val_accuracy"] >= target:
-            return run["evaluations"][:count]
-    return []
-
-
 def efficiency_rows(runs: list[dict], workload: str, seeds, target: float
                     ) -> list[dict[str, Any]]:
     """One row per fixed B (see the module's docstring); [] without the online phi."""
     by_batch: dict[int, list[list[dict]]] = {}
     for run in runs:
-        fixed = isinstance(run["batch"], int)  # the adaptive arm's is "adaptive"
-        if run["workload"] == workload and fixed and run["seed"] in seeds:
-            evaluations = _to_target(run, target)
+        if run["workload"] == workload and run["batch"] != ADAPTIVE and run["seed"] in seeds:
+            evaluations = evaluations_to(run, target)
             if evaluations:
                 by_batch.setdefault(int(run["batch"]), []).append(evaluations)
     if not by_batch or any("noise_scale" not in row for found in by_batch.values()

@@ -19,16 +19,25 @@ UNREACHED = {"seconds": math.inf, "train_seconds": math.inf, "samples": math.inf
              "steps": math.inf}
 
 
+def evaluations_to(run: dict[str, Any], target: float) -> list[dict[str, Any]]:
+    """`run`'s evaluations up to the first at or above `target` ([] when none is)."""
+    for count, row in enumerate(run["evaluations"], start=1):
+        if row["val_accuracy"] >= target:
+            return run["evaluations"][:count]
+    return []
+
+
 def time_to_target(run: dict[str, Any], target: float) -> dict[str, float]:
     """The first evaluation of `run` at or above `target`: its seconds (train's clock),
     train_seconds (those less the evaluations so far, each the run's mean), samples and
     steps; inf throughout when none is."""
-    for count, row in enumerate(run["evaluations"], start=1):
-        if row["val_accuracy"] >= target:
-            return {"seconds": row["seconds"],
-                    "train_seconds": row["seconds"] - count * run["eval_seconds_each"],
-                    "samples": row["samples"], "steps": row["steps"]}
-    return dict(UNREACHED)
+    evaluations = evaluations_to(run, target)
+    if not evaluations:
+        return dict(UNREACHED)
+    row = evaluations[-1]
+    return {"seconds": row["seconds"],
+            "train_seconds": row["seconds"] - len(evaluations) * run["eval_seconds_each"],
+            "samples": row["samples"], "steps": row["steps"]}
 
 
 def steps_by_batch(run: dict[str, Any], target: float) -> dict[int, float]:

@@ -17,21 +17,15 @@ from __future__ import annotations
 
 import math
 import statistics
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from benchmarks.common import RESULTS_DIR, Benchmark, markdown_table
+from benchmarks.prediction.train_time import NAME as SOURCE, plan_path
 
 NAME = "eval_pricing"
-SOURCE = "train_time"  # the recorded benchmark whose runs and plans this reads
 QUICK_CELLS = 4
-
-
-def _plan_path(label: str) -> Path:
-    """The first search's plan of a train-time cell's label (a demo's: its own)."""
-    return RESULTS_DIR / f"{SOURCE}_{label}.plan.json"
 
 
 def pass_s(plan, num_workers: int, global_batch: int, priced: bool) -> float:
@@ -58,7 +52,7 @@ def cells(recorded: dict[str, Any]) -> list[dict[str, Any]]:
         if not math.isfinite(row.get("eval_measured_s", math.nan)):
             continue
         if label not in plans:
-            plans[label] = Plan.from_json(_plan_path(label))
+            plans[label] = Plan.from_json(plan_path(SOURCE, label))
         plan = plans[label]
         found.append({"workload": label, "num_workers": n, "global_batch": b,
                       "train_s": row["eval_measured_s"],

@@ -98,14 +98,6 @@ def _case(rank: int, world: int, case: tuple, settings: dict[str, Any], out: str
         torch.save(rounds, out)
 
 
-def _one_process(rank: int, case: tuple, settings: dict[str, Any], out: str) -> None:
-    _case(rank, 1, case, settings, out)
-
-
-def _two_processes(rank: int, case: tuple, settings: dict[str, Any], out: str) -> None:
-    _case(rank, 2, case, settings, out)
-
-
 def run(quick: bool = False) -> dict:
     import torch
 
@@ -114,8 +106,7 @@ def run(quick: bool = False) -> dict:
     with tempfile.TemporaryDirectory() as scratch:
         for case in settings["cases"]:
             out = str(Path(scratch, "rounds.pt"))
-            worker = _one_process if case[1] == 1 else _two_processes
-            spawn_gloo(worker, case[1], case, settings, out)
+            spawn_gloo(_case, case[1], case[1], case, settings, out)  # _case(rank, world, ...)
             rounds = torch.load(out)
             whole = statistics.median(r["whole"] for r in rounds)
             rows.append({"workload": case[0], "num_workers": case[1], "eval_batch": case[2],

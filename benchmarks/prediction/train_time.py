@@ -112,7 +112,7 @@ def _measure(key: dict[str, Any], runs: list[dict], path: Path, plan, strategy: 
           flush=True)
 
 
-def _plan_path(name: str, label: str, repeat: int) -> Path:
+def plan_path(name: str, label: str, repeat: int = 0) -> Path:
     """Where repeat `repeat`'s plan of `label` is kept (the first repeat's: as before)."""
     suffix = "" if repeat == 0 else f".r{repeat}"
     return RESULTS_DIR / f"{name}_{label}{suffix}.plan.json"
@@ -144,7 +144,7 @@ def run(quick: bool = False, plans: dict[str, Any] | None = None) -> dict:
             # A new search per repeat, just before the runs it is set beside: the plan's
             # own spread shows, and a slow drift of the machine falls on plan and runs alike.
             searched = plans if quick and plans is not None else {label: _plan(
-                _plan_path(name, label, repeat), workload=workload,
+                plan_path(name, label, repeat), workload=workload,
                 workload_options=options or None, cluster_sizes=sizes, min_batch=low,
                 max_batch=high, search_strategy="full", training_strategy="lbt", epochs=epochs)
                 for label, workload, options, (low, high), _ in workloads}
@@ -157,7 +157,7 @@ def run(quick: bool = False, plans: dict[str, Any] | None = None) -> dict:
                              "lbt", options, storage, epochs)
         demos = []
         for repeat in range(0 if quick else DEMO_REPEATS):
-            demo = _plan(RESULTS_DIR / f"{name}_demo{repeat}.plan.json",
+            demo = _plan(plan_path(name, f"demo{repeat}"),
                          workload="fashion-mnist-cnn", cluster_sizes=(1, 2), min_batch=32,
                          max_batch=2048)
             strategy = demo.meta["training_strategy"]  # what `train(plan)` runs by default

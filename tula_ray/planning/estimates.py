@@ -62,10 +62,10 @@ def evaluation_by_batch(profiles: pd.DataFrame, per_sample: BatchCost | None = N
     rows = profiles.dropna(subset=["eval_time_s"])
     unit = np.asarray(per_sample(rows["num_workers"].to_numpy(float),
                                  rows["local_batch"].to_numpy(float)), dtype=float)
+    if not np.all(np.isfinite(unit) & (unit > 0)):
+        return evaluation_by_batch(profiles)  # a compute curve that says nothing here
     units = by_nearest_n(rows.assign(eval_units=rows["eval_time_s"].to_numpy(float) / unit),
                          "eval_units", per_worker_share=True)
-    if units is None or not np.all(np.isfinite(unit) & (unit > 0)):
-        return evaluation_by_batch(profiles)  # a compute curve that says nothing here
     return lambda n, b: units(n) * np.asarray(per_sample(n, b), dtype=float)
 
 
