@@ -38,7 +38,7 @@ LAYERS: list[tuple[str, list[list[str]]]] = [
     ("models, workloads, ags", [["tula_ray.models"], ["tula_ray.workloads"], ["tula_ray.ags"]]),
     ("vocabulary", [["tula_ray.space", "tula_ray.profile_table", "tula_ray.failures",
                      "tula_ray.arguments", "tula_ray.distributed", "tula_ray.precision",
-                     "tula_ray.verbosity", "tula_ray"]]),
+                     "tula_ray.verbosity", "tula_ray.evaluation_schedule", "tula_ray"]]),
 ]
 # The Ray-facing adapters are the product's insides: benchmarks measure it through the
 # public tula_ray API and its subpackages, never through these.

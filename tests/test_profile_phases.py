@@ -161,6 +161,8 @@ def test_a_batch_row_has_every_column_and_adds_up(ranks):
         assert row["memory_source"] == "memtracker" and row["peak_mem_bytes"] > 0
         for key in ("strategy_extra_s", "checkpoint_time_s", "eval_time_s", "grad_sqr"):
             assert math.isfinite(row[key]), key
+        # the pass's samples, for a run to a target's pricing; no split of its own
+        assert row["eval_samples"] == SAMPLES and math.isnan(row["validation_samples"])
     assert ranks[0]["row"]["step_time_s"] == ranks[1]["row"]["step_time_s"]  # the slowest's
     # How far the model had trained when its noise was measured (issue 43, item 4): the
     # warm-up's and both timed phases' optimizer steps at B, on every rank alike.

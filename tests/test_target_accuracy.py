@@ -11,7 +11,8 @@ from torch.utils.data import Dataset
 from tests.text_workload import TEXT_WORKLOAD, Tokens
 from tula_ray.training.data import split_validation
 from tula_ray.training.run import fit
-from tula_ray.training.target import Target, TargetTracker, evaluation_interval
+from tula_ray.evaluation_schedule import evaluation_interval
+from tula_ray.training.target import Target, TargetTracker
 
 BATCH = 16
 

@@ -42,6 +42,11 @@ PROFILE_COLUMNS = (
     # evaluation pass over the test set on N workers, and rank 0's checkpoint write
     "eval_time_s",
     "checkpoint_time_s",
+    # the samples of that pass (the test set's), and of the workload's own validation
+    # split where it has one (NaN: none, or a table recorded before 2026-11-29): the plan
+    # prices a run to a target's validation passes by them (`planning.target_costs`)
+    "eval_samples",
+    "validation_samples",
     "data_load_s",  # the worker's dataset load and placement (once per worker group)
     # the gradient noise at this (N, B) (`tula_ray.models.noise_scale`): |G|^2, tr(Sigma)
     # of one sample, and the untimed steps whose squared norms they average

@@ -29,6 +29,7 @@ import pandas as pd
 from tula_ray.arguments import check_number
 from tula_ray.models.noise_scale import efficiency, noise_scale
 from tula_ray.models.pricing import NodeBilling
+from tula_ray.planning.target_costs import per_epoch_to_target
 from tula_ray.profile_table import usable
 
 REFERENCE_BATCH_DEFAULT = 32  # M0: the batch whose epochs the workload's epochs count
@@ -207,18 +208,20 @@ def add_time_to_accuracy(frame: pd.DataFrame, noise: ProfiledNoise, reference_ba
     """Adds `noise_scale`, `efficiency`, `epochs_to_target`, `time_to_accuracy_s` and
     `cost_to_accuracy_usd` to `frame`, from its `total_time_s` (eq. 4a: `epochs` x the
     epoch's time, evaluation and checkpoint included, plus the start-up once): the
-    per-epoch part is scaled to the epochs to target, the start-up kept; the cost is
+    per-epoch part is scaled to the epochs to target, the start-up kept; where the frame
+    prices a run to a target's evaluations (`target_extra_s`), they replace the epoch's
+    test pass, which is counted once (`target_costs.per_epoch_to_target`). The cost is
     priced with the peak memory in `peak_column`, in `billing`'s whole nodes. With
     `dataset_size`, the epochs to target count whole steps (`whole_step_epochs`)."""
     phi = noise.noise_scale
     target = epochs_to_target(epochs, phi, frame["global_batch"], reference_batch, dataset_size)
     startup = frame["startup_time_s"] if "startup_time_s" in frame else 0.0
-    per_epoch = (frame["total_time_s"] - startup) / epochs
+    per_epoch, once = per_epoch_to_target(frame, (frame["total_time_s"] - startup) / epochs)
     frame["noise_scale"] = phi if math.isfinite(phi) else math.nan  # inf: JSON has none
     frame["efficiency"] = epochs / epochs_to_target(epochs, phi, frame["global_batch"],
                                                     reference_batch)  # E(B), in samples
     frame["epochs_to_target"] = target
-    frame["time_to_accuracy_s"] = target * per_epoch + startup
+    frame["time_to_accuracy_s"] = target * per_epoch + startup + once
     frame["cost_to_accuracy_usd"] = billing.cost_usd(
         frame["time_to_accuracy_s"].to_numpy(float), frame["num_workers"].to_numpy(float),
         frame[peak_column].to_numpy(float))

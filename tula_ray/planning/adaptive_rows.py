@@ -35,6 +35,7 @@ from tula_ray.planning.adaptive_batch import (ADAPTIVE_SLICES, AdaptiveRun, allo
 from tula_ray.planning.context import PlanContext
 from tula_ray.planning.noise_trajectory import NoiseTrajectory, noise_trajectory
 from tula_ray.planning.policy import OBJECTIVE_METRICS, Choice
+from tula_ray.planning.target_costs import per_epoch_to_target
 
 ADAPTIVE_OBJECTIVES = ("time_to_accuracy", "cost_to_accuracy")
 # An adaptive row replaces the fixed choice only when better by more than this (relative):
@@ -50,19 +51,23 @@ def _batch_costs(rows: pd.DataFrame, context: PlanContext,
     the run may train (`steps`: `run_step_s`): a row the plan may choose at its own
     estimate (its time to accuracy's per-epoch part over the samples of its epochs); one
     above the memory bound at its accumulated step, with its epoch's evaluation and
-    checkpoint."""
+    checkpoint (a run to a target's evaluations instead, where the rows price them:
+    `target_costs`)."""
     costs = {}
-    for _, row in rows.iterrows():
+    per_epoch, _ = per_epoch_to_target(
+        rows, (rows["estimated_total_time_s"] - rows["startup_time_s"]) / context.epochs)
+    extras = rows["target_extra_s"] if "target_extra_s" in rows else \
+        rows["eval_time_s"] + rows["checkpoint_time_s"]
+    for position, (_, row) in enumerate(rows.iterrows()):
         batch = int(row["global_batch"])
         if batch not in steps:
             continue
         if row["feasible"]:
-            per_epoch = (row["estimated_total_time_s"] - row["startup_time_s"]) / context.epochs
-            costs[batch] = (per_epoch / ((context.dataset_size // batch) * batch), 1,
+            costs[batch] = (per_epoch[position] / ((context.dataset_size // batch) * batch), 1,
                             float(row["estimated_peak_mem_bytes"]))
         else:
             step, micro = steps[batch]
-            extra = float(row["eval_time_s"] + row["checkpoint_time_s"])
+            extra = float(extras.iloc[position])
             peak = (math.nan if memory is None else
                     float(memory_model.predict_peak_bytes(memory, row["local_batch"] / micro)))
             costs[batch] = (seconds_per_sample(step, batch, extra, context.dataset_size),
@@ -82,10 +87,11 @@ def _best_fixed(costs: dict[int, tuple[float, int, float]], trajectory: NoiseTra
 
 
 def _row(num_workers: int, run: AdaptiveRun, costs: dict[int, tuple[float, int, float]],
-         startup_s: float, fixed: tuple[int, float], trajectory: NoiseTrajectory,
-         dataset_size: int) -> dict:
-    """The adaptive row of N (cost added by the caller)."""
-    start = run.batches[0]
+         startup_s: float, test_pass_s: dict[int, float], fixed: tuple[int, float],
+         trajectory: NoiseTrajectory, dataset_size: int) -> dict:
+    """The adaptive row of N (cost added by the caller). test_pass_s: B -> the test pass
+    that a run to a target ending at B reads once (`target_costs`; none: not priced)."""
+    start, final = run.batches[0], run.batches[-1]
     return {"num_workers": num_workers, "global_batch": start,
             "local_batch": start // num_workers, "adaptive": True, "feasible": True,
             "batches": " > ".join(str(b) for b in run.batches),
@@ -94,10 +100,12 @@ def _row(num_workers: int, run: AdaptiveRun, costs: dict[int, tuple[float, int, 
             "noise_scale_start": trajectory.noise_scale[0],
             "noise_scale_end": trajectory.noise_scale[-1],
             "epochs_to_target": run.epochs(dataset_size),
-            "time_to_accuracy_s": run.time_s + startup_s, "startup_time_s": startup_s,
+            "time_to_accuracy_s": run.time_s + startup_s + test_pass_s.get(final, 0.0),
+            "startup_time_s": startup_s,
             "estimated_peak_mem_bytes": float(np.nanmax([costs[b][2] for b in run.batches]))
             if any(np.isfinite(costs[b][2]) for b in run.batches) else math.nan,
-            "fixed_batch": fixed[0], "fixed_time_to_accuracy_s": fixed[1] + startup_s}
+            "fixed_batch": fixed[0],
+            "fixed_time_to_accuracy_s": fixed[1] + startup_s + test_pass_s.get(fixed[0], 0.0)}
 
 
 def adaptive_rows(estimates: pd.DataFrame, context: PlanContext, trajectory: NoiseTrajectory,
@@ -123,8 +131,10 @@ def adaptive_rows(estimates: pd.DataFrame, context: PlanContext, trajectory: Noi
                                      total, context.reference_batch,
                                      ranking={b: step_s / b for b, (step_s, _) in steps.items()})
         fixed = _best_fixed(costs, trajectory, total, context.reference_batch)
-        rows.append(_row(int(n), run, costs, float(allowed["startup_time_s"].iloc[0]), fixed,
-                         trajectory, context.dataset_size))
+        test_pass = dict(zip(allowed["global_batch"].astype(int), allowed["eval_time_s"])) \
+            if "target_extra_s" in allowed else {}
+        rows.append(_row(int(n), run, costs, float(allowed["startup_time_s"].iloc[0]),
+                         test_pass, fixed, trajectory, context.dataset_size))
     frame = pd.DataFrame(rows)
     if not frame.empty:
         frame["cost_to_accuracy_usd"] = billing.cost_usd(

@@ -15,6 +15,7 @@ import pandas as pd
 
 from tula_ray.models import memory as memory_model, perf
 from tula_ray.models.pricing import NodeBilling
+from tula_ray.planning.target_costs import TargetEvaluations, add_target_extras
 from tula_ray.profile_table import STATUS_OK, usable
 
 DENSE_POINTS = 256  # batch sizes on the dense curve the knee is found on
@@ -123,21 +124,25 @@ class EpochCosts:
     """What an epoch of `train` costs beyond its steps, and what the job costs once, as
     measured while profiling (issue 24): evaluation per epoch (N -> seconds, the pass
     split over N workers), rank 0's checkpoint write per epoch, and the start-up (N ->
-    seconds, `startup_by_n`). Zero where not measured."""
+    seconds, `startup_by_n`). Zero where not measured. `target`: how a run to a target
+    evaluates instead, which the time to accuracy prices (`planning.target_costs`)."""
 
     eval_s: BatchCost | None = None  # (N, b) -> seconds (`evaluation_by_batch`)
     checkpoint_s: float = 0.0
     startup_s: StepExtra | None = None
     check_s: float = 0.0  # of the start-up: `train`'s check of the workload on a worker
     eval_scaled: bool = False  # the pass priced at each b (`evaluation_by_batch`)
+    target: TargetEvaluations | None = None
 
     @classmethod
     def from_profiles(cls, profiles: pd.DataFrame, check_s: float | None = None,
-                      params: perf.PerfParams | None = None) -> "EpochCosts":
+                      params: perf.PerfParams | None = None,
+                      dataset_size: int | None = None) -> "EpochCosts":
         """check_s: the seconds a check of the workload on one worker took the search
         (`train` runs it before its launch), added to every N's start-up; None: unknown.
         params: where `train` evaluates at the local batch, the fit whose compute cost per
-        sample prices the evaluation pass at each b (`evaluation_by_batch`)."""
+        sample prices the evaluation pass at each b (`evaluation_by_batch`).
+        dataset_size: D, to price a run to a target's evaluations (`target`)."""
         per_sample = None if params is None else compute_per_sample(params)
         check_s = float(check_s) if check_s is not None and math.isfinite(check_s) else 0.0
         startup = startup_by_n(profiles, check_s)
@@ -147,15 +152,19 @@ class EpochCosts:
         return cls(eval_s=eval_s,
                    checkpoint_s=float(checkpoint.median()) if len(checkpoint) else 0.0,
                    startup_s=startup, check_s=check_s if startup is not None else 0.0,
-                   eval_scaled=eval_s is not None and per_sample is not None)
+                   eval_scaled=eval_s is not None and per_sample is not None,
+                   target=None if eval_s is None or dataset_size is None
+                   else TargetEvaluations.from_profiles(profiles, dataset_size))
 
     @classmethod
     def of_plan(cls, profiles: pd.DataFrame, meta: dict,
                 params: perf.PerfParams) -> "EpochCosts":
-        """A built plan's costs, as its build made them (its meta's check and context)."""
-        at_local_batch = bool((meta.get("plan_context") or {}).get("eval_at_local_batch"))
+        """A plan's costs, as its build makes them: from its meta's check of the workload
+        and its context (`plan_context`: where `train` evaluates, D)."""
+        context = meta.get("plan_context") or {}
         return cls.from_profiles(profiles, check_s=meta.get("workload_check_s"),
-                                 params=params if at_local_batch else None)
+                                 params=params if context.get("eval_at_local_batch") else None,
+                                 dataset_size=context.get("dataset_size"))
 
     def describe(self) -> str:
         """Which parts of the training time were measured, which left out."""
@@ -175,6 +184,8 @@ class EpochCosts:
             text += "; measured once and added: " + ", ".join(measured)
         if missing:
             text += "; not measured, left out: " + ", ".join(missing)
+        if self.target is not None:
+            text += "; the time to accuracy prices " + self.target.describe()
         return text
 
 
@@ -183,8 +194,8 @@ def add_epoch_times(frame: pd.DataFrame, step_column: str, epochs: int, dataset_
     """Eq. 4a with what `train` waits for: `{prefix}epoch_time_s` (the steps of one epoch,
     data path and strategy included: what `train`'s `seconds` measures) and
     `{prefix}total_time_s` = epochs x (epoch + evaluation + checkpoint) + start-up; the
-    per-epoch costs (`eval_time_s`, `checkpoint_time_s`, `startup_time_s`) are added as
-    columns when not there yet."""
+    per-epoch costs (`eval_time_s`, `checkpoint_time_s`, `startup_time_s`, and a run to a
+    target's `target_extra_s`) are added as columns when not there yet."""
     n = frame["num_workers"].to_numpy(float)
     zero = np.zeros(len(frame))
     if "eval_time_s" not in frame:
@@ -192,6 +203,8 @@ def add_epoch_times(frame: pd.DataFrame, step_column: str, epochs: int, dataset_
             n, frame["local_batch"].to_numpy(float))
         frame["checkpoint_time_s"] = zero + costs.checkpoint_s
         frame["startup_time_s"] = zero if costs.startup_s is None else costs.startup_s(n)
+    if "target_extra_s" not in frame:
+        add_target_extras(frame, costs.target)
     frame[f"{prefix}epoch_time_s"] = perf.training_time_s(  # eq. 4a for one epoch
         frame[step_column] + frame["strategy_extra_s"], 1, dataset_size, frame["global_batch"],
         whole_steps)

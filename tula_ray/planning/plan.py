@@ -270,9 +270,8 @@ def build_plan(
     params, memory = _fitted_models(profiles, context, search_strategy)
     extra = strategy_extra_by_n(profiles)  # the training strategy's measured cost per step
     # evaluation, checkpoint, start-up (with the probe's check of the workload): measured
-    costs = EpochCosts.from_profiles(
-        profiles, check_s=(meta or {}).get("workload_check_s"),
-        params=params if context.eval_at_local_batch else None)
+    costs = EpochCosts.of_plan(profiles, {**(meta or {}), "plan_context": context.to_dict()},
+                               params)
     billing = NodeBilling(context.pricing, context.workers_per_node)  # costs in whole nodes
     table = candidate_table(space, profiles, params, memory, billing, costs, extra, context)
     predicted_u = add_uncertainty(table, profiles, params)

@@ -12,6 +12,7 @@ from typing import Any
 import torch
 from torch.utils.data import Subset
 
+from tula_ray.evaluation_schedule import held_out_size
 from tula_ray.training.batches import Batches, evaluation_batches, training_batches
 from tula_ray.workloads import Workload
 
@@ -96,7 +97,7 @@ def split_validation(dataset: Any, fraction: float) -> tuple[Subset, Subset]:
     if not 0 < fraction < 1:
         raise ValueError(f"validation_fraction={fraction!r}: need 0 < fraction < 1")
     size = len(dataset)
-    held_out = max(1, int(round(size * fraction)))
+    held_out = held_out_size(size, fraction)
     if held_out >= size:
         raise ValueError(f"validation_fraction={fraction} leaves no training sample of {size}")
     order = torch.randperm(size, generator=torch.Generator().manual_seed(VALIDATION_SPLIT_SEED))

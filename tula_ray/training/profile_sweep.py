@@ -184,7 +184,8 @@ class Sweep:
         """The epoch's costs beyond its steps, once per worker group: one evaluation pass
         (when the workload has a test set) at the batch `train` evaluates in after
         training at `local_batch`, and one checkpoint write with its upload to the search's
-        storage, each agreed on."""
+        storage, each agreed on; the samples of the pass (`eval_samples`) and of the
+        workload's own validation split (`validation_samples`, when it has one)."""
         model, plain = self.training.model, self.training.plain
         costs = {"checkpoint_time_s": self.agreement.run("checkpoint", lambda: checkpoint_s(
             model, plain, self.device, rank=self.rank,
@@ -195,6 +196,9 @@ class Sweep:
             def evaluation() -> float:
                 with workload_code(name, "test_dataset_fn()"):
                     test_set = self.workload.test_dataset_fn()
+                # The pass's samples: the plan prices a run to a target's validation
+                # passes from it by their samples (`planning.target_costs`).
+                costs["eval_samples"] = float(len(test_set))
                 # Its own stage: a model failing here fails in `train`'s evaluation, not
                 # in the training steps the row is named after.
                 with workload_code(name, f"evaluation at batch {eval_batch} on "
@@ -203,6 +207,9 @@ class Sweep:
                                         eval_batch=eval_batch, num_replicas=self.world_size,
                                         rank=self.rank, autocast=plain.autocast)
             costs["eval_time_s"] = self.agreement.run("evaluation", evaluation)
+        if self.workload.val_dataset_fn is not None:  # else held out of the training set
+            with workload_code(self.workload.name, "len(val_dataset_fn())"):
+                costs["validation_samples"] = float(len(self.workload.val_dataset_fn()))
         return costs
 
     def profile(self, global_batch: int) -> dict[str, Any]:

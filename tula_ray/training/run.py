@@ -18,6 +18,8 @@ from torch import nn
 
 from tula_ray.arguments import check_int
 from tula_ray.distributed import max_over_ranks
+from tula_ray.evaluation_schedule import (VALIDATION_FRACTION_DEFAULT, evaluation_interval,
+                                          held_out_size)
 from tula_ray.failures import workload_code
 from tula_ray.precision import set_math_mode
 from tula_ray.training.batch_adapter import BatchAdapter
@@ -32,8 +34,7 @@ from tula_ray.training.online_noise import NOISE_METRICS, OnlineNoise, captured_
 from tula_ray.training.strategies import (TRAINING_STRATEGY_DEFAULT, StrategySetup,
                                           TrainingStrategy, build_strategy, get_training_strategy)
 from tula_ray.training.strategy_base import describe_optimizer
-from tula_ray.training.target import (TARGET_SUMMARY, VALIDATION_FRACTION_DEFAULT, Target,
-                                      TargetTracker, check_target, evaluation_interval)
+from tula_ray.training.target import TARGET_SUMMARY, Target, TargetTracker, check_target
 from tula_ray.workloads import Workload, resolve_workload
 
 logger = logging.getLogger(__name__)
@@ -291,7 +292,7 @@ def _epoch_size(workload: Workload, global_batch: int, num_replicas: int,
                          f"{num_replicas}; B must be a multiple of N")
     train_size = workload.dataset_size
     if validation_fraction and workload.val_dataset_fn is None:
-        train_size -= max(1, int(round(train_size * validation_fraction)))
+        train_size -= held_out_size(train_size, validation_fraction)
     # Equal to len(train loader) per rank: floor(floor(D / N) / (B / N)) = floor(D / B).
     steps_per_epoch = train_size // global_batch
     if steps_per_epoch < 1:

@@ -18,9 +18,6 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from tula_ray.arguments import check_int, check_number
-
-EVALUATIONS_PER_EPOCH_DEFAULT = 4  # eval_every_samples' default: about a quarter epoch
-VALIDATION_FRACTION_DEFAULT = 0.1  # the share of the training set held out to judge a target
 # What `TargetTracker.summary` reports, in order.
 TARGET_SUMMARY = ("target_accuracy", "target_reached", "time_to_target_s", "samples_to_target",
                   "steps_to_target", "evaluations")
@@ -58,15 +55,6 @@ def interval_due(samples_before: int, samples_after: int, every_samples: int) ->
     crossed a multiple of `every_samples` (an interval counted in samples: the same every
     step at a fixed B, and as often in samples when B changes)."""
     return samples_after // every_samples != samples_before // every_samples
-
-
-def evaluation_interval(eval_every_samples: int | None, global_batch: int,
-                        steps_per_epoch: int) -> int:
-    """Steps between two evaluations: `eval_every_samples` rounded to whole steps of
-    `global_batch` (at least one), else about a quarter of an epoch."""
-    if eval_every_samples is None:
-        return max(1, steps_per_epoch // EVALUATIONS_PER_EPOCH_DEFAULT)
-    return max(1, round(eval_every_samples / global_batch))
 
 
 @dataclass
