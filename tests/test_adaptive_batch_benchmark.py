@@ -386,3 +386,17 @@ def test_efficiency_rows_read_e_of_b_from_the_selection_runs_only():
         assert row["implied"] == pytest.approx(phi, rel=0.01)
         assert row["online"] == row["along"] == pytest.approx(phi)
     assert efficiency_rows(runs, "w", (0, 1, 2), 0.95) == []  # nothing reached it
+
+
+def test_the_reach_of_a_schedule_is_read_from_the_selection_seeds_fixed_runs():
+    """Selection seeds, train seconds (evaluations less): B = 32 reaches the early target at
+    1 s and the late at 9 s (the static choice), 64 at 2 s and 5 s, 128 never late. Best
+    fixed: 64, 5 / 9; best two-phase: 32 to the early target, then 64's own 5 - 2 s."""
+    from benchmarks.accuracy.adaptive_batch_post_hoc import reach_lines
+
+    result = made_result()
+    workload = result["protocol"]["workloads"][0]
+    judged = {t: judge(result, workload, t) for t in workload["targets"]}
+    (line, _) = reach_lines(result, workload, judged)
+    assert "the best fixed B (64) 0.56x" in line
+    assert f"(B = 32 to {EARLY:.0%}, then B = 64's own time" in line and "0.44x" in line

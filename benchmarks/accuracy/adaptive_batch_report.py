@@ -14,7 +14,8 @@ from typing import Any
 
 from benchmarks.accuracy.adaptive_batch_efficiency import efficiency_lines
 from benchmarks.accuracy.adaptive_batch_post_hoc import (like_for_like_lines, overhead_lines,
-                                                         plan_speed_lines, switch_lines)
+                                                         plan_speed_lines, reach_lines,
+                                                         switch_lines)
 from benchmarks.accuracy.adaptive_batch_protocol import projected_seconds
 from benchmarks.accuracy.adaptive_batch_runs import (ADAPTIVE, arm_runs, arm_times,
                                                      judges_training_part, median,
@@ -178,6 +179,7 @@ def _workload_section(result: dict[str, Any], workload: dict[str, Any]) -> list[
         lines.append("")
     lines += [markdown_table(["goal", "value", "met"], verdicts(result, workload, judged)), ""]
     lines += like_for_like_lines(result, workload, judged)
+    lines += reach_lines(result, workload, judged)
     lines += plan_speed_lines(result, workload)
     lines += overhead_lines(result, workload)
     lines += switch_lines(result["workloads"][workload["name"]].get("switches"))
