@@ -324,3 +324,25 @@ def test_replay_keeps_how_the_workload_evaluates(tmp_path):
     again = Plan.from_json(tmp_path / "again" / "plan.json").table
     assert again["eval_time_s"].to_numpy() == pytest.approx(plan.table["eval_time_s"].to_numpy())
     assert plan.table["eval_time_s"].nunique() > 2
+
+
+def test_train_prints_the_plan_beside_the_run(monkeypatch, tmp_path, capsys):
+    """A fixed batch's run ends with the plan's training and evaluation seconds per epoch
+    beside its own (issue 43; train itself replaced by its result)."""
+    import pandas as pd
+
+    import tula_ray.runs.train as train_module
+    from tula_ray.planning.run_check import Planned
+
+    metrics = pd.DataFrame({"epoch": [0, 1], "steps": [50, 50], "seconds": [2.0, 1.0],
+                            "eval_seconds": [0.5, 0.4], "train_loss": [1.0, 0.5]})
+    result = train_module.TrainResult(metrics, None, None, 1, 32, "lbt", [],
+                                      planned=Planned(0.022, 0.44, to_target=False))
+    monkeypatch.setattr(train_module, "train", lambda plan, **kwargs: result)
+    plan = tmp_path / "plan.json"
+    plan.write_text("{}")
+    assert main(["train", str(plan), "--out", str(tmp_path / "out")]) in (0, None)
+    printed = capsys.readouterr().out
+    assert ("against the plan (epochs after the first, median): training s per epoch 1, "
+            "planned 1.1 (1.10x); evaluation s per epoch 0.4, planned 0.44 (1.10x)") in \
+        " ".join(printed.split())

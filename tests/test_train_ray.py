@@ -78,6 +78,13 @@ def test_train_runs_the_plans_choice_for_its_epochs(trained):
     assert metrics["train_accuracy"].between(0, 1).all()
     assert metrics["test_accuracy"].between(0, 1).all()
     assert metrics["train_loss"].iloc[1] < metrics["train_loss"].iloc[0]  # it learns
+    # The plan beside the run (its second epoch): the plan's step times its steps; the
+    # synthetic profiles measured no evaluation pass, so none is compared.
+    against = trained.against_plan()
+    assert list(against["what"]) == ["training s per epoch"]
+    assert against["measured"].iloc[0] == metrics["seconds"].iloc[1]
+    assert against["planned"].iloc[0] == pytest.approx(
+        trained.planned.step_s * STEPS_PER_EPOCH)
 
 
 def test_the_last_checkpoint_loads_into_a_fresh_model_and_optimizer(trained):

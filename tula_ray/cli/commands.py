@@ -15,6 +15,7 @@ from tula_ray.cli.options import (METRICS_FILE, REPLAY_DATASET_SIZE_DEFAULT,
 from tula_ray.planning.candidates import UNTRAINABLE
 from tula_ray.planning.context import PlanContext
 from tula_ray.planning.plan import Plan, build_plan
+from tula_ray.planning.run_check import against_plan_line
 from tula_ray.space import SearchSpace
 from tula_ray.verbosity import EVERYTHING, PROGRESS, wrap
 
@@ -81,6 +82,8 @@ def train_and_write_metrics(plan: Any, args: argparse.Namespace,
         print(target_line(result.target))
     if "batch_switches" in result.metrics:  # an adaptive batch's run
         print(schedule_line(result.batch_schedule))
+    elif result.planned is not None:
+        print(wrap(against_plan_line(result.against_plan())))
     args.out.mkdir(parents=True, exist_ok=True)
     result.metrics.to_csv(args.out / METRICS_FILE, index=False)
     print(f"wrote {args.out / METRICS_FILE}; last checkpoint {result.checkpoint_path}")

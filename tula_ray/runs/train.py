@@ -35,6 +35,7 @@ from tula_ray.cluster import (PROVISION_TIMEOUT_S_DEFAULT, Workers, check_runtim
                               check_worker_request, cluster_for_run, prompt_train_polls,
                               scaling_config)
 from tula_ray.planning.plan import Plan
+from tula_ray.planning.run_check import Planned, against_plan, planned_for_run
 from tula_ray.runs.adaptive_batch import BATCH_MODES, adaptive_batch_of, batch_mode
 from tula_ray.runs.training_job import Job, checked_on_worker, dry_run, resolve_job
 from tula_ray.training.batch_controller import AdaptiveBatch
@@ -83,6 +84,14 @@ class TrainResult:
     strategy: str
     notes: list[str]  # where the run departs from what was asked, and why
     target: dict[str, Any] | None = None
+    planned: Planned | None = None  # the plan's figures for this run (a fixed batch's)
+
+    def against_plan(self) -> pd.DataFrame:
+        """The plan's training and evaluation seconds per epoch beside this run's
+        (`tula_ray.planning.run_check.against_plan`); empty for an adaptive batch."""
+        if self.planned is None:
+            return pd.DataFrame(columns=["what", "planned", "measured", "ratio"])
+        return against_plan(self.planned, self.metrics)
 
     @property
     def evaluations(self) -> pd.DataFrame:
@@ -235,11 +244,17 @@ def train(
     finally:
         if marker_dir is not None:
             shutil.rmtree(marker_dir, ignore_errors=True)
+    return _train_result(result, job, None if adaptive is not None else planned_for_run(
+        plan, job.num_workers, job.global_batch, target_accuracy is not None))
+
+
+def _train_result(result: Any, job: Job, planned: Planned | None) -> TrainResult:
+    """What `train` returns, from Ray Train's result and the job it ran."""
     metrics = _metrics(result)
     return TrainResult(metrics, None if result.checkpoint is None
                        else result.checkpoint.path, result, job.num_workers,
                        job.global_batch, job.strategy_name, list(job.notes),
-                       _target_outcome(metrics))
+                       _target_outcome(metrics), planned)
 
 
 def _check_arguments(a: Mapping[str, Any]) -> None:
