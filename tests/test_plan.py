@@ -442,19 +442,47 @@ def test_an_evaluation_at_the_local_batch_is_priced_by_the_compute_cost_per_samp
 def test_an_evaluation_pass_by_batch_from_rows_at_other_batches_and_its_fallbacks():
     from tula_ray.planning.estimates import evaluation_by_batch
 
-    rows = pd.DataFrame({"num_workers": [1, 1, 2], "local_batch": [32.0, 256.0, 16.0],
-                         "eval_time_s": [1.0, 0.5, 0.4]})
+    rows = pd.DataFrame({"num_workers": [1, 2], "local_batch": [32.0, 16.0],
+                         "eval_time_s": [1.0, 0.4]})
     per_sample = lambda n, b: 1.0 / np.asarray(b, dtype=float) ** 0.5  # noqa: E731
     at = evaluation_by_batch(rows, per_sample)
-    # N=1: each pass in units of its b's cost, their median (1.0 x sqrt(32), 0.5 x 16)
-    unit = np.median([1.0 * 32 ** 0.5, 0.5 * 256 ** 0.5])
-    assert at(np.array([1.0]), np.array([64.0]))[0] == pytest.approx(unit / 8)
+    # N=1: its pass in units of its b's cost (1.0 x sqrt(32)), priced at b = 64
+    assert at(np.array([1.0]), np.array([64.0]))[0] == pytest.approx(32 ** 0.5 / 8)
     assert at(np.array([4.0]), np.array([16.0]))[0] == pytest.approx(0.4 * 2 / 4)  # N=2's
     unscaled = evaluation_by_batch(rows)
-    assert unscaled(np.array([1.0]), np.array([64.0]))[0] == pytest.approx(0.75)
+    assert unscaled(np.array([1.0]), np.array([64.0]))[0] == pytest.approx(1.0)
     broken = evaluation_by_batch(rows, lambda n, b: np.full(np.shape(b), np.nan))
-    assert broken(np.array([1.0]), np.array([64.0]))[0] == pytest.approx(0.75)
+    assert broken(np.array([1.0]), np.array([64.0]))[0] == pytest.approx(1.0)
     assert evaluation_by_batch(rows.assign(eval_time_s=np.nan), per_sample) is None
+
+
+def test_passes_measured_at_two_batches_are_interpolated_between_them():
+    """A sweep's smallest and largest b (N = 2: 0.5 s at b = 16, 2 s at b = 512): log
+    seconds linear in log2 b between them, held beyond, split over the workers at another
+    N; a workload that evaluates at a batch of its own keeps one figure (their median)."""
+    from tula_ray.planning.estimates import evaluation_by_batch
+
+    rows = pd.DataFrame({"num_workers": [2, 2], "local_batch": [16.0, 512.0],
+                         "eval_time_s": [0.5, 2.0]})
+    at = evaluation_by_batch(rows, lambda n, b: np.ones(np.shape(b)))  # the cost: unused
+    between = 0.5 * 4 ** 0.4  # log2 64 is 2/5 of the way from log2 16 to log2 512
+    assert at(np.array([2.0, 1.0]), np.array([64.0, 64.0])) == pytest.approx(
+        [between, 2 * between])
+    assert at(np.array([2.0, 2.0]), np.array([8.0, 1024.0])) == pytest.approx([0.5, 2.0])
+    fixed = evaluation_by_batch(rows)
+    assert fixed(np.array([2.0]), np.array([64.0]))[0] == pytest.approx(1.25)
+
+    profiles = exact_profiles(SPACE.candidates())
+    for batch, seconds in ((32, 0.5), (1024, 2.0)):
+        profiles.loc[(profiles["num_workers"] == 2) & (profiles["global_batch"] == batch),
+                     "eval_time_s"] = seconds
+    plan = build_plan(SPACE, profiles, PlanContext(epochs=EPOCHS, dataset_size=DATASET,
+                                                   objective="time", eval_at_local_batch=True),
+                      search_strategy="full")
+    row = plan.table[(plan.table["num_workers"] == 1) & (plan.table["global_batch"] == 64)]
+    assert row["eval_time_s"].iloc[0] == pytest.approx(2 * between)
+    assert "between the passes measured at its N's smallest and largest b" in \
+        summary_words(plan)
 
 
 def test_the_start_up_is_the_launchs_whole_time_beyond_its_candidates_where_recorded():

@@ -257,3 +257,24 @@ def test_a_new_search_restores_with_every_setting_it_started_with():
     restored = trial_param_space(settings, SimpleNamespace(resume_record=record))
     assert restored == trial_param_space(settings, None)
     assert restored[PROFILE_SETTINGS_KEY]["storage_path"] == "/tmp/storage"
+
+
+@pytest.mark.parametrize("eval_batch", [None, 8])
+def test_the_sweeps_largest_batch_times_the_evaluation_pass_again(eval_batch):
+    """One process: the first batch's row times the epoch's costs; the last batch's times
+    the evaluation pass again (its cost per sample moves with b), but not for a workload
+    that evaluates at a batch of its own (the same pass twice)."""
+    import dataclasses
+
+    from tula_ray.training.profile_sweep import Sweep, SweepWorker, profile_batch
+
+    workload = dataclasses.replace(_workload(), eval_batch=eval_batch)
+    settings = ProfileSettings(workload=workload, **{**SETTINGS, "training_strategy": None})
+    sweep = Sweep(settings, SweepWorker.of_process_group(), first_batch=16, last_batch=64)
+    first, middle, last = (profile_batch(sweep, batch) for batch in (16, 32, 64))
+    assert math.isfinite(first["eval_time_s"]) and math.isfinite(first["checkpoint_time_s"])
+    assert math.isnan(middle["eval_time_s"]) and math.isnan(last["checkpoint_time_s"])
+    if eval_batch is None:
+        assert math.isfinite(last["eval_time_s"]) and last["eval_samples"] == SAMPLES
+    else:
+        assert math.isnan(last["eval_time_s"])

@@ -85,7 +85,7 @@ def profile_loop_per_worker(config: dict[str, Any]) -> None:
     grid: ProfileGrid = config[PROFILE_GRID_KEY]
     settings: ProfileSettings = config[SETTINGS_KEY]
     sweep = Sweep(settings, this_worker(config.get("cpus_per_worker", math.nan)),
-                  grid.first_batch)
+                  grid.first_batch, grid.last_batch)
     for global_batch in grid.global_batches:
         row = profile_batch(sweep, global_batch, launch_s=launch_s,
                             round_index=config.get("round", math.nan))

@@ -60,6 +60,11 @@ class ProfileGrid:
         """The smallest B: where the sweep also times the epoch's costs and the strategy."""
         return self.global_batches[0]
 
+    @property
+    def last_batch(self) -> int:
+        """The largest B: where the sweep times the evaluation pass again."""
+        return self.global_batches[-1]
+
 
 def check_batch_in_dataset(label: str, batch: int, dataset: str, dataset_size: int | None,
                            hint: str = "") -> None:

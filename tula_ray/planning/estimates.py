@@ -51,16 +51,20 @@ def evaluation_by_batch(profiles: pd.DataFrame, per_sample: BatchCost | None = N
     """An evaluation pass's seconds at (N, b), from the passes profiled (`eval_time_s`, at
     the local batch of their row) by `by_nearest_n`. per_sample: the compute seconds per
     sample at (N, b) (eq. 2b's curve over b); given, `train` evaluates at the training's
-    local batch, so each measured pass is counted in units of that cost at its own b and
-    priced at the queried b (a CPU's cost per sample rises again at large b: the CNN's
-    pass at B = 2048 took 1.8x its pass at B = 32 in train-time's runs). None: the
-    measured pass at every b. None when no pass was measured."""
+    local batch: where passes were measured at several b of an N (a sweep's smallest and
+    largest, since 2026-11-29), between them (`evaluation_between`); else each measured
+    pass is counted in units of that cost at its own b and priced at the queried b (a
+    CPU's cost per sample rises again at large b: the CNN's pass at B = 2048 took 1.8x
+    its pass at B = 32 in train-time's runs). None: the measured pass at every b. None
+    when no pass was measured."""
     if "eval_time_s" not in profiles or profiles["eval_time_s"].isna().all():
         return None
+    rows = profiles.dropna(subset=["eval_time_s"])
+    if per_sample is not None and measured_at_several_batches(rows):
+        return evaluation_between(rows)
     if per_sample is None:
         by_n = by_nearest_n(profiles, "eval_time_s", per_worker_share=True)
         return lambda n, b: by_n(n)  # type: ignore[misc]
-    rows = profiles.dropna(subset=["eval_time_s"])
     unit = np.asarray(per_sample(rows["num_workers"].to_numpy(float),
                                  rows["local_batch"].to_numpy(float)), dtype=float)
     if not np.all(np.isfinite(unit) & (unit > 0)):
@@ -68,6 +72,33 @@ def evaluation_by_batch(profiles: pd.DataFrame, per_sample: BatchCost | None = N
     units = by_nearest_n(rows.assign(eval_units=rows["eval_time_s"].to_numpy(float) / unit),
                          "eval_units", per_worker_share=True)
     return lambda n, b: units(n) * np.asarray(per_sample(n, b), dtype=float)
+
+
+def measured_at_several_batches(profiles: pd.DataFrame) -> bool:
+    """Whether some N's evaluation pass was measured at more than one local batch."""
+    rows = profiles.dropna(subset=["eval_time_s"]) if "eval_time_s" in profiles else profiles[:0]
+    return bool(len(rows)) and rows.groupby("num_workers")["local_batch"].nunique().max() > 1
+
+
+def evaluation_between(rows: pd.DataFrame) -> BatchCost:
+    """An evaluation pass's seconds at (N, b) from passes measured at several local
+    batches (a sweep's smallest and largest): per N, log seconds linear in log2 b between
+    its measured batches, held beyond them; at an N not measured, the nearest measured
+    N's curve at the same b, its pass split over N workers (as `by_nearest_n`)."""
+    curves = {int(n): group.groupby("local_batch")["eval_time_s"].median().clip(lower=1e-9)
+              for n, group in rows.groupby("num_workers")}
+    counts = np.array(sorted(curves), dtype=float)
+
+    def at(num_workers: np.ndarray, local_batch: np.ndarray) -> np.ndarray:
+        n, b = np.broadcast_arrays(np.asarray(num_workers, float), np.asarray(local_batch, float))
+        nearest = counts[np.abs(np.log2(n)[..., None] - np.log2(counts)).argmin(axis=-1)]
+        seconds = np.empty(n.shape)
+        for measured in np.unique(nearest):
+            curve, where = curves[int(measured)], nearest == measured
+            seconds[where] = np.exp(np.interp(np.log2(b[where]), np.log2(curve.index.to_numpy(
+                float)), np.log(curve.to_numpy(float)))) * measured / n[where]
+        return seconds
+    return at
 
 
 def compute_per_sample(params: perf.PerfParams) -> BatchCost:
@@ -132,6 +163,7 @@ class EpochCosts:
     startup_s: StepExtra | None = None
     check_s: float = 0.0  # of the start-up: `train`'s check of the workload on a worker
     eval_scaled: bool = False  # the pass priced at each b (`evaluation_by_batch`)
+    eval_between: bool = False  # ... between passes measured at several b
     target: TargetEvaluations | None = None
 
     @classmethod
@@ -153,6 +185,7 @@ class EpochCosts:
                    checkpoint_s=float(checkpoint.median()) if len(checkpoint) else 0.0,
                    startup_s=startup, check_s=check_s if startup is not None else 0.0,
                    eval_scaled=eval_s is not None and per_sample is not None,
+                   eval_between=per_sample is not None and measured_at_several_batches(profiles),
                    target=None if eval_s is None or dataset_size is None
                    else TargetEvaluations.from_profiles(profiles, dataset_size))
 
@@ -169,7 +202,9 @@ class EpochCosts:
     def describe(self) -> str:
         """Which parts of the training time were measured, which left out."""
         evaluation = "an evaluation pass per epoch" + (
-            " (at each candidate's local batch, from the compute cost per sample)"
+            " (at each candidate's local batch, " + (
+                "between the passes measured at its N's smallest and largest b)"
+                if self.eval_between else "from the compute cost per sample)")
             if self.eval_scaled else "")
         parts = {evaluation: self.eval_s is not None,
                  "a checkpoint write per epoch": self.checkpoint_s > 0,

@@ -95,11 +95,13 @@ def nodes_spanned(node: str, process_group: Any = None) -> int:
 class Sweep:
     """What a worker group builds once and reuses for every batch: workload, model, data.
     first_batch: the smallest B it profiles (its trial's `ProfileGrid.first_batch`), where
-    it also times the epoch's costs and the training strategy."""
+    it also times the epoch's costs and the training strategy. last_batch: the largest
+    (`ProfileGrid.last_batch`), where it times the evaluation pass again (`profile`)."""
 
     def __init__(self, settings: ProfileSettings, worker: SweepWorker,
-                 first_batch: int) -> None:
+                 first_batch: int, last_batch: int | None = None) -> None:
         self.settings, self.worker, self.first_batch = settings, worker, first_batch
+        self.last_batch = last_batch
         self.world_size, self.rank, self.device = worker.world_size, worker.rank, worker.device
         self.warmup, self.measure = settings.warmup_steps, settings.measure_steps
         self.budget_s = settings.measure_seconds
@@ -190,26 +192,35 @@ class Sweep:
         costs = {"checkpoint_time_s": self.agreement.run("checkpoint", lambda: checkpoint_s(
             model, plain, self.device, rank=self.rank,
             storage_path=self.settings.storage_path))}
-        if self.workload.test_dataset_fn is not None:
-            name, eval_batch = self.workload.name, evaluation_batch(self.workload, local_batch)
-
-            def evaluation() -> float:
-                with workload_code(name, "test_dataset_fn()"):
-                    test_set = self.workload.test_dataset_fn()
-                # The pass's samples: the plan prices a run to a target's validation
-                # passes from it by their samples (`planning.target_costs`).
-                costs["eval_samples"] = float(len(test_set))
-                # Its own stage: a model failing here fails in `train`'s evaluation, not
-                # in the training steps the row is named after.
-                with workload_code(name, f"evaluation at batch {eval_batch} on "
-                                         f"N={self.world_size} workers"):
-                    return evaluation_s(model, test_set, self.training.loss_fn, self.device,
-                                        eval_batch=eval_batch, num_replicas=self.world_size,
-                                        rank=self.rank, autocast=plain.autocast)
-            costs["eval_time_s"] = self.agreement.run("evaluation", evaluation)
+        costs.update(self.evaluation_costs(local_batch))
         if self.workload.val_dataset_fn is not None:  # else held out of the training set
             with workload_code(self.workload.name, "len(val_dataset_fn())"):
                 costs["validation_samples"] = float(len(self.workload.val_dataset_fn()))
+        return costs
+
+    def evaluation_costs(self, local_batch: int) -> dict[str, float]:
+        """One evaluation pass (when the workload has a test set) at the batch `train`
+        evaluates in after training at `local_batch`, agreed on: `eval_time_s`, and its
+        samples (`eval_samples`: the plan prices a run to a target's validation passes
+        from it by their samples, `planning.target_costs`)."""
+        if self.workload.test_dataset_fn is None:
+            return {}
+        name, eval_batch = self.workload.name, evaluation_batch(self.workload, local_batch)
+        costs: dict[str, float] = {}
+
+        def evaluation() -> float:
+            with workload_code(name, "test_dataset_fn()"):
+                test_set = self.workload.test_dataset_fn()
+            costs["eval_samples"] = float(len(test_set))
+            # Its own stage: a model failing here fails in `train`'s evaluation, not in
+            # the training steps the row is named after.
+            with workload_code(name, f"evaluation at batch {eval_batch} on "
+                                     f"N={self.world_size} workers"):
+                return evaluation_s(self.training.model, test_set, self.training.loss_fn,
+                                    self.device, eval_batch=eval_batch,
+                                    num_replicas=self.world_size, rank=self.rank,
+                                    autocast=self.training.plain.autocast)
+        costs["eval_time_s"] = self.agreement.run("evaluation", evaluation)
         return costs
 
     def profile(self, global_batch: int) -> dict[str, Any]:
@@ -253,6 +264,11 @@ class Sweep:
             if self.strategy_batch is not None:
                 result["strategy_extra_s"] = self._strategy_extra_s()
             reset_peak_memory(device)  # the strategy's second model is gone: not the next row's
+        elif global_batch == self.last_batch and self.workload.eval_batch is None:
+            # The pass again at the largest b: its cost per sample moves with b (the CNN's
+            # pass took 1.8x as long at B = 2048 as at 32 in train-time's runs, and at
+            # N = 2 hardly changed), and the plan interpolates between the two.
+            result.update(self.evaluation_costs(local_batch))
         result.update(self._step_fields(global_batch, compute, step, warm, training_peak))
         return result
 
