@@ -40,8 +40,6 @@ QUICK = {"train_subset": 2048, "cluster_sizes": (1,), "batches": (128, 128),
 def predicted(plan, num_workers: int, global_batch: int) -> dict[str, float]:
     """The plan's validation seconds per epoch of the run at (N, B), and the test pass
     per epoch it charged before (its `eval_time_s` there)."""
-    import numpy as np
-
     from tula_ray.planning.target_costs import TargetEvaluations
 
     row = plan.table[(plan.table["num_workers"] == num_workers)
@@ -50,11 +48,10 @@ def predicted(plan, num_workers: int, global_batch: int) -> dict[str, float]:
     if evaluations is None:
         raise RuntimeError("the plan's profiles hold no pass's samples: searched before "
                            "2026-11-29?")
-    passes = float(evaluations.passes_per_epoch(np.array([global_batch]))[0])
-    per_run_epoch = passes * evaluations.train_size / evaluations.dataset_size
-    return {"passes": per_run_epoch, "validation_size": evaluations.validation_size,
-            "plan_s": per_run_epoch * float(row["eval_time_s"])
-            * evaluations.validation_size / evaluations.test_size,
+    passes = evaluations.per_run_epoch(evaluations.passes_per_epoch(global_batch))
+    return {"passes": float(passes), "validation_size": evaluations.validation_size,
+            "plan_s": float(evaluations.per_run_epoch(evaluations.validation_s(
+                float(row["eval_time_s"]), global_batch))),
             "before_s": float(row["eval_time_s"])}
 
 

@@ -37,13 +37,17 @@ def by_nearest_n(profiles: pd.DataFrame, column: str, *, per_worker_share: bool 
         return None
     by_n = rows[column].clip(lower=0.0).groupby(rows["num_workers"]).median()
     counts, values = by_n.index.to_numpy(float), by_n.to_numpy(float)
-    known = np.log2(counts)
 
     def at(num_workers: np.ndarray) -> np.ndarray:
         n = np.asarray(num_workers, dtype=float)
-        nearest = np.abs(np.log2(n)[..., None] - known).argmin(axis=-1)
+        nearest = nearest_measured(n, counts)
         return values[nearest] * (counts[nearest] / n if per_worker_share else 1.0)
     return at
+
+
+def nearest_measured(num_workers: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    """The index into `counts` (the measured N) of the nearest to each N, in log2(N)."""
+    return np.abs(np.log2(num_workers)[..., None] - np.log2(counts)).argmin(axis=-1)
 
 
 def evaluation_by_batch(profiles: pd.DataFrame, per_sample: BatchCost | None = None
@@ -91,7 +95,7 @@ def evaluation_between(rows: pd.DataFrame) -> BatchCost:
 
     def at(num_workers: np.ndarray, local_batch: np.ndarray) -> np.ndarray:
         n, b = np.broadcast_arrays(np.asarray(num_workers, float), np.asarray(local_batch, float))
-        nearest = counts[np.abs(np.log2(n)[..., None] - np.log2(counts)).argmin(axis=-1)]
+        nearest = counts[nearest_measured(n, counts)]
         seconds = np.empty(n.shape)
         for measured in np.unique(nearest):
             curve, where = curves[int(measured)], nearest == measured

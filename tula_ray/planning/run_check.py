@@ -46,8 +46,7 @@ def planned_for_run(plan, num_workers: int, global_batch: int, to_target: bool
     if to_target:
         target = TargetEvaluations.from_profiles(plan.profiles, plan.dataset_size)
         evaluation = math.nan if target is None else float(
-            target.passes_per_epoch(global_batch) * target.train_size / target.dataset_size
-            * evaluation * target.validation_size / target.test_size)
+            target.per_run_epoch(target.validation_s(evaluation, global_batch)))
     return Planned(step_s, evaluation, to_target)
 
 

@@ -65,13 +65,23 @@ class TargetEvaluations:
                           for b, s in zip(batches.ravel(), steps.ravel())], dtype=float)
         return self.dataset_size / (every.reshape(batches.shape) * batches)
 
+    def validation_s(self, test_pass_s: np.ndarray, global_batch: np.ndarray) -> np.ndarray:
+        """The validation passes' seconds per plan epoch at each global batch, each pass
+        priced from the test pass (`test_pass_s`) by the samples the two read."""
+        return (self.passes_per_epoch(global_batch) * np.asarray(test_pass_s, dtype=float)
+                * (self.validation_size / self.test_size))
+
+    def per_run_epoch(self, per_plan_epoch: np.ndarray) -> np.ndarray:
+        """Seconds per plan epoch (`dataset_size` samples trained) as seconds per epoch of
+        the run (`train_size` samples)."""
+        return np.asarray(per_plan_epoch, dtype=float) * (self.train_size / self.dataset_size)
+
     def epoch_extras_s(self, frame: pd.DataFrame) -> np.ndarray:
         """Per plan epoch, what the run to a target pays beyond its steps at each row of
         `frame` (its `eval_time_s`, `checkpoint_time_s`): its validation passes, and a
         checkpoint per epoch of its own (`train_size` samples)."""
-        validation_pass = frame["eval_time_s"].to_numpy(float) * (
-            self.validation_size / self.test_size)
-        return (self.passes_per_epoch(frame["global_batch"].to_numpy(float)) * validation_pass
+        return (self.validation_s(frame["eval_time_s"].to_numpy(float),
+                                  frame["global_batch"].to_numpy(float))
                 + frame["checkpoint_time_s"].to_numpy(float) * (
                     self.dataset_size / self.train_size))
 
