@@ -156,9 +156,17 @@ def test_demo_searches_to_a_time_to_accuracy(joined, tmp_path):
     assert sum(ran[part] for part in demo_startup.PARTS if part != "timed_s") == \
         pytest.approx(ran["wall_s"])
     assert 0 < ran["timed_s"] < ran["candidates_s"] and ran["check_s"] > 0
+    # The one launch's chain, read from Ray's task events of this demo's job alone (not the
+    # shared Ray's other launches): its trial actor within Tune's time, the rest within the
+    # launch's start (their clocks are Ray's and the trial's: a second's slack).
+    trial_actor, *in_start = demo_startup.ANATOMY
+    assert ran["launches_read"] == 1 and all(ran[part] > 0 for part in demo_startup.ANATOMY)
+    assert ran[trial_actor] < ran["tune_s"] + 1
+    assert sum(ran[part] for part in in_start) < ran["launch_start_s"] + 1
     startup = demo_startup.run(quick=True, ran=ran)
     assert startup["choices"] == [[1, 64]] and startup["outside_ratio"] is None
-    assert "| part (median s) |" in (RESULTS_DIR / "demo_startup_quick.md").read_text()
+    quick_report = (RESULTS_DIR / "demo_startup_quick.md").read_text()
+    assert "| part (median s) |" in quick_report and "| tune: trial actor |" in quick_report
 
     walls = profiling_wall.run(quick=True, ran=profiling_wall.walls(out, ran["wall_s"]))
     (run,) = walls["runs"]

@@ -12,6 +12,11 @@ the rest. The wall is split into:
     (of which the timed steps; the rest is warm-up and the untimed phases), its end;
   - Tune: the profiling wall outside the launches (trials starting and ending);
   - planning (the fit and the choice), output (the summary, JSON, figures), Ray's end.
+Each launch is split further by `launch_anatomy.py` (the chain of processes Ray Tune and
+Ray Train start, from Ray's task events), summed over the launches: the Tune trial's actor
+(part of Tune's time), then Ray Train's controller, workers, train context and the
+function's launch (part of the launches' start); reading the events takes its own time,
+which the wall leaves out.
 The goal compares what is outside the timed steps and the probe (the wall less both):
 this tree's median at most half the baseline's. The protocol (baseline, grid, runs) is
 fixed here; every run is appended to demo_startup.runs.jsonl as it ends, and a session
@@ -29,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.common import markdown_table
+from benchmarks.startup.launch_anatomy import PARTS as LAUNCH_PARTS, summed
 from benchmarks.startup.profiling_wall import REPO, commit_of, side_by_side
 
 NAME = "demo_startup"
@@ -39,6 +45,7 @@ RUNNER = Path(__file__).with_name("demo_startup_runner.py")
 QUICK_ARGS = ("--cluster-sizes", "1", "--max-batch", "32")
 PARTS = ("start_s", "check_s", "probe_s", "launch_start_s", "candidates_s", "timed_s",
          "launch_end_s", "tune_s", "planning_s", "output_s", "ray_end_s", "other_s")
+ANATOMY = tuple(f"launch_{part}" for part in LAUNCH_PARTS)  # within tune_s, launch_start_s
 
 
 def demo(tree: Path, out: Path, demo_args: tuple[str, ...],
@@ -59,6 +66,7 @@ def demo(tree: Path, out: Path, demo_args: tuple[str, ...],
 
     plan = Plan.from_json(out / "plan.json")  # a baseline's plan loads too (old plans do)
     inside = json.loads((out / "startup.json").read_text())
+    wall_s -= inside.get("anatomy_capture_s", 0.0)  # reading Ray's events is not the demo's
     return {"wall_s": wall_s, **split(plan.meta, plan.profiles, inside, wall_s),
             "choice": [plan.choice.num_workers, plan.choice.global_batch],
             "ties": [list(t) for t in plan.choice.ties], "tie_break": plan.choice.tie_break}
@@ -92,6 +100,9 @@ def split(meta: dict[str, Any], profiles, inside: dict[str, float],
     counted = sum(v for k, v in parts.items() if k != "timed_s")
     parts["other_s"] = wall_s - counted
     parts["outside_s"] = wall_s - parts["timed_s"] - parts["probe_s"]
+    if "launches" in inside:  # within tune_s and launch_start_s: not counted again
+        parts.update(summed(inside["launches"]),
+                     launches_read=len(inside["launches"]))
     return parts
 
 
@@ -118,7 +129,8 @@ def summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
     for tree in sorted({r["tree"] for r in runs}):
         mine = [r for r in runs if r["tree"] == tree]
         medians[tree] = {part: statistics.median(r[part] for r in mine)
-                         for part in (*PARTS, "outside_s", "wall_s")}
+                         for part in (*PARTS, "outside_s", "wall_s", *ANATOMY)
+                         if all(part in r for r in mine)}
     ratio = None
     if {"this", "baseline"} <= set(medians):
         ratio = medians["this"]["outside_s"] / medians["baseline"]["outside_s"]
@@ -129,6 +141,20 @@ def summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
             "choices": [list(c) for c in choices], "same_choice": len(set(choices)) <= 1}
 
 
+def _anatomy_rows(medians: dict[str, dict[str, float]], trees: list[str]) -> list[list[str]]:
+    """The launch start's parts, where a tree's runs read them (runs before had none)."""
+    if not any(ANATOMY[0] in medians[t] for t in trees):
+        return []
+    return [[_anatomy_label(part),
+             *[f"{medians[t][part]:.1f}" if part in medians[t] else "-" for t in trees]]
+            for part in ANATOMY]
+
+
+def _anatomy_label(part: str) -> str:
+    name = part.removeprefix("launch_").removesuffix("_s").replace("_", " ")
+    return f"tune: {name}" if part == ANATOMY[0] else f"launch start: {name}"
+
+
 def report(result: dict) -> str:
     p, medians = result["provenance"], result["medians"]
     trees = list(medians)
@@ -136,6 +162,7 @@ def report(result: dict) -> str:
     rows = [[part.removesuffix("_s").replace("_", " "),
              *[f"{medians[t][part]:.1f}" for t in trees]]
             for part in (*PARTS, "outside_s", "wall_s")]
+    rows += _anatomy_rows(medians, trees)
     lines = [
         "### Where the demo's wall time goes, side by side (issue 40, items 4 and 5)\n",
         f"`{p['command']}` at {p['commit']}, {p['date']}, {p['machine']}.\n",
@@ -148,6 +175,12 @@ def report(result: dict) -> str:
         lines.append(f"- Outside the timed steps and the probe, this tree over the baseline: "
                      f"{result['outside_ratio']:.2f} (goal <= {GOAL_OUTSIDE_RATIO}: "
                      f"{'met' if result['goal_met'] else 'missed'}).")
+    if any(ANATOMY[0] in medians[t] for t in trees):
+        lines.append("- `tune: trial actor` (within `tune`) and `launch start: ...` (within "
+                     "`launch start`): each launch's chain of processes, summed over the "
+                     "launches, from Ray's task events (`benchmarks/startup/launch_anatomy.py`"
+                     "): the Tune trial's actor, Ray Train's controller, the worker processes, "
+                     "their train context, the function's launch.")
     choices = ", ".join(f"N={n} B={b}" for n, b in result["choices"])
     lines.append(f"- This tree's choice in {len(result['choices'])} runs in a row: {choices} "
                  f"({'the same each time' if result['same_choice'] else 'not the same'}).")
