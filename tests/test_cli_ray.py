@@ -99,6 +99,8 @@ runtime_env: {{env_vars: {{TULA_CLI_MARK: "1"}}}}
     config = json.loads((tmp_path / "tune" / "tuned.json").read_text())
     assert config["strategy"] == "lrs" and 1e-3 <= config["lr"] <= 0.2  # LRS's tuned space
     assert "best of 1 trials" in tuned.stdout
+    # A trial never restarts: no preemption watcher, nor the error line Ray logs for one.
+    assert "PreemptionWatcher" not in tuned.stdout + tuned.stderr
 
     # Trained to an accuracy (issue 43): it stops at the first evaluation of the validation
     # split that reaches it, and reads the test set once, at the end.

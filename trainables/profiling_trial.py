@@ -33,7 +33,6 @@ from __future__ import annotations
 import functools
 import logging
 import math
-import os
 import sys
 import time
 import traceback
@@ -48,7 +47,8 @@ from ray.tune.integration.ray_train import TuneReportCallback
 from trainables.profiling_loop import PROFILE_GRID_KEY, SETTINGS_KEY, profile_loop_per_worker
 from tula_ray.cluster import (PROVISION_TIMEOUT_S_DEFAULT, alive_node_resources, can_place,
                               hold_request, job_keeper, prompt_train_polls, scaling_config,
-                              trial_resources, worker_shape, workers_that_fit)
+                              trial_resources, without_preemption_watcher, worker_shape,
+                              workers_that_fit)
 from tula_ray.failures import (FAILURE_INFRASTRUCTURE, FAILURE_OOM, FAILURE_USER_CODE,
                                UserCodeError, is_out_of_memory)
 from tula_ray.models.topology import STRICT_PACK, node_bundles, placement_strategy
@@ -80,13 +80,6 @@ COLLECTIVE_TIMEOUT_S = 180
 # (3 minutes, not 11, before its rows read "error" and the search goes on), and one
 # retry more than none covers a slow start on a loaded machine.
 PROFILING_START_RETRIES = 2
-# Ray Train's preemption watcher (one actor per worker group) lets a run wait out a node
-# drain and then restart it; a profiling launch never restarts (max_failures=0: a lost node
-# makes its rows errors), so it has nothing to do, and Ray core logs an error line each time
-# it starts one ("constructor arguments in the object store and max_restarts > 0").
-# Off for the profiling launches (Ray Train reads it from the trial's environment); a
-# value the user set is kept.
-PREEMPTION_WATCHER_ENV = "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER"
 
 
 def trainable_with_resources(train_log_level: str | None = None) -> Callable:
@@ -155,7 +148,7 @@ def profile_cluster_size(config: dict[str, Any]) -> None:
     workers) and, should the worker group fail, for every batch (the searcher keeps a
     batch's first row, so the ones already measured stay measured).
     """
-    os.environ.setdefault(PREEMPTION_WATCHER_ENV, "0")
+    without_preemption_watcher()  # it never restarts: a lost node makes its rows errors
     prompt_train_polls()
     _quiet_termination()
     settings = ProfileSettings.from_config(config)  # read once here, as its batches

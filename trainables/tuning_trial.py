@@ -19,7 +19,8 @@ from ray.train.torch import TorchTrainer
 from ray.tune.integration.ray_train import TuneReportCallback
 
 from trainables.training_loop import train_loop_per_worker
-from tula_ray.cluster import WORKER_GROUP_START_RETRIES, prompt_train_polls, scaling_config
+from tula_ray.cluster import (WORKER_GROUP_START_RETRIES, prompt_train_polls, scaling_config,
+                              without_preemption_watcher)
 
 logger = logging.getLogger(__name__)
 
@@ -55,6 +56,7 @@ def tune_trial(config: dict[str, Any], fixed: dict[str, Any]) -> None:
                                  max_failures=0,
                                  controller_failure_limit=WORKER_GROUP_START_RETRIES)))
     prompt_train_polls()
+    without_preemption_watcher()  # a failed configuration is a result, never restarted
     try:
         trainer.fit()
     except ControllerError:

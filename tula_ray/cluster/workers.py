@@ -59,6 +59,12 @@ PROVISION_POLL_S = 5.0
 # (`python -m benchmarks launch-overhead`). A value the user set is kept.
 TRAIN_POLL_ENV = "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S"
 TRAIN_POLL_S = 0.25
+# Ray Train's preemption watcher (one actor, so one more process, per worker group) lets a
+# run wait out a node drain and then restart it. A launch that never restarts (a profiling
+# or tuning launch: max_failures=0) gives it nothing to do, and Ray core logs an error line
+# each time it starts one ("constructor arguments in the object store and max_restarts >
+# 0"). `train` restarts, so it keeps the watcher.
+PREEMPTION_WATCHER_ENV = "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER"
 # Where the cluster launcher (`ray up`) puts the autoscaler's config on the head (Ray Tune
 # looks there too, to tell an autoscaling cluster); TULA_RAY_AUTOSCALING_CONFIG overrides.
 AUTOSCALING_CONFIG_PATH = "~/ray_bootstrap_config.yaml"
@@ -76,6 +82,12 @@ def prompt_train_polls() -> None:
     unless the environment says otherwise (Ray passes the variable on from the process
     calling `fit()` to the controller and its workers)."""
     os.environ.setdefault(TRAIN_POLL_ENV, str(TRAIN_POLL_S))
+
+
+def without_preemption_watcher() -> None:
+    """Before the `fit()` of a launch that never restarts: no preemption watcher (Ray Train
+    reads the variable from the process calling `fit()`); a value the user set is kept."""
+    os.environ.setdefault(PREEMPTION_WATCHER_ENV, "0")
 
 
 def node_memory_bytes() -> int:
