@@ -165,6 +165,7 @@ def test_demo_searches_to_a_time_to_accuracy(joined, tmp_path):
     assert ran["launches_read"] == 1 and all(ran[part] > 0 for part in demo_startup.ANATOMY)
     assert ran[trial_actor] < ran["tune_s"] + 1
     assert sum(ran[part] for part in in_start) < ran["launch_start_s"] + 1
+    assert set(ran["step_ms"]) == {"1,64"} and ran["step_ms"]["1,64"] > 0  # each measured
     startup = demo_startup.run(quick=True, ran=ran)
     assert startup["choices"] == [[1, 64]] and startup["outside_ratio"] is None
     quick_report = (RESULTS_DIR / "demo_startup_quick.md").read_text()

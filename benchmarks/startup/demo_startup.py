@@ -69,7 +69,16 @@ def demo(tree: Path, out: Path, demo_args: tuple[str, ...],
     wall_s -= inside.get("anatomy_capture_s", 0.0)  # reading Ray's events is not the demo's
     return {"wall_s": wall_s, **split(plan.meta, plan.profiles, inside, wall_s),
             "choice": [plan.choice.num_workers, plan.choice.global_batch],
-            "ties": [list(t) for t in plan.choice.ties], "tie_break": plan.choice.tie_break}
+            "ties": [list(t) for t in plan.choice.ties], "tie_break": plan.choice.tie_break,
+            "step_ms": measured_steps_ms(plan.profiles)}
+
+
+def measured_steps_ms(profiles) -> dict[str, float]:
+    """Each measured candidate's step ("N,B": ms): what a run's different choice is read
+    from (item 5: the plan explains a difference by its measured rows)."""
+    ok = profiles[profiles["status"] == "ok"]
+    return {f"{int(r.num_workers)},{int(r.global_batch)}": 1e3 * float(r.step_time_s)
+            for r in ok.itertuples()}
 
 
 def _environment() -> dict[str, str]:
@@ -187,4 +196,28 @@ def report(result: dict) -> str:
     for r in sorted(result["runs"], key=lambda r: (r["index"], r["tree"])):
         if r["tree"] == "this" and r["tie_break"]:
             lines.append(f"  - run {r['index']}: {r['tie_break']}")
+    lines += _differing_choices(result["runs"])
     return "\n".join(lines) + "\n"
+
+
+def _differing_choices(runs: list[dict[str, Any]]) -> list[str]:
+    """Each of this tree's runs that chose other than most did, with its measured steps of
+    the candidates the runs chose against the others' median (runs that recorded them)."""
+    mine = sorted((r for r in runs if r["tree"] == "this"), key=lambda r: r["index"])
+    choices = [tuple(r["choice"]) for r in mine]
+    if len(set(choices)) <= 1 or not all("step_ms" in r for r in mine):
+        return []
+    usual = max(sorted(set(choices)), key=choices.count)
+    others = [r for r in mine if tuple(r["choice"]) == usual]
+    keys = [f"{n},{b}" for n, b in sorted(set(choices))]
+    lines = []
+    for r in mine:
+        if tuple(r["choice"]) == usual:
+            continue
+        steps = "; ".join(
+            f"N={key.replace(',', ' B=')}: {r['step_ms'][key]:.3g} ms against "
+            f"{statistics.median(o['step_ms'][key] for o in others):.3g} ms"
+            for key in keys if all(key in o["step_ms"] for o in (r, *others)))
+        lines.append(f"  - run {r['index']} chose N={r['choice'][0]} B={r['choice'][1]}; "
+                     f"its measured steps against the other runs' median: {steps}")
+    return lines
