@@ -178,7 +178,7 @@ def report(result: dict) -> str:
         "Each run is `tula-ray demo` as a user types it (its own local Ray, the dashboard "
         "on), this tree and the baseline interleaved; `outside` is the wall less the timed "
         "steps and the memory probe (the parts are defined in "
-        "`benchmarks/demo_startup.py`).\n",
+        "`benchmarks/startup/demo_startup.py`).\n",
         markdown_table(header, rows), ""]
     if result["outside_ratio"] is not None:
         lines.append(f"- Outside the timed steps and the probe, this tree over the baseline: "
