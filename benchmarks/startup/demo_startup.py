@@ -151,9 +151,7 @@ def summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def _anatomy_rows(medians: dict[str, dict[str, float]], trees: list[str]) -> list[list[str]]:
-    """The launch start's parts, where a tree's runs read them (runs before had none)."""
-    if not any(ANATOMY[0] in medians[t] for t in trees):
-        return []
+    """The launches' chain in parts ("-" for a tree whose runs did not read it)."""
     return [[_anatomy_label(part),
              *[f"{medians[t][part]:.1f}" if part in medians[t] else "-" for t in trees]]
             for part in ANATOMY]
@@ -171,7 +169,9 @@ def report(result: dict) -> str:
     rows = [[part.removesuffix("_s").replace("_", " "),
              *[f"{medians[t][part]:.1f}" for t in trees]]
             for part in (*PARTS, "outside_s", "wall_s")]
-    rows += _anatomy_rows(medians, trees)
+    anatomy = any(ANATOMY[0] in medians[t] for t in trees)  # runs before it had none
+    if anatomy:
+        rows += _anatomy_rows(medians, trees)
     lines = [
         "### Where the demo's wall time goes, side by side (issue 40, items 4 and 5)\n",
         f"`{p['command']}` at {p['commit']}, {p['date']}, {p['machine']}.\n",
@@ -184,7 +184,7 @@ def report(result: dict) -> str:
         lines.append(f"- Outside the timed steps and the probe, this tree over the baseline: "
                      f"{result['outside_ratio']:.2f} (goal <= {GOAL_OUTSIDE_RATIO}: "
                      f"{'met' if result['goal_met'] else 'missed'}).")
-    if any(ANATOMY[0] in medians[t] for t in trees):
+    if anatomy:
         lines.append("- `tune: trial actor` (within `tune`) and `launch start: ...` (within "
                      "`launch start`): each launch's chain of processes, summed over the "
                      "launches, from Ray's task events (`benchmarks/startup/launch_anatomy.py`"
