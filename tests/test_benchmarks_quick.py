@@ -251,6 +251,7 @@ def test_gpu_acceptance_refuses_without_a_gpu_and_its_ray_free_half_runs_on_cpu(
     # Issue 46, item 3: no NCCL on the CPU, said so; one rank's OOM in a synced step ends
     # both gloo ranks within 30 s, both rows "oom".
     assert "- NCCL: version None, libnccl loaded: None (no CUDA)." in markdown
+    assert "- A CUDA library's allocation failure (cuBLAS): not checked (no GPU)." in markdown
     (synced_oom,) = [line for line in markdown.splitlines()
                      if line.startswith("- One rank out of memory in a synced step (gloo ranks")]
     assert "rank 0: oom (PeerOutOfMemoryError); rank 1: oom (OutOfMemoryError)" in synced_oom

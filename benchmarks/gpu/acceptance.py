@@ -7,7 +7,8 @@ Runs from the source tree on a plain PyTorch image (no Ray, no pip install, no i
 `PYTHONPATH=. python -m benchmarks gpu-acceptance`) and writes gpu_acceptance.{json,md}:
   - the environment: torch, CUDA, the GPU, its capability and driver, TF32's settings;
   - NCCL: `torch.cuda.nccl.version()` and the libnccl files the process mapped;
-  - a real CUDA out-of-memory, caught and named "oom" (`tula_ray.failures`);
+  - a real CUDA out-of-memory, caught and named "oom" (`tula_ray.failures`), and a CUDA
+    library's allocation failure (a cuBLAS handle on a full device: `library_oom`);
   - one rank out of memory in a synced step (`synced_oom`): both rows "oom", both ranks
     ended within 30 s (NCCL ranks with two GPUs or more; gloo ranks on the CPU otherwise);
   - the data path on the device (`tula_ray.training.batches`): which path serves the
@@ -42,6 +43,7 @@ import torch
 from benchmarks.common import Benchmark, markdown_table
 from benchmarks.common.results import RESULTS_DIR
 from benchmarks.gpu.bound_check import report as bounds_report, run as measure_bounds
+from benchmarks.gpu.library_oom import library_allocation_failure, report_line as library_line
 from benchmarks.gpu.step_check import QUICK_EPOCHS, step_rows, training_step
 from benchmarks.gpu.synced_oom import one_rank_out_of_memory, report_line
 from benchmarks.gpu.synthetic import EPOCHS, synthetic_workload
@@ -196,6 +198,7 @@ def run(quick: bool = False, allow_cpu: bool = False) -> dict:
 
     result: dict[str, Any] = {"environment": environment(device), "halves": ["Ray-free"],
                               "budget_s": BUDGET_S, "out_of_memory": out_of_memory(device),
+                              "library_oom": library_allocation_failure(device),
                               "epochs": QUICK_EPOCHS if quick else EPOCHS,
                               "synced_oom": one_rank_out_of_memory(device)}
     keep = functools.partial(_keep_partial, result)
@@ -247,6 +250,7 @@ def report(result: dict) -> str:
              f"{'ran' if 'Ray' in result['halves'] else 'did not run'}).\n",
              *_nccl_lines(env),
              f"- A real CUDA out-of-memory: {result['out_of_memory']}.",
+             *([library_line(result["library_oom"])] if "library_oom" in result else []),
              # a result recorded before issue 46 has neither: its report reads as it did
              *([report_line(result["synced_oom"])] if "synced_oom" in result else []),
              *([f"- The run took {result['seconds']:.0f} s of its {result['budget_s']} s "

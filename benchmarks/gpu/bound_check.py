@@ -10,7 +10,9 @@ half: per workload and dataset cap (60k and 500k samples),
     out of memory while the dataset the data path keeps on the GPU is there, bisected to
     within 1 % from the search's bound (or the cap, when that runs);
   - two epochs of `fit` with AGS at the bound found, each scored on the test set (one
-    evaluation batch), with `max_memory_reserved` over them, and whether they ran out.
+    evaluation batch), with `max_memory_reserved` and `max_memory_allocated` over them
+    (against the bound's own measured step: what AGS's step and the evaluation add), and
+    whether they ran out.
 """
 
 from __future__ import annotations
@@ -107,12 +109,16 @@ def ags_at_bound(name: str, cap: int, local_batch: int, device: torch.device) ->
         if not is_out_of_memory(error):
             raise
         return {"out_of_memory": True, "error": str(error).splitlines()[0][:200]}
-    reserved = torch.cuda.max_memory_reserved(device) if device.type == "cuda" else None
+    cuda = device.type == "cuda"
     return {"out_of_memory": False, "epoch_seconds": [float(s) for s in frame["seconds"]],
             "test_accuracy": [float(a) for a in frame["test_accuracy"]],
-            "max_memory_reserved_bytes": reserved,
+            "max_memory_reserved_bytes": torch.cuda.max_memory_reserved(device) if cuda else None,
+            # what the tensors took at most, apart from the allocator's cache: above the
+            # bound's measured step, it is AGS's step and the evaluation's own memory
+            "max_memory_allocated_bytes": torch.cuda.max_memory_allocated(device) if cuda
+            else None,
             "total_memory_bytes": torch.cuda.get_device_properties(device).total_memory
-            if device.type == "cuda" else None}
+            if cuda else None}
 
 
 def check(name: str, cap: int, device: torch.device) -> dict[str, Any]:
@@ -133,6 +139,7 @@ def check(name: str, cap: int, device: torch.device) -> dict[str, Any]:
             "search_s": found["seconds"], "limit_bytes": found["limit_bytes"],
             "budget_bytes": found["budget_bytes"],
             "strategy_state_bytes": probe.strategy_state_bytes,
+            "bound_peak_bytes": dict(known_points(probe)).get(bound),
             "true_under_limit": under_limit, "limit_tries": len(limit_tries),
             "true_device": runs, "device_tries": len(device_tries), "true_s": true_s,
             "ags": ags_at_bound(name, cap, bound, device) if bound else {"skipped": "no bound"}}
@@ -191,6 +198,28 @@ def verdict(row: dict[str, Any]) -> str:
                       part(runs, "the device's", 0.9)])
 
 
+def _ags_cell(row: dict[str, Any]) -> str:
+    """AGS's epochs at the bound: their seconds, memory and test accuracy. The allocated
+    peak beside the bound's measured step, where recorded (since issue 46's second GPU run:
+    what AGS's step and the evaluation add, which the bound's probe does not step)."""
+    ags, gib = row["ags"], 2**30
+    if ags.get("out_of_memory"):
+        return "out of memory"
+    if "skipped" in ags:
+        return ags["skipped"]
+    memory = ""
+    if ags["max_memory_reserved_bytes"] is not None:
+        allocated = ags.get("max_memory_allocated_bytes")
+        step = row.get("bound_peak_bytes")
+        memory = "{}reserved {:.1f} of {:.1f} GiB; {}".format(
+            f"allocated {allocated / gib:.1f}, " if allocated is not None else "",
+            ags["max_memory_reserved_bytes"] / gib, ags["total_memory_bytes"] / gib,
+            f"the bound's step {step / gib:.1f} GiB; " if step is not None else "")
+    return "{} s; {}test acc {}".format(" / ".join(f"{s:.1f}" for s in ags["epoch_seconds"]),
+                                        memory,
+                                        " / ".join(f"{a:.3f}" for a in ags["test_accuracy"]))
+
+
 def report(rows: list[dict[str, Any]]) -> list[str]:
     """The bound check's markdown lines."""
     from benchmarks.common import markdown_table
@@ -203,19 +232,11 @@ def report(rows: list[dict[str, Any]]) -> list[str]:
         if "bound" not in r:
             body.append([r["workload"], r["cap"], r.get("skipped") or r.get("error"), *[""] * 6])
             continue
-        ags = r["ags"]
-        ran = ("out of memory" if ags.get("out_of_memory") else
-               ags.get("skipped") or "{} s; {}test acc {}".format(
-                   " / ".join(f"{s:.1f}" for s in ags["epoch_seconds"]),
-                   "reserved {:.1f} of {:.1f} GiB; ".format(
-                       ags["max_memory_reserved_bytes"] / gib, ags["total_memory_bytes"] / gib)
-                   if ags["max_memory_reserved_bytes"] is not None else "",
-                   " / ".join(f"{a:.3f}" for a in ags["test_accuracy"])))
         body.append([r["workload"], f"{r['cap']} ({search_cap(r['cap'])})", r["bound"],
                      f"{r['search_s']:.0f} s, {len(r['search_tries'])} tries",
                      f"{r['true_under_limit']} ({r['limit_tries']} tries)",
                      f"{r['true_device']} ({r['device_tries']} tries)", verdict(r),
-                     f"{r['limit_bytes'] / gib:.1f}", ran])
+                     f"{r['limit_bytes'] / gib:.1f}", _ags_cell(r)])
     return ["", "The memory bound (issue 46): the search's bound (its probe and check: "
             "doubling, then bisection, N = 1, the AGS optimizer's state budgeted) against "
             "the true bound under the same limit (budget less headroom, reserved peaks) and "
