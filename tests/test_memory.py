@@ -369,15 +369,15 @@ def test_the_budget_covers_the_training_strategys_optimizer_state():
     """The probe steps the workload's SGD; `train` with AGS per element keeps a scale per
     weight beyond it (issue 46, item 2): measured on the worker, taken off the budget."""
     from tula_ray.planning import bounds
-    from tula_ray.training import measure
+    from tula_ray.training import probe_task
     from tula_ray.workloads import resolve_workload
     from trainables.memory_probe import _check_and_measure  # the probe's task body, no Ray
 
     workload = resolve_workload("fashion-mnist-cnn-fake", {"fake_size": 64})
     weights = sum(p.numel() * p.element_size() for p in workload.model_fn().parameters())
-    assert measure.strategy_state_bytes(workload, "lbt", {}) == 0  # the workload's own
+    assert probe_task.strategy_state_bytes(workload, "lbt", {}) == 0  # the workload's own
     per_element = {"granularity": "element"}
-    extra = measure.strategy_state_bytes(workload, "ags", per_element)
+    extra = probe_task.strategy_state_bytes(workload, "ags", per_element)
     assert weights <= extra <= weights + 1000  # one scale per weight, a few scalars more
 
     def budget(*strategy) -> float:

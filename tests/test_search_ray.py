@@ -310,6 +310,9 @@ def test_a_profiling_worker_killed_mid_trial_is_an_error_row_and_the_search_fini
     # 1 kB cannot even hold DDP's gradient buckets; 5 MB holds the model, not 16 samples.
     (dict(device_memory_gb=1e-6), "nothing is left for training on a device of 1e-06 GB"),
     (dict(device_memory_gb=0.005), "min_batch=32 does not fit"),
+    # Issue 46: evaluating 8192 samples needs ~0.29 GB; 0.05 GB holds training at b <= ~700.
+    (dict(workload=dataclasses.replace(USER_WORKLOAD, eval_batch=8192), workload_options=None,
+          device_memory_gb=0.05), "eval_batch=8192 does not fit: evaluating one batch"),
     (dict(epochs=0), "epochs=0"),
     (dict(workload=dataclasses.replace(USER_WORKLOAD, sample_shape=(1, 28, 28)),
           workload_options=None), r"sample_shape=\(1, 28, 28\)"),

@@ -3,8 +3,8 @@
 Each task takes one worker's resources (a whole GPU when the workers have GPUs), so the
 check runs where the workers will (the driver may be a CPU head without the data, the
 GPU or the packages), and the peaks and the device size are the workers', not the
-driver's. The checking and measuring is `tula_ray.training.measure`
-(`checked_and_measured`, `peak_or_none`), the fitting and the bound
+driver's. The checking and measuring is `tula_ray.training.probe_task`
+(`checked_and_measured`) and `tula_ray.training.measure` (`peak_or_none`), the fitting and the bound
 `tula_ray.planning.bounds` (eq. 3, `MemoryProbe`): this module only ships them to a
 worker. An error raised there (the workload's own code as a `UserCodeError` with the
 worker's traceback, or a ValueError naming a bad field) is raised again in the driver
@@ -26,7 +26,7 @@ from tula_ray.failures import UserCodeError
 from tula_ray.models import memory as memory_model
 from tula_ray.planning.bounds import MemoryProbe, checked_bound, fitted_probe
 from tula_ray.space import SearchSpace
-from tula_ray.training import measure
+from tula_ray.training import measure, probe_task
 from tula_ray.training.measure import Example
 from tula_ray.workloads import Workload
 
@@ -39,9 +39,9 @@ def _check_and_measure(workload: str | Workload, options: dict[str, Any],
                        local_batches: list[int], use_gpu: bool,
                        strategy: Any = None, strategy_options: dict | None = None
                        ) -> dict[str, Any]:
-    """The task's body: `measure.checked_and_measured` on this worker's device."""
-    return measure.checked_and_measured(workload, options, local_batches, _device(use_gpu),
-                                        strategy, strategy_options)
+    """The task's body: `probe_task.checked_and_measured` on this worker's device."""
+    return probe_task.checked_and_measured(workload, options, local_batches,
+                                           _device(use_gpu), strategy, strategy_options)
 
 
 def _peak_on_worker(workload: Workload, local_batch: int, use_gpu: bool,
@@ -104,7 +104,7 @@ def probe_memory(workload: str | Workload, options: dict[str, Any], *, min_local
     """Check the workload and measure peaks on one worker, then fit the memory model
     (`tula_ray.planning.bounds.fitted_probe`). training_strategy (a name or a portable
     strategy object), training_options: what `train` will use; the optimizer state it
-    keeps beyond the workload's is measured there too (`measure.strategy_state_bytes`)."""
+    keeps beyond the workload's is measured there too (`probe_task.strategy_state_bytes`)."""
     started = time.perf_counter()
     measured = _get(_on_one_worker(_check_and_measure, resources).remote(
         workload, options, memory_model.probe_batches(min_local_batch), use_gpu,

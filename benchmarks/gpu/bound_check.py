@@ -48,7 +48,7 @@ def search_bound(name: str, cap: int, device: torch.device) -> dict[str, Any]:
     from tula_ray.planning.bounds import (checked_bound, fitted_probe, memory_budget_bytes,
                                           probe_min_local_batch)
     from tula_ray.space import MIN_BATCH_DEFAULT
-    from tula_ray.training.measure import checked_and_measured
+    from tula_ray.training.probe_task import checked_and_measured
 
     started = time.perf_counter()
     measured = checked_and_measured(

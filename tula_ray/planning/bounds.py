@@ -44,8 +44,13 @@ class MemoryProbe:
     device_in_use_bytes: float = 0.0  # what the device holds besides the model (CUDA context)
     static: memory_model.StaticMemory | None = None  # eq. 3's static terms
     # Optimizer state the training strategy's optimizer keeps beyond the workload's, which
-    # the probe's steps ran (`measure.strategy_state_bytes`): off the budget. 0: none.
+    # the probe's steps ran (`probe_task.strategy_state_bytes`): off the budget. 0: none.
     strategy_state_bytes: float = 0.0
+    # The peak of evaluating one batch of the workload's declared eval_batch
+    # (`probe_task.evaluation_peak_or_none`; `check_evaluation_fits`): None when it
+    # declares none (evaluation at b: the probe's step at b covers it), or when the
+    # device ran out (with eval_batch declared).
+    eval_peak_bytes: float | None = None
     input_bytes_per_sample: float | None = None  # what a refit needs
     # The driver's seconds for the task less its measuring: the workload's check alone,
     # which `train` runs again before its worker group starts (a part of its start-up).
@@ -87,7 +92,8 @@ def fitted_probe(measured: Mapping[str, Any], check_s: float | None = None) -> M
                        static=measured["static"],
                        input_bytes_per_sample=measured["input_bytes_per_sample"],
                        check_s=check_s, refused=measured["refused"],
-                       strategy_state_bytes=measured.get("strategy_state_bytes", 0.0))
+                       strategy_state_bytes=measured.get("strategy_state_bytes", 0.0),
+                       eval_peak_bytes=measured.get("eval_peak_bytes"))
 
 
 def memory_budget_bytes(probe: MemoryProbe, *, declared_gb: float | None, num_workers: int,
@@ -107,6 +113,29 @@ def memory_budget_bytes(probe: MemoryProbe, *, declared_gb: float | None, num_wo
         device_bytes, grad_bytes=probe.static.grad_bytes, num_workers=num_workers,
         in_use_bytes=probe.device_in_use_bytes, nccl=use_gpu,
         strategy_state_bytes=probe.strategy_state_bytes)
+
+
+def check_evaluation_fits(probe: MemoryProbe, device_bytes: float, *, headroom: float) -> None:
+    """A ValueError when the workload's declared eval_batch does not fit one device: its
+    evaluation's measured peak (`probe.eval_peak_bytes`: the model, the last step's
+    gradients and the optimizer's state, then a forward pass of eval_batch samples) above
+    the budget less the headroom, or the device ran out measuring it. Every candidate
+    evaluates at that batch whatever its own (the peak does not depend on b), so no
+    candidate could run: the search stops before any trial."""
+    eval_batch = probe.workload.eval_batch if probe.workload is not None else None
+    if eval_batch is None:
+        return
+    limit, peak = device_bytes * (1 - headroom), probe.eval_peak_bytes
+    if peak is not None and peak <= limit:
+        return
+    needs = "ran out of the device's memory" if peak is None else \
+        f"needs {peak / 1e9:.3g} GB"
+    raise ValueError(
+        f"eval_batch={eval_batch} does not fit: evaluating one batch on a worker {needs} "
+        f"(the model, its gradients and optimizer state, and a forward pass of {eval_batch} "
+        f"samples), and the memory budget allows {limit / 1e9:.3g} GB ({device_bytes / 1e9:.3g}"
+        f" GB, headroom {headroom:.0%}); lower the workload's eval_batch or declare more "
+        "memory")
 
 
 def largest_global_batch(max_batch: int | None, dataset_size: int) -> int:

@@ -25,7 +25,8 @@ from tula_ray.models.perf import COLLECTIVE_DEFAULT
 from tula_ray.models.pricing import NodeBilling, Pricing
 from tula_ray.planning.accuracy import REFERENCE_BATCH_DEFAULT
 from tula_ray.planning.bounds import (MemoryProbe, SearchBounds, bounded_space, candidate_space,
-                                      memory_budget_bytes, probe_min_local_batch)
+                                      check_evaluation_fits, memory_budget_bytes,
+                                      probe_min_local_batch)
 from tula_ray.planning.context import OBJECTIVE_DEFAULT, PRICING_DEFAULT, PlanContext
 from tula_ray.planning.plan import Plan, build_plan, renamed_search_strategy
 from tula_ray.planning.policy import WEIGHT_TIME_DEFAULT
@@ -210,6 +211,7 @@ def _probe_and_bound(request: SearchRequest, workers: Workers
     device_bytes = memory_budget_bytes(
         probe, declared_gb=request.device_memory_gb, num_workers=sizes[-1], use_gpu=use_gpu,
         cpu_share_bytes=CPU_MEMORY_SHARE_DEFAULT * node_memory_bytes())
+    check_evaluation_fits(probe, device_bytes, headroom=request.headroom)
     candidates = candidate_space(sizes, min_batch=request.min_batch,
                                  max_batch=request.max_batch,
                                  dataset_size=request.workload.dataset_size)

@@ -26,8 +26,7 @@ from tula_ray.failures import UserCodeError, workload_code
 from tula_ray.models import bound_search
 from tula_ray.precision import autocast_for
 from tula_ray.training.batches import device_resident_bytes
-from tula_ray.workloads import Workload, resolve_workload
-from tula_ray.workloads.check import complete, inspect_workload
+from tula_ray.workloads import Workload
 
 MEMORY_STEPS_DEFAULT = 2  # step 1 creates the optimizer state; step 2 runs at steady state
 
@@ -220,28 +219,6 @@ def probe_peaks(workload: Workload, local_batches: list[int],
             "device_memory_bytes": total, "device_in_use_bytes": in_use}
 
 
-def checked_and_measured(workload: str | Workload, options: dict | None,
-                         local_batches: list[int], device: torch.device | str,
-                         strategy=None, strategy_options: dict | None = None) -> dict:
-    """DESIGN step 1 in this process, what the probe's Ray task runs on a worker: the
-    workload resolved, checked and completed (`workloads.check`: a contradicted
-    declaration fails here), then, given `local_batches`, the probe's peaks
-    (`probe_peaks`) and, given a training strategy, the optimizer state it keeps beyond
-    the workload's (`strategy_state_bytes`: `train` runs the strategy's optimizer).
-    Returns probe_peaks' dict with "facts", the completed "workload" and "measure_s"."""
-    resolved = resolve_workload(workload, options)
-    facts = inspect_workload(resolved, device)
-    completed = complete(resolved, facts)
-    started = time.perf_counter()
-    measured = probe_peaks(completed, local_batches, device,
-                           example=facts.example) if local_batches else {}
-    if local_batches and strategy is not None:
-        measured["strategy_state_bytes"] = strategy_state_bytes(
-            completed, strategy, strategy_options, example=facts.example)
-    return {"facts": facts, "workload": completed, **measured,
-            "measure_s": time.perf_counter() - started}
-
-
 def _probe_step_peak(workload: Workload, local_batch: int, device: torch.device | str,
                      example: Example | None) -> float:
     """`peak_memory_bytes` of the workload at `local_batch`; its own code failing raises a
@@ -333,46 +310,3 @@ def collective_buffer_bytes(device: torch.device | str,
     del bucket  # back to the allocator's cache, for the model that follows
     taken = (free_before - free_after) - (reserved_after - reserved_before)
     return float(taken) if taken > 0 else None
-
-
-def strategy_state_bytes(workload: Workload, strategy, options: dict | None,
-                         example: Example | None = None) -> float:
-    """Optimizer-state bytes the training strategy's optimizer keeps beyond the workload's
-    own (0 when it keeps no more), for `workload`'s model, measured on the CPU once: each
-    trains one step on a small batch (`SMALL_STATE_BATCH`, AGS's sub-batch taken from
-    it), which materialises its per-parameter state (momentum, Adam's moments, AGS's
-    scales and averages, LARS's buffers), and the tensors of its `state_dict` are counted
-    (TulaOptimizer's holds its base optimizer's state too).
-
-    Why a difference of state bytes and not the strategy's step inside the probe: the
-    probe measures one process at each local batch, while a strategy's setup depends on
-    N, B and torch.distributed (AGS-NS's source "local" needs DDP on >= 2 workers; AGS at
-    B <= 32 is plain steps). Its optimizer state does not depend on the batch, so the
-    bytes it adds over the workload's optimizer (which the probe's steps already hold) are
-    one number, taken off the memory budget (`planning.bounds.memory_budget_bytes`).
-    The strategy is built as for one process (`one_process_options`) at a B twice its
-    reference small batch, where AGS scales (at a B no larger it trains plain steps).
-    example: the workload's first samples, tiled into the batch (`tiled_batch`: token ids
-    stay ids); without it, random inputs of its sample shape.
-    """
-    from tula_ray.ags import SMALL_BATCH_DEFAULT
-    from tula_ray.models.memory import tensor_bytes
-    from tula_ray.training.strategies import build_strategy, get_training_strategy
-
-    strategy, options = get_training_strategy(strategy), dict(options or {})
-    batch = 2 * int(options.get("small_batch", SMALL_BATCH_DEFAULT))
-    if hasattr(strategy, "one_process_options"):
-        options = strategy.one_process_options(1, batch, options)
-    inputs, targets = tiled_batch(example, batch) if example is not None else \
-        synthetic_batch(workload.sample_shape, workload.num_classes, batch)
-
-    def stepped_state(name, strategy_options: dict) -> int:
-        model = workload.model_fn()
-        setup = build_strategy(name, model, global_batch=batch, steps_per_epoch=1, epochs=1,
-                               options=strategy_options, optimizer_fn=workload.optimizer_fn)
-        setup.start_epoch(0)
-        setup.train_step(model, workload.loss_fn(), inputs, targets)
-        return tensor_bytes(setup.optimizer.state_dict())
-
-    own = stepped_state("lbt", {})  # the workload's optimizer as it is: what the probe ran
-    return float(max(stepped_state(strategy, options) - own, 0))
