@@ -2,14 +2,16 @@
 `gpu_acceptance.run` only where Ray is importable.
 
   - a one-GPU full search (`tula_ray.search`, N = 1, strategy "full") of each synthetic
-    workload, run twice: per B the two runs' step and compute times, whether they agree
-    within the rows' own measured spread (`step_time_spread`), and a flag where the
+    workload, and `tula_ray.train` of its choice for 2 epochs, each epoch's `seconds`
+    against the plan's `epoch_time_s` for that (N, B);
+  - then each search again: per B the two runs' step and compute times, whether they
+    agree within the rows' own measured spread (`step_time_spread`), and a flag where the
     second run's compute time is smaller than the first's by more than that spread (the
     clocks were not ramped up when the first one ran);
-  - `tula_ray.train` of the first plan's choice for 2 epochs, each epoch's `seconds`
-    against the plan's `epoch_time_s` for that (N, B);
-  - bf16 against fp32: the same search in bf16, its step time at each B over fp32's
+  - then bf16 against fp32: the same search in bf16, its step time at each B over fp32's
     (on a GPU only: the CPU emulates bf16);
+In that order, so that a run short of time cuts the least needed part: `train` on a GPU
+ran only from 2026-11-30, behind the second searches, which had already agreed.
 NCCL's check is the Ray-free half's (`synced_oom`: one rank out of memory in a synced
 step). Two workers on halves of one GPU, checked here before issue 46, exercised NCCL's
 refusal of a duplicate GPU, not a hang.
@@ -27,10 +29,12 @@ from benchmarks.common import markdown_table
 
 TRAIN_EPOCHS = 2
 # (name, samples, min_batch, max_batch) of each search; the quick one is a CPU smoke test.
-# A search takes ~14 s a B on an H200 (a worker group's start, then its steps: 104 s for
-# the CNN's 7 B of 32-2048, 86 s for resnet18's 5), so the full run's searches span
-# 4 and 3 B to fit gpu-acceptance's 10 minutes.
-SEARCHES = (("cnn", 60_000, 256, 2048), ("resnet18", 20_000, 128, 512))
+# A search takes ~14-20 s a B on an H200 (a worker group's start, then its steps: 104 s
+# for the CNN's 7 B of 32-2048 on 2026-11-28; 72 s for its 4 B of 256-2048 and 59-66 s for
+# resnet18's 3 of 128-512 on 2026-11-30), a `train` of 2 short epochs ~45 s (its launch),
+# and the Ray half had ~240 s after the Ray-free half's ~290 s. So the searches span 3
+# and 2 B: both searches and both trains take ~190 s, and the CNN's second search fits.
+SEARCHES = (("cnn", 60_000, 512, 2048), ("resnet18", 20_000, 256, 512))
 QUICK_SEARCHES = (("cnn", 256, 64, 64),)
 QUICK_TIMING = dict(warmup_steps=1, measure_steps=3, measure_seconds=0.1)
 
@@ -87,31 +91,33 @@ def trained(plan, name: str, samples: int, storage: str) -> dict[str, Any]:
 
 
 def ray_half(quick: bool, device, time_left=lambda: float("inf")) -> dict[str, Any]:
-    """Per workload the fp32 search twice and `train` of its choice; then, on a GPU, each
-    workload's bf16 search against fp32's (last: the Ray-free half's step rows compare the
-    precisions too). Each part is begun only while `time_left()` covers the longest
-    search so far (else marked "out of time")."""
+    """Per workload the fp32 search and `train` of its choice; then each workload's second
+    fp32 search (the two runs compared); then, on a GPU, each workload's bf16 search
+    against fp32's (last: the Ray-free half's step rows compare the precisions too). Each
+    part is begun only while `time_left()` covers the longest search so far (`train`, half
+    of it), else marked "out of time": what is cut first is the least needed."""
     from tula_ray.cluster import ray_session
 
     storage = tempfile.mkdtemp(prefix="tula-gpu-acceptance-")
-    workloads, fp32_plans = [], {}
+    workloads: list[dict[str, Any]] = []
     try:
         with ray_session(None, None):
             for name, samples, low, high in QUICK_SEARCHES if quick else SEARCHES:
                 if name != "cnn" and not _has_torchvision():
                     workloads.append({"workload": name, "skipped": "torchvision not installed"})
                     continue
-                entry, fp32_plans[name] = _workload(name, samples, low, high, storage, quick,
-                                                    time_left, workloads)
-                workloads.append(entry)
-                print({k: v for k, v in entry.items() if k != "twice"}, flush=True)
-            for entry in workloads:
-                if fp32_plans.get(entry["workload"]) is not None:
-                    entry["bf16_over_fp32"] = _bf16_over_fp32(
-                        entry, fp32_plans[entry["workload"]], storage, quick, device,
-                        time_left, workloads)
+                workloads.append(_searched_and_trained(name, samples, low, high, storage,
+                                                       quick, time_left, workloads))
+            searched = [w for w in workloads if "plans" in w]
+            for entry in searched:
+                _searched_again(entry, storage, quick, time_left, workloads)
+            for entry in searched:
+                entry["bf16_over_fp32"] = _bf16_over_fp32(
+                    entry, entry["plans"][-1], storage, quick, device, time_left, workloads)
     finally:
         shutil.rmtree(storage, ignore_errors=True)
+    for entry in workloads:
+        entry.pop("plans", None)  # Plans: what the parts compared, not what is recorded
     return {"workloads": workloads, "train_epochs": TRAIN_EPOCHS}
 
 
@@ -127,26 +133,32 @@ def _timed_search(entry: dict, low: int, high: int, precision: str, storage: str
     return plan
 
 
-def _workload(name: str, samples: int, low: int, high: int, storage: str, quick: bool,
-              time_left, done: list[dict]) -> tuple[dict[str, Any], Any]:
-    """One workload's fp32 search twice and `train` of the first choice, each begun only
-    while the time left covers the longest search so far; and its last fp32 plan."""
+def _searched_and_trained(name: str, samples: int, low: int, high: int, storage: str,
+                          quick: bool, time_left, done: list[dict]) -> dict[str, Any]:
+    """One workload's first fp32 search and `train` of its choice, each begun only while
+    the time left covers the longest search so far (`train`: half of it)."""
     out_of_time = "out of time"
     entry: dict[str, Any] = {"workload": name, "samples": samples, "search_s": [],
                              "range": [low, high]}
-    runs = []
-    for _ in range(2):
-        if time_left() > _longest([*done, entry]):
-            runs.append(_timed_search(entry, low, high, "fp32", storage, quick))
-    if not runs:
-        return {"workload": name, "skipped": out_of_time}, None
-    entry.update(twice=twice(*runs) if len(runs) == 2 else [],
-                 choice=runs[0].choice.to_dict(),
-                 train=trained(runs[0], name, samples, storage)
-                 if time_left() > _longest([*done, entry]) / 2 else {"skipped": out_of_time})
-    if len(runs) < 2:
-        entry["second_run"] = out_of_time
-    return entry, runs[-1]
+    if time_left() <= _longest([*done, entry]):
+        return {"workload": name, "skipped": out_of_time}
+    plan = _timed_search(entry, low, high, "fp32", storage, quick)
+    entry.update(plans=[plan], choice=plan.choice.to_dict(), twice=[],
+                 train=trained(plan, name, samples, storage)
+                 if time_left() > _longest([*done, entry]) / 2 else {"skipped": out_of_time},
+                 second_run=out_of_time)
+    print({k: v for k, v in entry.items() if k != "plans"}, flush=True)
+    return entry
+
+
+def _searched_again(entry: dict[str, Any], storage: str, quick: bool, time_left,
+                    workloads: list[dict]) -> None:
+    """The workload's second fp32 search, while time is left, and the two compared."""
+    if time_left() <= _longest(workloads):
+        return
+    entry["plans"].append(_timed_search(entry, *entry["range"], "fp32", storage, quick))
+    entry["twice"] = twice(*entry["plans"])
+    del entry["second_run"]
 
 
 def _bf16_over_fp32(entry: dict, fp32_plan, storage: str, quick: bool, device, time_left,
