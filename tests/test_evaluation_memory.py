@@ -5,6 +5,7 @@ search stops before any trial when it does not fit, naming eval_batch. Without R
 probe's task body, the bounds' check."""
 
 import dataclasses
+import os
 
 import pytest
 import torch
@@ -31,7 +32,8 @@ def model() -> nn.Module:
                          nn.Flatten(), nn.Linear(16 * 16 * 16, 5))
 
 
-WORKLOAD = Workload("user-cnn", model, images, images, epochs=1)
+WORKLOAD = Workload("user-cnn", model, images, images, epochs=1, sample_shape=(3, 16, 16),
+                    num_classes=5)
 EXAMPLE = (torch.randn(2, 3, 16, 16), torch.tensor([0, 1]))
 
 
@@ -67,7 +69,7 @@ def test_an_eval_batch_that_does_not_fit_stops_the_search_naming_it():
                                          r"workload's eval_batch"):
         bounds.check_evaluation_fits(_probe(4096, 0.95 * GB), 1 * GB, headroom=0.1)
     with pytest.raises(ValueError, match="eval_batch=4096 does not fit: evaluating one batch "
-                                         "on a worker ran out of the device's memory"):
+                                         "on a worker does not fit the device's memory"):
         bounds.check_evaluation_fits(_probe(4096, None), 1 * GB, headroom=0.1)
 
 
@@ -94,3 +96,17 @@ def test_out_of_memory_in_the_evaluation_reads_none_and_the_models_own_error_is_
     refusing = dataclasses.replace(declared, model_fn=refuses_large_batches)
     with pytest.raises(UserCodeError, match="evaluation at eval_batch 64"):
         probe_task.evaluation_peak_or_none(refusing, "cpu", EXAMPLE)
+
+
+def test_on_a_cpu_an_eval_batch_larger_than_the_nodes_ram_is_not_tried(monkeypatch):
+    """Its inputs alone would not fit: None (read as not fitting), before any allocation."""
+    calls = []
+    monkeypatch.setattr(probe_task, "evaluation_peak_bytes",
+                        lambda *args: calls.append(args) or 1.0)
+    ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    per_sample = WORKLOAD.input_bytes_per_sample  # 3 x 16 x 16 float32
+    huge = dataclasses.replace(WORKLOAD, eval_batch=ram // per_sample + 1)
+    assert probe_task.evaluation_peak_or_none(huge, "cpu", EXAMPLE) is None and not calls
+    fits = dataclasses.replace(WORKLOAD, eval_batch=64)
+    probe_task.evaluation_peak_or_none(fits, "cpu", EXAMPLE)
+    assert len(calls) == 1

@@ -128,7 +128,7 @@ def check_evaluation_fits(probe: MemoryProbe, device_bytes: float, *, headroom: 
     limit, peak = device_bytes * (1 - headroom), probe.eval_peak_bytes
     if peak is not None and peak <= limit:
         return
-    needs = "ran out of the device's memory" if peak is None else \
+    needs = "does not fit the device's memory" if peak is None else \
         f"needs {peak / 1e9:.3g} GB"
     raise ValueError(
         f"eval_batch={eval_batch} does not fit: evaluating one batch on a worker {needs} "

@@ -17,6 +17,7 @@ probe's peaks (`measure.probe_peaks`), then two measurements of what `train` add
 
 from __future__ import annotations
 
+import os
 import time
 
 import torch
@@ -105,8 +106,14 @@ def evaluation_peak_or_none(workload: Workload, device: torch.device | str,
                             example: Example) -> float | None:
     """`evaluation_peak_bytes` at the workload's eval_batch; None when the device ran out
     of memory (`bound_search.peak_or_none`). The workload's own code failing there raises
-    a UserCodeError naming the evaluation and its batch."""
-    release = torch.cuda.empty_cache if torch.device(device).type == "cuda" else None
+    a UserCodeError naming the evaluation and its batch. On a CPU, a batch whose inputs
+    alone exceed the node's RAM is not tried (None): the OS would end the worker instead
+    of raising."""
+    cuda = torch.device(device).type == "cuda"
+    inputs_bytes = workload.eval_batch * workload.input_bytes_per_sample
+    if not cuda and inputs_bytes > os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"):
+        return None
+    release = torch.cuda.empty_cache if cuda else None
 
     def measured(eval_batch: int) -> float:
         with workload_code(workload.name, f"memory probe's evaluation at eval_batch "
