@@ -48,8 +48,8 @@ class MemoryProbe:
     strategy_state_bytes: float = 0.0
     # The peak of evaluating one batch of the workload's declared eval_batch
     # (`probe_task.evaluation_peak_or_none`; `check_evaluation_fits`): None when it
-    # declares none (evaluation at b: the probe's step at b covers it), or when the
-    # device ran out (with eval_batch declared).
+    # declares none (evaluation at b: the probe's step at b covers it), or when the pass
+    # did not fit the device (with eval_batch declared).
     eval_peak_bytes: float | None = None
     input_bytes_per_sample: float | None = None  # what a refit needs
     # The driver's seconds for the task less its measuring: the workload's check alone,
@@ -119,7 +119,7 @@ def check_evaluation_fits(probe: MemoryProbe, device_bytes: float, *, headroom: 
     """A ValueError when the workload's declared eval_batch does not fit one device: its
     evaluation's measured peak (`probe.eval_peak_bytes`: the model, the last step's
     gradients and the optimizer's state, then a forward pass of eval_batch samples) above
-    the budget less the headroom, or the device ran out measuring it. Every candidate
+    the budget less the headroom, or a pass that did not fit the device. Every candidate
     evaluates at that batch whatever its own (the peak does not depend on b), so no
     candidate could run: the search stops before any trial."""
     eval_batch = probe.workload.eval_batch if probe.workload is not None else None
