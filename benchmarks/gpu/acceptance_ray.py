@@ -116,9 +116,19 @@ def ray_half(quick: bool, device, time_left=lambda: float("inf")) -> dict[str, A
                     entry, entry["plans"][-1], storage, quick, device, time_left, workloads)
     finally:
         shutil.rmtree(storage, ignore_errors=True)
-    for entry in workloads:
-        entry.pop("plans", None)  # Plans: what the parts compared, not what is recorded
-    return {"workloads": workloads, "train_epochs": TRAIN_EPOCHS}
+    return {"workloads": [_recorded(entry) for entry in workloads],
+            "train_epochs": TRAIN_EPOCHS}
+
+
+def _recorded(entry: dict[str, Any]) -> dict[str, Any]:
+    """What is recorded of a workload: its fp32 plans compared when both searches ran
+    (`twice`), else the second run marked out of time; not the Plans themselves."""
+    plans = entry.pop("plans", None)
+    if plans is not None:
+        entry["twice"] = twice(*plans) if len(plans) == 2 else []
+        if len(plans) < 2:
+            entry["second_run"] = "out of time"
+    return entry
 
 
 def _longest(workloads: list[dict]) -> float:
@@ -143,22 +153,18 @@ def _searched_and_trained(name: str, samples: int, low: int, high: int, storage:
     if time_left() <= _longest([*done, entry]):
         return {"workload": name, "skipped": out_of_time}
     plan = _timed_search(entry, low, high, "fp32", storage, quick)
-    entry.update(plans=[plan], choice=plan.choice.to_dict(), twice=[],
+    entry.update(plans=[plan], choice=plan.choice.to_dict(),
                  train=trained(plan, name, samples, storage)
-                 if time_left() > _longest([*done, entry]) / 2 else {"skipped": out_of_time},
-                 second_run=out_of_time)
+                 if time_left() > _longest([*done, entry]) / 2 else {"skipped": out_of_time})
     print({k: v for k, v in entry.items() if k != "plans"}, flush=True)
     return entry
 
 
 def _searched_again(entry: dict[str, Any], storage: str, quick: bool, time_left,
                     workloads: list[dict]) -> None:
-    """The workload's second fp32 search, while time is left, and the two compared."""
-    if time_left() <= _longest(workloads):
-        return
-    entry["plans"].append(_timed_search(entry, *entry["range"], "fp32", storage, quick))
-    entry["twice"] = twice(*entry["plans"])
-    del entry["second_run"]
+    """The workload's second fp32 search, while time is left (`_recorded` compares them)."""
+    if time_left() > _longest(workloads):
+        entry["plans"].append(_timed_search(entry, *entry["range"], "fp32", storage, quick))
 
 
 def _bf16_over_fp32(entry: dict, fp32_plan, storage: str, quick: bool, device, time_left,

@@ -127,11 +127,11 @@ def check(name: str, cap: int, device: torch.device) -> dict[str, Any]:
 
     found = search_bound(name, cap, device)
     probe, workload, example = found["probe"], found["workload"], found["example"]
-    bound, needed = probe.max_local_batch, search_cap(cap)
+    bound, needed, points = probe.max_local_batch, search_cap(cap), known_points(probe)
     started = time.perf_counter()
     under_limit, limit_tries = measured_bound(
         _measure(workload, device, example), found["limit_bytes"], cap=needed,
-        measured=known_points(probe), tolerance=TRUE_TOLERANCE)  # up to the search's cap
+        measured=points, tolerance=TRUE_TOLERANCE)  # up to the search's cap
     runs, device_tries = device_bound(workload, example, needed, max(bound, 1), device)
     true_s = time.perf_counter() - started
     return {"workload": name, "cap": cap, "search_cap": needed, "bound": bound,
@@ -139,7 +139,7 @@ def check(name: str, cap: int, device: torch.device) -> dict[str, Any]:
             "search_s": found["seconds"], "limit_bytes": found["limit_bytes"],
             "budget_bytes": found["budget_bytes"],
             "strategy_state_bytes": probe.strategy_state_bytes,
-            "bound_peak_bytes": dict(known_points(probe)).get(bound),
+            "bound_peak_bytes": dict(points).get(bound),
             "true_under_limit": under_limit, "limit_tries": len(limit_tries),
             "true_device": runs, "device_tries": len(device_tries), "true_s": true_s,
             "ags": ags_at_bound(name, cap, bound, device) if bound else {"skipped": "no bound"}}

@@ -141,13 +141,21 @@ def peak_memory_bytes(
         train_step(model, optimizer, loss_fn, *tiled_batch(example, local_batch, device),
                    autocast=autocast)
 
+    return peak_over([step] * steps, device, model, optimizer)
+
+
+def peak_over(steps: list[Callable[[], object]], device: torch.device,
+              *external: nn.Module | torch.optim.Optimizer | torch.Tensor) -> int:
+    """Peak bytes while `steps` run on `device`, what is held already counted in it: on
+    CUDA `max_memory_reserved` from a reset (`reset_reserved_peak`), on CPU torch's
+    MemTracker with `external` (the model, optimizer and tensors built before) registered."""
     if device.type == "cuda":
         reset_reserved_peak(device)
-        for _ in range(steps):
+        for step in steps:
             step()
         torch.cuda.synchronize(device)
         return int(torch.cuda.max_memory_reserved(device))
-    return memtracker_peak_bytes([step] * steps, model, optimizer)
+    return memtracker_peak_bytes(steps, *external)
 
 
 def reset_reserved_peak(device: torch.device) -> None:

@@ -26,9 +26,8 @@ from tula_ray.arguments import check_int
 from tula_ray.failures import workload_code
 from tula_ray.models import bound_search
 from tula_ray.precision import autocast_for
-from tula_ray.training.measure import (Example, memtracker_peak_bytes, probe_peaks,
-                                       reset_reserved_peak, synthetic_batch, tiled_batch,
-                                       train_step)
+from tula_ray.training.measure import (Example, peak_over, probe_peaks, synthetic_batch,
+                                       tiled_batch, train_step)
 from tula_ray.workloads import Workload, resolve_workload
 from tula_ray.workloads.check import complete, inspect_workload
 
@@ -48,13 +47,15 @@ def checked_and_measured(workload: str | Workload, options: dict | None,
     facts = inspect_workload(resolved, device)
     completed = complete(resolved, facts)
     started = time.perf_counter()
-    measured = probe_peaks(completed, local_batches, device,
-                           example=facts.example) if local_batches else {}
-    if local_batches and strategy is not None:
-        measured["strategy_state_bytes"] = strategy_state_bytes(
-            completed, strategy, strategy_options, example=facts.example)
-    if local_batches and completed.eval_batch is not None:
-        measured["eval_peak_bytes"] = evaluation_peak_or_none(completed, device, facts.example)
+    measured: dict = {}
+    if local_batches:
+        measured = probe_peaks(completed, local_batches, device, example=facts.example)
+        if strategy is not None:
+            measured["strategy_state_bytes"] = strategy_state_bytes(
+                completed, strategy, strategy_options, example=facts.example)
+        if completed.eval_batch is not None:
+            measured["eval_peak_bytes"] = evaluation_peak_or_none(completed, device,
+                                                                  facts.example)
     return {"facts": facts, "workload": completed, **measured,
             "measure_s": time.perf_counter() - started}
 
@@ -128,9 +129,8 @@ def evaluation_peak_bytes(workload: Workload, eval_batch: int, device: torch.dev
                           example: Example) -> int:
     """Peak bytes of one worker evaluating a batch of `eval_batch` samples (`example`'s,
     tiled) after one training step (its gradients and optimizer state held, as after an
-    epoch's last step), in the workload's precision. On CUDA `max_memory_reserved` (as the
-    probe's peaks), on CPU torch's MemTracker. Raises torch.OutOfMemoryError when a GPU
-    runs out."""
+    epoch's last step), in the workload's precision (`measure.peak_over`, as the probe's
+    peaks). Raises torch.OutOfMemoryError when a GPU runs out."""
     check_int("eval_batch", eval_batch, minimum=1)
     device = torch.device(device)
     autocast = autocast_for(workload.precision, device)
@@ -149,10 +149,5 @@ def evaluation_peak_bytes(workload: Workload, eval_batch: int, device: torch.dev
             model(inputs)
         model.train()
 
-    if device.type == "cuda":
-        one_training_step()
-        reset_reserved_peak(device)  # the peak from here on: what stays, and the pass
-        evaluation_batch()
-        torch.cuda.synchronize(device)
-        return int(torch.cuda.max_memory_reserved(device))
-    return memtracker_peak_bytes([one_training_step, evaluation_batch], model, optimizer)
+    one_training_step()  # its gradients and state stay: the peak counts them, not its own
+    return peak_over([evaluation_batch], device, model, optimizer)
