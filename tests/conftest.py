@@ -112,6 +112,31 @@ def ray_session():
         ray.shutdown()
 
 
+# How long the shared Ray's CPUs may stay taken after a test (Ray Train and Tune end
+# their actors a moment after `fit` returns; a second or two here).
+LEFTOVER_WAIT_S = 30.0
+
+
+@pytest.fixture(autouse=True)
+def ray_leftovers(request: pytest.FixtureRequest):
+    """After each test on the shared Ray: its CPUs are all free again, or the test fails
+    naming what still held them (killed and removed here), instead of every later test
+    waiting for them until CI's own timeout (`ray_leftovers.release_leftovers`)."""
+    yield
+    if "ray_session" not in request.fixturenames:
+        return
+    import ray
+
+    from ray_leftovers import release_leftovers
+
+    if not ray.is_initialized():
+        return
+    held = release_leftovers(LEFTOVER_WAIT_S)
+    if held:
+        pytest.fail(f"{request.node.nodeid} left the shared Ray's CPUs taken "
+                    f"{LEFTOVER_WAIT_S:.0f} s after it ended, by: " + "; ".join(held))
+
+
 @pytest.fixture(scope="session")
 def readme_driver(ray_session, tmp_path_factory):
     """README's driver (its one `<!-- ray -->` block), run once as printed, on the shared
