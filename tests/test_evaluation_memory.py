@@ -5,7 +5,6 @@ search stops before any trial when it does not fit, naming eval_batch. Without R
 probe's task body, the bounds' check."""
 
 import dataclasses
-import os
 
 import pytest
 import torch
@@ -15,6 +14,7 @@ from torch.utils.data import TensorDataset
 from tula_ray.failures import UserCodeError
 from tula_ray.planning import bounds
 from tula_ray.training import probe_task
+from tula_ray.training.host_allocator import node_memory_bytes
 from tula_ray.workloads import Workload
 from trainables.memory_probe import _check_and_measure  # the probe's task body, no Ray
 
@@ -103,7 +103,7 @@ def test_on_a_cpu_an_eval_batch_larger_than_the_nodes_ram_is_not_tried(monkeypat
     calls = []
     monkeypatch.setattr(probe_task, "evaluation_peak_bytes",
                         lambda *args: calls.append(args) or 1.0)
-    ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    ram = node_memory_bytes()
     per_sample = WORKLOAD.input_bytes_per_sample  # 3 x 16 x 16 float32
     huge = dataclasses.replace(WORKLOAD, eval_batch=ram // per_sample + 1)
     assert probe_task.evaluation_peak_or_none(huge, "cpu", EXAMPLE) is None and not calls

@@ -18,7 +18,6 @@ half: per workload and dataset cap (60k and 500k samples),
 from __future__ import annotations
 
 import math
-import os
 import time
 from typing import Any, Callable
 
@@ -48,6 +47,7 @@ def search_bound(name: str, cap: int, device: torch.device) -> dict[str, Any]:
     from tula_ray.planning.bounds import (checked_bound, fitted_probe, memory_budget_bytes,
                                           probe_min_local_batch)
     from tula_ray.space import MIN_BATCH_DEFAULT
+    from tula_ray.training.host_allocator import node_memory_bytes
     from tula_ray.training.probe_task import checked_and_measured
 
     started = time.perf_counter()
@@ -58,7 +58,7 @@ def search_bound(name: str, cap: int, device: torch.device) -> dict[str, Any]:
     probe = fitted_probe(measured)
     budget = memory_budget_bytes(
         probe, declared_gb=None, num_workers=1, use_gpu=device.type == "cuda",
-        cpu_share_bytes=CPU_SHARE * os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+        cpu_share_bytes=CPU_SHARE * node_memory_bytes())
     probe = checked_bound(probe, _measure(workload, device, facts.example), budget,
                           headroom=HEADROOM_DEFAULT, space=candidates(cap), doubling=True)
     return {"workload": workload, "example": facts.example, "probe": probe,

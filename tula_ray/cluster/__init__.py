@@ -23,6 +23,7 @@ from tula_ray.cluster.session import (ADDRESS_ENV, DRIVER_RESOURCE, DRIVER_SLOTS
                                       ray_session, refuse_a_second_ray, running_ray_address,
                                       start_local_ray, started_ray_here)
 from tula_ray.cluster.storage import check_storage_path, nodes_not_seeing
+from tula_ray.training.host_allocator import node_memory_bytes  # the CPU worker's memory
 from tula_ray.cluster.workers import (AUTOSCALING_CONFIG_ENV, AUTOSCALING_CONFIG_PATH,
                                       CPU_MEMORY_SHARE_DEFAULT, CPU_WORKER, GPU_WORKER,
                                       PROVISION_POLL_S, PROVISION_TIMEOUT_S_DEFAULT,
@@ -31,7 +32,7 @@ from tula_ray.cluster.workers import (AUTOSCALING_CONFIG_ENV, AUTOSCALING_CONFIG
                                       RESOURCE_PRECISION, WORKER_GROUP_START_RETRIES, Workers,
                                       alive_node_resources, autoscaler_node_types,
                                       check_resources_per_worker, check_worker_request,
-                                      gpu_worker, joined_node_types, node_memory_bytes, provision_workers,
+                                      gpu_worker, joined_node_types, provision_workers,
                                       release_workers, request_workers, task_options, trial_resources,
                                       use_gpu_default, worker_shape, workers_per_node)
 

@@ -90,11 +90,6 @@ def without_preemption_watcher() -> None:
     os.environ.setdefault(PREEMPTION_WATCHER_ENV, "0")
 
 
-def node_memory_bytes() -> int:
-    """RAM of this machine, in bytes."""
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-
-
 def check_resources_per_worker(resources: Any) -> dict[str, float] | None:
     """Resources of one worker as Ray's `ScalingConfig(resources_per_worker=...)` takes
     them: a dict of resource name -> positive number. None: one device per worker."""

@@ -18,6 +18,7 @@ training process reuses every step anyway. Called where every profile and every 
 begins (`Sweep`, `prepare_run`), so that the profile and `train` step alike.
 Set TULA_RAY_HOST_ALLOCATOR=default in the workers' environment (Ray's `runtime_env`
 env_vars) to leave glibc's adaptive thresholds. Not glibc (macOS, musl): nothing to do.
+`node_memory_bytes`: the RAM that heap lives in (a CPU worker's device memory).
 No Ray here (core module).
 """
 
@@ -94,3 +95,8 @@ def _glibc_mallopt():
         return None
     mallopt.argtypes, mallopt.restype = (ctypes.c_int, ctypes.c_int), ctypes.c_int
     return mallopt
+
+
+def node_memory_bytes() -> int:
+    """RAM of this machine, in bytes: the host memory a CPU worker steps in."""
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")

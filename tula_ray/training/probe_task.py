@@ -17,7 +17,6 @@ probe's peaks (`measure.probe_peaks`), then two measurements of what `train` add
 
 from __future__ import annotations
 
-import os
 import time
 
 import torch
@@ -26,6 +25,7 @@ from tula_ray.arguments import check_int
 from tula_ray.failures import workload_code
 from tula_ray.models import bound_search
 from tula_ray.precision import autocast_for
+from tula_ray.training.host_allocator import node_memory_bytes
 from tula_ray.training.measure import (Example, peak_over, probe_peaks, synthetic_batch,
                                        tiled_batch, train_step)
 from tula_ray.workloads import Workload, resolve_workload
@@ -112,7 +112,7 @@ def evaluation_peak_or_none(workload: Workload, device: torch.device | str,
     of raising."""
     cuda = torch.device(device).type == "cuda"
     inputs_bytes = workload.eval_batch * workload.input_bytes_per_sample
-    if not cuda and inputs_bytes > os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"):
+    if not cuda and inputs_bytes > node_memory_bytes():
         return None
     release = torch.cuda.empty_cache if cuda else None
 
