@@ -23,7 +23,6 @@ from tula_ray.cluster.session import (ADDRESS_ENV, DRIVER_RESOURCE, DRIVER_SLOTS
                                       ray_session, refuse_a_second_ray, running_ray_address,
                                       start_local_ray, started_ray_here)
 from tula_ray.cluster.storage import check_storage_path, nodes_not_seeing
-from tula_ray.training.host_allocator import node_memory_bytes  # the CPU worker's memory
 from tula_ray.cluster.workers import (AUTOSCALING_CONFIG_ENV, AUTOSCALING_CONFIG_PATH,
                                       CPU_MEMORY_SHARE_DEFAULT, CPU_WORKER, GPU_WORKER,
                                       PROVISION_POLL_S, PROVISION_TIMEOUT_S_DEFAULT,
@@ -35,6 +34,7 @@ from tula_ray.cluster.workers import (AUTOSCALING_CONFIG_ENV, AUTOSCALING_CONFIG
                                       gpu_worker, joined_node_types, provision_workers,
                                       release_workers, request_workers, task_options, trial_resources,
                                       use_gpu_default, worker_shape, workers_per_node)
+from tula_ray.training.host_allocator import node_memory_bytes  # the CPU worker's memory
 
 __all__ = ['ADDRESS_ENV', 'KEEPER_NAMESPACE', 'RequestKeeper', 'driver_keeper', 'hold_request',
            'job_keeper', 'keeper_name', 'STALE_S', 'withdraw_request', 'request_workers', 'cluster_for_run', 'AUTOSCALING_CONFIG_ENV', 'AUTOSCALING_CONFIG_PATH',
