@@ -4,7 +4,9 @@ One local Ray serves every Ray test that does not need its own (`ray_session`, s
 first use, shut down at the end of the run). The run is ordered: the fast tests first,
 then the tests on the shared Ray, then those that need a Ray of their own (marked
 `own_ray`: multi-node clusters, a `ray start` head, `ray up`), which shut the shared one
-down before they start theirs.
+down before they start theirs. Under pytest-xdist (pyproject's addopts: two processes)
+every Ray test is one `xdist_group`, queued after the fast tests: both processes share
+the fast tests, then one process runs the Ray tests in that order, alone.
 
 Every Ray this run starts (its own, a subprocess's, a cluster's) keeps its session under
 one directory ($RAY_TMPDIR, made here when unset), so the end of the run can count the
@@ -41,6 +43,11 @@ def pytest_configure(config: pytest.Config) -> None:
         # Short: Ray's Unix sockets live under it (at most 107 bytes a path).
         os.environ["RAY_TMPDIR"] = tempfile.mkdtemp(prefix="tula-tests-", dir="/tmp")
     config.stash[_BUDGET] = RayBudget(Path(os.environ["RAY_TMPDIR"]) / "ray")
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        # Two processes of torch's 2 threads each on 2 cores spin against each other: the
+        # fast tests took 30 % more CPU time so. Ray's workers set their own threads.
+        import torch
+        torch.set_num_threads(1)
 
 
 _BUDGET = pytest.StashKey[RayBudget]()
@@ -53,10 +60,18 @@ def _phase(item: pytest.Item) -> int:
     return 1 if item.get_closest_marker("ray") else 0
 
 
+# Every Ray test's xdist group: one process runs them all, in the run's order.
+RAY_GROUP = "ray"
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own, which reads the group marks
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     # A stable sort: each phase keeps the files' and the tests' own order.
     items.sort(key=_phase)
     config.stash[_RAY_TESTS] = sum(1 for item in items if _phase(item))
+    for item in items:
+        if _phase(item):
+            item.add_marker(pytest.mark.xdist_group(RAY_GROUP))
 
 
 _RAY_TESTS = pytest.StashKey[int]()
@@ -72,14 +87,29 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):
         yield
         budget.count()
         if budget.launches > before:
-            budget.by_test[item.nodeid] = budget.launches - before
+            budget.by_test[item.nodeid.removesuffix("@" + RAY_GROUP)] = budget.launches - before
     else:
         yield
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error) -> None:
+    """An xdist process's share (xdist's controller): the Ray tests it collected, and the
+    launches of the tests it ran (the Ray starts and launches are counted from disk)."""
+    share = getattr(node, "workeroutput", {}).get("ray_budget")
+    if share:
+        config = node.config
+        config.stash[_RAY_TESTS] = max(config.stash.get(_RAY_TESTS, 0), share["ray_tests"])
+        config.stash[_BUDGET].by_test.update(share["by_test"])
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     config = session.config
     budget = config.stash[_BUDGET]
+    if hasattr(config, "workeroutput"):  # an xdist process: its controller sums up
+        config.workeroutput["ray_budget"] = {"ray_tests": config.stash.get(_RAY_TESTS, 0),
+                                             "by_test": budget.by_test}
+        return
     budget.count()
     if (config.stash.get(_RAY_TESTS, 0) >= BUDGET_APPLIES_FROM_RAY_TESTS
             and budget.exceeded(RAY_STARTS_BUDGET, LAUNCHES_BUDGET)
@@ -88,6 +118,8 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:
+    if hasattr(config, "workeroutput"):
+        return
     budget = config.stash[_BUDGET]
     applies = config.stash.get(_RAY_TESTS, 0) >= BUDGET_APPLIES_FROM_RAY_TESTS
     terminalreporter.section("Ray starts and worker-group launches")

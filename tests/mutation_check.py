@@ -40,8 +40,9 @@ from typing import Callable, Iterator
 ROOT = Path(__file__).resolve().parent.parent
 # unraisableexception: its gc.collect at exit takes ~0.3 s per run with torch loaded; the
 # rewrite warning says the fork server imported hypothesis (a plugin) before pytest started.
-PYTEST_ARGS = ("-m", "not ray", "-q", "-p", "no:cacheprovider", "-p", "no:unraisableexception",
-               "-W", "ignore::pytest.PytestAssertRewriteWarning")
+# -n 0: each run in its own (forked) process, not pyproject's two xdist processes.
+PYTEST_ARGS = ("-m", "not ray", "-q", "-n", "0", "-p", "no:cacheprovider",
+               "-p", "no:unraisableexception", "-W", "ignore::pytest.PytestAssertRewriteWarning")
 TIMEOUT_S_DEFAULT = 120.0  # one mutation's run; a hang (a mutated loop) is an ERROR
 # Third-party modules the tests import, loaded once by the fork server (never the
 # project's own: those are imported afresh, mutated, in every run).
