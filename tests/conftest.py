@@ -77,6 +77,22 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 _RAY_TESTS = pytest.StashKey[int]()
 
 
+@pytest.hookimpl(trylast=True)
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Under xdist's loadgroup, every Ray test carries its group in its id, or the run stops
+    here: without it the Ray tests would run on both processes, two Rays at once."""
+    if not getattr(session.config.option, "loadgroup", False):
+        return
+    lost = [item.nodeid for item in session.items
+            if _phase(item) and not item.nodeid.endswith("@" + RAY_GROUP)]
+    if lost:
+        message = (f"pytest-xdist did not group {len(lost)} Ray tests (e.g. {lost[0]}): this "
+                   "pytest and pytest-xdist do not keep xdist_group (pytest-xdist issue "
+                   "1386); install the test extra's pins, or run with -n 0")
+        print(message, file=sys.__stderr__, flush=True)  # a worker's error shows no text
+        raise pytest.UsageError(message)
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):
     """Each Ray test's launches (its fixtures' included: they count where first set up)."""
