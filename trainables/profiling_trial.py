@@ -45,7 +45,6 @@ from ray.train.torch import TorchConfig, TorchTrainer
 from ray.tune.integration.ray_train import TuneReportCallback
 
 from trainables.profiling_loop import PROFILE_GRID_KEY, SETTINGS_KEY, profile_loop_per_worker
-from trainables.tune_reports import report_after_train
 from tula_ray.cluster import (PROVISION_TIMEOUT_S_DEFAULT, alive_node_resources, can_place,
                               hold_request, job_keeper, prompt_train_polls, scaling_config,
                               trial_resources, without_preemption_watcher, worker_shape,
@@ -147,8 +146,7 @@ def profile_cluster_size(config: dict[str, Any]) -> None:
     Reports one row per batch to Tune: from the workers via TuneReportCallback as each
     batch is measured; directly for a batch that cannot run (found without starting
     workers) and, should the worker group fail, for every batch (the searcher keeps a
-    batch's first row, so the ones already measured stay measured), these behind the
-    workers' own (`trainables.tune_reports`).
+    batch's first row, so the ones already measured stay measured).
     """
     without_preemption_watcher()  # it never restarts: a lost node makes its rows errors
     prompt_train_polls()
@@ -179,17 +177,15 @@ def profile_cluster_size(config: dict[str, Any]) -> None:
         logger.warning("cluster size N=%d failed at batches %s (%s): %s", num_workers,
                        runnable, failure, message)
         for global_batch in runnable:  # the searcher keeps a batch's first row
-            # Behind the workers' last rows, never beside them (`trainables.tune_reports`).
-            report_after_train({**profile_row(num_workers, global_batch, status=status,
-                                              error=message, failure=failure),
-                                "num_nodes": _placed_nodes(num_workers, settings),
-                                TRACEBACK_KEY: trace})
+            tune.report({**profile_row(num_workers, global_batch, status=status,
+                                       error=message, failure=failure),
+                         "num_nodes": _placed_nodes(num_workers, settings),
+                         TRACEBACK_KEY: trace})
     else:
         # The whole launch, its end included (the worker group's and Ray Train's shutdown):
         # what a `train` job of this N waits for beyond its epochs, once the searcher has
         # taken the candidates' own time off (the search metric, NaN: no candidate).
-        report_after_train({LAUNCH_TOTAL_KEY: time.time() - started_at,
-                            "step_time_s": math.nan})
+        tune.report({LAUNCH_TOTAL_KEY: time.time() - started_at, "step_time_s": math.nan})
 
 
 def _runnable(grid: ProfileGrid, settings: ProfileSettings) -> ProfileGrid:

@@ -19,7 +19,6 @@ from ray.train.torch import TorchTrainer
 from ray.tune.integration.ray_train import TuneReportCallback
 
 from trainables.training_loop import train_loop_per_worker
-from trainables.tune_reports import report_after_train
 from tula_ray.cluster import (WORKER_GROUP_START_RETRIES, prompt_train_polls, scaling_config,
                               without_preemption_watcher)
 
@@ -66,6 +65,5 @@ def tune_trial(config: dict[str, Any], fixed: dict[str, Any]) -> None:
         raise
     except Exception as exc:  # noqa: BLE001 - a crashing configuration never ends the tuning
         logger.warning("tuning trial %s failed: %s: %s", config, type(exc).__name__, exc)
-        # Behind the workers' last reports, never beside them (`trainables.tune_reports`).
-        report_after_train({METRIC: FAILED_ACCURACY, "epoch": -1,
-                            "error": f"{type(exc).__name__}: {exc}"})
+        tune.report({METRIC: FAILED_ACCURACY, "epoch": -1,
+                     "error": f"{type(exc).__name__}: {exc}"})
