@@ -37,6 +37,9 @@ BUDGET_APPLIES_FROM_RAY_TESTS = 60
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
+        "markers", "alone: times something against a ratio bound, so it runs with no other "
+        "test beside it: in the Ray tests' process, before them (the xdist group below)")
+    config.addinivalue_line(
         "markers", "own_ray: needs a Ray of its own (a cluster, a `ray start` head): runs "
         "after every test on the shared Ray, which it shuts down first")
     if "RAY_TMPDIR" not in os.environ:
@@ -54,13 +57,14 @@ _BUDGET = pytest.StashKey[RayBudget]()
 
 
 def _phase(item: pytest.Item) -> int:
-    """0: no Ray; 1: the shared Ray; 2: a Ray of its own."""
+    """0: no Ray; 1: the shared Ray (and a test that must run alone); 2: a Ray of its own."""
     if item.get_closest_marker("own_ray"):
         return 2
-    return 1 if item.get_closest_marker("ray") else 0
+    return 1 if item.get_closest_marker("ray") or item.get_closest_marker("alone") else 0
 
 
-# Every Ray test's xdist group: one process runs them all, in the run's order.
+# The xdist group of every Ray test (and every `alone` one): one process runs them all, in
+# the run's order.
 RAY_GROUP = "ray"
 
 
