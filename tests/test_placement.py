@@ -315,8 +315,9 @@ def test_train_and_tuning_trials_place_n_as_it_was_profiled(monkeypatch):
     built = _captured_trainer(monkeypatch, tuning_trial)
     monkeypatch.setattr(tuning_trial.tune, "get_context",
                         lambda: type("Context", (), {"get_trial_dir": lambda self: "/tmp"})())
-    # No Tune session here: Tune's report callback and Train's run config are stand-ins.
-    monkeypatch.setattr(tuning_trial, "TuneReportCallback", lambda: None)
+    # No Tune session here: the reporting fit (no callback) and Train's run config are
+    # stand-ins.
+    monkeypatch.setattr(tuning_trial, "fit_reporting", lambda trainer: trainer([]).fit())
     monkeypatch.setattr(tuning_trial, "RunConfig", SimpleNamespace)
     fixed = {"workload": "fashion-mnist-cnn", "workload_options": {}, "global_batch": 64,
              "epochs": 1, "strategy": "lrs", "strategy_options": {}, "seed": 0,

@@ -134,8 +134,9 @@ def test_a_trial_scores_a_crashing_configuration_0_but_errors_when_its_workers_n
     monkeypatch.setattr(tuning_trial.tune, "get_context",
                         lambda: type("Context", (), {"get_trial_dir": lambda self: "/tmp"})())
     monkeypatch.setattr(tuning_trial.tune, "report", reports.append)
-    # No Tune session here: Tune's report callback and Train's run config are stand-ins.
-    monkeypatch.setattr(tuning_trial, "TuneReportCallback", lambda: None)
+    # No Tune session here: the reporting fit (no callback) and Train's run config are
+    # stand-ins.
+    monkeypatch.setattr(tuning_trial, "fit_reporting", lambda trainer: trainer([]).fit())
     monkeypatch.setattr(tuning_trial, "RunConfig", SimpleNamespace)
     fixed = {"workload": "fashion-mnist-cnn", "workload_options": {}, "global_batch": 64,
              "epochs": 1, "strategy": "lrs", "strategy_options": {}, "seed": 0,

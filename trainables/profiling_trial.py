@@ -3,9 +3,9 @@ Ray Train TorchTrainer (one worker group; DESIGN "Data flow" step 3).
 
 Train V2 (the default in Ray 2.60) does not accept `Tuner(trainer)`; the
 supported pattern is a Tune function trainable that builds and fits a
-TorchTrainer and forwards the workers' reports to Tune with
-`TuneReportCallback`. The trial itself holds no CPU but one unit of the custom
-`train_driver` resource (`tula_ray.cluster.trial_resources`).
+TorchTrainer and forwards the workers' reports to Tune (`trainables.tune_reports`: from
+the function's one thread, not `TuneReportCallback`'s two). The trial itself holds no
+CPU but one unit of the custom `train_driver` resource (`tula_ray.cluster.trial_resources`).
 
     tune.Tuner(trainable_with_resources(), param_space={"num_workers": 2,
                "global_batches": [64, 256],
@@ -42,9 +42,9 @@ from typing import Any, Callable
 from ray import tune
 from ray.train import FailureConfig, LoggingConfig, RunConfig
 from ray.train.torch import TorchConfig, TorchTrainer
-from ray.tune.integration.ray_train import TuneReportCallback
 
 from trainables.profiling_loop import PROFILE_GRID_KEY, SETTINGS_KEY, profile_loop_per_worker
+from trainables.tune_reports import fit_reporting
 from tula_ray.cluster import (PROVISION_TIMEOUT_S_DEFAULT, alive_node_resources, can_place,
                               hold_request, job_keeper, prompt_train_polls, scaling_config,
                               trial_resources, without_preemption_watcher, worker_shape,
@@ -143,7 +143,7 @@ def build_trainer(config: dict[str, Any], grid: ProfileGrid | None = None,
 def profile_cluster_size(config: dict[str, Any]) -> None:
     """Tune function trainable: profile config["num_workers"] at each config["global_batches"].
 
-    Reports one row per batch to Tune: from the workers via TuneReportCallback as each
+    Reports one row per batch to Tune: from the workers (`fit_reporting`) as each
     batch is measured; directly for a batch that cannot run (found without starting
     workers) and, should the worker group fail, for every batch (the searcher keeps a
     batch's first row, so the ones already measured stay measured).
@@ -170,7 +170,9 @@ def profile_cluster_size(config: dict[str, Any]) -> None:
     config = {**config, "trial_started_at": started_at,
               "storage_path": config.get("storage_path") or tune.get_context().get_trial_dir()}
     try:
-        build_trainer(config, grid, callbacks=[TuneReportCallback()], settings=settings).fit()
+        # Every report from this thread (`trainables.tune_reports`), the workers' included.
+        fit_reporting(lambda callbacks: build_trainer(config, grid, callbacks=callbacks,
+                                                      settings=settings))
     except Exception as exc:  # noqa: BLE001 - any failure is a row, never a crash
         failure, message, trace = describe_failure(exc)
         status = STATUS_OOM if failure == FAILURE_OOM else STATUS_ERROR

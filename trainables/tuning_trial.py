@@ -3,22 +3,23 @@
 Train V2 pattern (NOTES-ENV), as in `trainables.profiling_trial`: a Tune function
 trainable builds and fits a `TorchTrainer` running the training worker loop
 (`trainables.training_loop.train_loop_per_worker`, the loop `tula_ray.train` runs)
-in validation mode, and forwards each epoch's report to Tune with
-`TuneReportCallback`, so ASHA can stop it early. The trial holds the custom
-`train_driver` resource, not a CPU (`tula_ray.cluster.trial_resources`).
+in validation mode, and forwards each epoch's report to Tune
+(`trainables.tune_reports.fit_reporting`), so ASHA can stop it early. The trial holds
+the custom `train_driver` resource, not a CPU (`tula_ray.cluster.trial_resources`).
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 from typing import Any
 
 from ray import tune
 from ray.train import ControllerError, FailureConfig, RunConfig
 from ray.train.torch import TorchTrainer
-from ray.tune.integration.ray_train import TuneReportCallback
 
 from trainables.training_loop import train_loop_per_worker
+from trainables.tune_reports import fit_reporting
 from tula_ray.cluster import (WORKER_GROUP_START_RETRIES, prompt_train_polls, scaling_config,
                               without_preemption_watcher)
 
@@ -45,20 +46,11 @@ def tune_trial(config: dict[str, Any], fixed: dict[str, Any]) -> None:
         "strategy_options": {**fixed["strategy_options"], **sampled},
         "validation_fraction": fixed["validation_fraction"], "checkpoint": False,
         "budget": fixed.get("budget", "epochs")}
-    trainer = TorchTrainer(
-        train_loop_per_worker, train_loop_config=loop_config,
-        scaling_config=scaling_config(int(fixed["num_workers"]), fixed["resources"],
-                                      fixed.get("workers_per_node")),
-        run_config=RunConfig(name="train", storage_path=tune.get_context().get_trial_dir(),
-                             callbacks=[TuneReportCallback()],
-                             # A failed configuration is a result (accuracy 0), not a retry.
-                             failure_config=FailureConfig(
-                                 max_failures=0,
-                                 controller_failure_limit=WORKER_GROUP_START_RETRIES)))
     prompt_train_polls()
     without_preemption_watcher()  # a failed configuration is a result, never restarted
     try:
-        trainer.fit()
+        # Every report from this thread (`trainables.tune_reports`), the epochs' included.
+        fit_reporting(functools.partial(_trainer, loop_config, fixed))
     except ControllerError:
         # Not the configuration's fault (its workers never started): the trial errors, so
         # Tune shows the error and Optuna records a failed trial, not a score of 0.
@@ -67,3 +59,18 @@ def tune_trial(config: dict[str, Any], fixed: dict[str, Any]) -> None:
         logger.warning("tuning trial %s failed: %s: %s", config, type(exc).__name__, exc)
         tune.report({METRIC: FAILED_ACCURACY, "epoch": -1,
                      "error": f"{type(exc).__name__}: {exc}"})
+
+
+def _trainer(loop_config: dict[str, Any], fixed: dict[str, Any],
+             callbacks: list) -> TorchTrainer:
+    """The trial's TorchTrainer, reporting through `callbacks` (`fit_reporting`'s)."""
+    return TorchTrainer(
+        train_loop_per_worker, train_loop_config=loop_config,
+        scaling_config=scaling_config(int(fixed["num_workers"]), fixed["resources"],
+                                      fixed.get("workers_per_node")),
+        run_config=RunConfig(name="train", storage_path=tune.get_context().get_trial_dir(),
+                             callbacks=callbacks,
+                             # A failed configuration is a result (accuracy 0), not a retry.
+                             failure_config=FailureConfig(
+                                 max_failures=0,
+                                 controller_failure_limit=WORKER_GROUP_START_RETRIES)))
