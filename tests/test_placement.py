@@ -317,7 +317,8 @@ def test_train_and_tuning_trials_place_n_as_it_was_profiled(monkeypatch):
                         lambda: type("Context", (), {"get_trial_dir": lambda self: "/tmp"})())
     # No Tune session here: the reporting fit (no callback) and Train's run config are
     # stand-ins.
-    monkeypatch.setattr(tuning_trial, "fit_reporting", lambda trainer: trainer([]).fit())
+    monkeypatch.setattr(tuning_trial, "TuneReports", lambda: SimpleNamespace(
+        callbacks=[], fit=lambda trainer: trainer.fit()))
     monkeypatch.setattr(tuning_trial, "RunConfig", SimpleNamespace)
     fixed = {"workload": "fashion-mnist-cnn", "workload_options": {}, "global_batch": 64,
              "epochs": 1, "strategy": "lrs", "strategy_options": {}, "seed": 0,

@@ -1,4 +1,4 @@
-"""`trainables.tune_reports.fit_reporting` without Ray: every report of a Train run reaches
+"""`trainables.tune_reports.TuneReports` without Ray: every report of a Train run reaches
 Tune from the calling thread, in order, and what `fit` raised comes after them all.
 (Ray's own `TuneReportCallback` reports from the trial's main thread instead, beside the
 function's thread, and the two can wait on each other for ever: the module's docstring.)
@@ -14,7 +14,7 @@ from trainables import tune_reports
 
 
 class LocalQueue(queue.Queue):
-    """`ray.util.queue.Queue`'s calls that `fit_reporting` makes, in one process."""
+    """`ray.util.queue.Queue`'s calls that `TuneReports` makes, in one process."""
 
     def __init__(self, actor_options=None) -> None:
         super().__init__()
@@ -59,17 +59,13 @@ def reported(monkeypatch):
 @pytest.mark.parametrize("error", [None, RuntimeError("rank 0 died")])
 def test_every_report_comes_from_the_calling_thread_in_order_then_the_error(reported, error):
     rows = [{"global_batch": 32}, {"global_batch": 64}, {"global_batch": 128}]
-    built = []
-
-    def trainer_with(callbacks):
-        built.append(Trainer(callbacks, rows, error))
-        return built[0]
-
+    reports = tune_reports.TuneReports()
+    trainer = Trainer(reports.callbacks, rows, error)
     if error is None:
-        tune_reports.fit_reporting(trainer_with)
+        reports.fit(trainer)
     else:
         with pytest.raises(RuntimeError, match="rank 0 died"):
-            tune_reports.fit_reporting(trainer_with)
+            reports.fit(trainer)
     assert [metrics for _, metrics in reported] == rows  # rank 0's, each once, in order
     assert {thread for thread, _ in reported} == {threading.get_ident()}
-    assert built[0].fit_thread != threading.get_ident()  # fit ran beside, not here
+    assert trainer.fit_thread != threading.get_ident()  # fit ran beside, not here

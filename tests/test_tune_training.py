@@ -136,7 +136,8 @@ def test_a_trial_scores_a_crashing_configuration_0_but_errors_when_its_workers_n
     monkeypatch.setattr(tuning_trial.tune, "report", reports.append)
     # No Tune session here: the reporting fit (no callback) and Train's run config are
     # stand-ins.
-    monkeypatch.setattr(tuning_trial, "fit_reporting", lambda trainer: trainer([]).fit())
+    monkeypatch.setattr(tuning_trial, "TuneReports", lambda: SimpleNamespace(
+        callbacks=[], fit=lambda trainer: trainer.fit()))
     monkeypatch.setattr(tuning_trial, "RunConfig", SimpleNamespace)
     fixed = {"workload": "fashion-mnist-cnn", "workload_options": {}, "global_batch": 64,
              "epochs": 1, "strategy": "lrs", "strategy_options": {}, "seed": 0,

@@ -44,7 +44,7 @@ from ray.train import FailureConfig, LoggingConfig, RunConfig
 from ray.train.torch import TorchConfig, TorchTrainer
 
 from trainables.profiling_loop import PROFILE_GRID_KEY, SETTINGS_KEY, profile_loop_per_worker
-from trainables.tune_reports import fit_reporting
+from trainables.tune_reports import TuneReports
 from tula_ray.cluster import (PROVISION_TIMEOUT_S_DEFAULT, alive_node_resources, can_place,
                               hold_request, job_keeper, prompt_train_polls, scaling_config,
                               trial_resources, without_preemption_watcher, worker_shape,
@@ -143,7 +143,7 @@ def build_trainer(config: dict[str, Any], grid: ProfileGrid | None = None,
 def profile_cluster_size(config: dict[str, Any]) -> None:
     """Tune function trainable: profile config["num_workers"] at each config["global_batches"].
 
-    Reports one row per batch to Tune: from the workers (`fit_reporting`) as each
+    Reports one row per batch to Tune: from the workers (`TuneReports`) as each
     batch is measured; directly for a batch that cannot run (found without starting
     workers) and, should the worker group fail, for every batch (the searcher keeps a
     batch's first row, so the ones already measured stay measured).
@@ -171,8 +171,8 @@ def profile_cluster_size(config: dict[str, Any]) -> None:
               "storage_path": config.get("storage_path") or tune.get_context().get_trial_dir()}
     try:
         # Every report from this thread (`trainables.tune_reports`), the workers' included.
-        fit_reporting(lambda callbacks: build_trainer(config, grid, callbacks=callbacks,
-                                                      settings=settings))
+        reports = TuneReports()
+        reports.fit(build_trainer(config, grid, callbacks=reports.callbacks, settings=settings))
     except Exception as exc:  # noqa: BLE001 - any failure is a row, never a crash
         failure, message, trace = describe_failure(exc)
         status = STATUS_OOM if failure == FAILURE_OOM else STATUS_ERROR

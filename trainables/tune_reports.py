@@ -12,7 +12,7 @@ those waits there, it waits on itself and the function's thread on it: the trial
 ends, and the search with it (Ray 2.60's `ray/train/_internal/session.py`; stop 61's CI
 hang, and a suite run of stop 63).
 
-So `fit_reporting` runs `TorchTrainer.fit` in a helper thread and has its callback put each
+So `TuneReports.fit` runs `TorchTrainer.fit` in a helper thread, and its callback puts each
 report into a queue of the trial's own, which the function's thread reports from: the
 session's inter-actor queue is never made, and every report, the workers' and the
 function's, comes from one thread, in order. Ray-facing (`trainables`).
@@ -21,7 +21,7 @@ function's, comes from one thread, in order. Ray-facing (`trainables`).
 from __future__ import annotations
 
 import threading
-from typing import Any, Callable
+from typing import Any
 
 from ray import tune
 from ray.train import UserCallback
@@ -42,30 +42,36 @@ class ForwardReports(UserCallback):
         self.reports.put(dict(metrics[0]))
 
 
-def fit_reporting(trainer_with: Callable[[list], Any]) -> None:
-    """Fits the TorchTrainer that `trainer_with(callbacks)` builds (pass the callbacks to
-    its RunConfig), reporting each of its worker reports to Tune from this thread as it
-    comes; returns once the run has ended and every report is made, and raises what
-    `fit` raised. Call it from a Tune function trainable's thread."""
-    reports = Queue(actor_options={"num_cpus": 0})
-    trainer = trainer_with([ForwardReports(reports)])
-    raised: list[BaseException] = []
+class TuneReports:
+    """One Train run's reports to Tune, all from the thread that calls `fit`: build the
+    TorchTrainer with `callbacks` in its RunConfig, then `fit` it here. Call both from a
+    Tune function trainable's thread."""
 
-    def fit() -> None:
-        try:
-            trainer.fit()
-        except BaseException as exc:  # noqa: BLE001 - raised again in the caller's thread
-            raised.append(exc)
+    def __init__(self) -> None:
+        self.queue = Queue(actor_options={"num_cpus": 0})
+        self.callbacks = [ForwardReports(self.queue)]
 
-    runner = threading.Thread(target=fit, name="tula-ray-train-fit", daemon=True)
-    runner.start()
-    # The controller's puts are done before `fit` returns: once the runner has ended, an
-    # empty queue is the last report made.
-    while runner.is_alive() or not reports.empty():
-        try:
-            tune.report(reports.get(timeout=POLL_S))
-        except Empty:
-            pass
-    reports.shutdown()
-    if raised:
-        raise raised[0]
+    def fit(self, trainer: Any) -> None:
+        """Fits `trainer` in a helper thread, reporting each of its worker reports to Tune
+        from this thread as it comes; returns once the run has ended and every report is
+        made, and raises what `trainer.fit` raised."""
+        raised: list[BaseException] = []
+
+        def fit() -> None:
+            try:
+                trainer.fit()
+            except BaseException as exc:  # noqa: BLE001 - raised again in the caller's thread
+                raised.append(exc)
+
+        runner = threading.Thread(target=fit, name="tula-ray-train-fit", daemon=True)
+        runner.start()
+        # The controller's puts are done before `fit` returns: once the runner has ended,
+        # an empty queue is the last report made.
+        while runner.is_alive() or not self.queue.empty():
+            try:
+                tune.report(self.queue.get(timeout=POLL_S))
+            except Empty:
+                pass
+        self.queue.shutdown()
+        if raised:
+            raise raised[0]

@@ -4,13 +4,12 @@ Train V2 pattern (NOTES-ENV), as in `trainables.profiling_trial`: a Tune functio
 trainable builds and fits a `TorchTrainer` running the training worker loop
 (`trainables.training_loop.train_loop_per_worker`, the loop `tula_ray.train` runs)
 in validation mode, and forwards each epoch's report to Tune
-(`trainables.tune_reports.fit_reporting`), so ASHA can stop it early. The trial holds
+(`trainables.tune_reports.TuneReports`), so ASHA can stop it early. The trial holds
 the custom `train_driver` resource, not a CPU (`tula_ray.cluster.trial_resources`).
 """
 
 from __future__ import annotations
 
-import functools
 import logging
 from typing import Any
 
@@ -19,7 +18,7 @@ from ray.train import ControllerError, FailureConfig, RunConfig
 from ray.train.torch import TorchTrainer
 
 from trainables.training_loop import train_loop_per_worker
-from trainables.tune_reports import fit_reporting
+from trainables.tune_reports import TuneReports
 from tula_ray.cluster import (WORKER_GROUP_START_RETRIES, prompt_train_polls, scaling_config,
                               without_preemption_watcher)
 
@@ -46,11 +45,12 @@ def tune_trial(config: dict[str, Any], fixed: dict[str, Any]) -> None:
         "strategy_options": {**fixed["strategy_options"], **sampled},
         "validation_fraction": fixed["validation_fraction"], "checkpoint": False,
         "budget": fixed.get("budget", "epochs")}
+    reports = TuneReports()  # every report from this thread, the epochs' included
+    trainer = _trainer(loop_config, fixed, reports.callbacks)
     prompt_train_polls()
     without_preemption_watcher()  # a failed configuration is a result, never restarted
     try:
-        # Every report from this thread (`trainables.tune_reports`), the epochs' included.
-        fit_reporting(functools.partial(_trainer, loop_config, fixed))
+        reports.fit(trainer)
     except ControllerError:
         # Not the configuration's fault (its workers never started): the trial errors, so
         # Tune shows the error and Optuna records a failed trial, not a score of 0.
@@ -63,7 +63,7 @@ def tune_trial(config: dict[str, Any], fixed: dict[str, Any]) -> None:
 
 def _trainer(loop_config: dict[str, Any], fixed: dict[str, Any],
              callbacks: list) -> TorchTrainer:
-    """The trial's TorchTrainer, reporting through `callbacks` (`fit_reporting`'s)."""
+    """The trial's TorchTrainer, reporting through `callbacks` (`TuneReports`')."""
     return TorchTrainer(
         train_loop_per_worker, train_loop_config=loop_config,
         scaling_config=scaling_config(int(fixed["num_workers"]), fixed["resources"],
