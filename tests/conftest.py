@@ -4,9 +4,14 @@ One local Ray serves every Ray test that does not need its own (`ray_session`, s
 first use, shut down at the end of the run). The run is ordered: the fast tests first,
 then the tests on the shared Ray, then those that need a Ray of their own (marked
 `own_ray`: multi-node clusters, a `ray start` head, `ray up`), which shut the shared one
-down before they start theirs. Under pytest-xdist (pyproject's addopts: two processes)
-every Ray test is one `xdist_group`, queued after the fast tests: both processes share
-the fast tests, then one process runs the Ray tests in that order, alone.
+down before they start theirs, then those that time something (marked `alone`).
+
+Under pytest-xdist (pyproject's addopts: two processes) every Ray test is one
+`xdist_group`, queued first: one process runs the Ray tests in that order, while the
+other runs the fast tests at Linux's idle priority (SCHED_IDLE), on the CPU time the Ray
+tests leave (a third of it: they wait on Ray's starts and ends), so that they slow the Ray
+tests as little as the machine allows. Whichever process is done first takes the fast
+tests left.
 
 Every Ray this run starts (its own, a subprocess's, a cluster's) keeps its session under
 one directory ($RAY_TMPDIR, made here when unset), so the end of the run can count the
@@ -25,8 +30,14 @@ os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 os.environ.setdefault("RAY_TRAIN_ENABLE_PREEMPTION_WATCHER", "0")
 
 import pytest
+from hypothesis import settings
 
 from ray_budget import RayBudget
+
+# The fast tests run on the CPU time the Ray tests leave (below): an example's wall time
+# says nothing of the code, so no example has a deadline.
+settings.register_profile("suite", deadline=None)
+settings.load_profile("suite")
 
 RAY_STARTS_BUDGET = 6
 LAUNCHES_BUDGET = 35
@@ -38,7 +49,8 @@ BUDGET_APPLIES_FROM_RAY_TESTS = 60
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers", "alone: times something against a ratio bound, so it runs with no other "
-        "test beside it: in the Ray tests' process, before them (the xdist group below)")
+        "test beside it at full priority: in the Ray tests' process, after them (the xdist "
+        "group below)")
     config.addinivalue_line(
         "markers", "own_ray: needs a Ray of its own (a cluster, a `ray start` head): runs "
         "after every test on the shared Ray, which it shuts down first")
@@ -57,10 +69,12 @@ _BUDGET = pytest.StashKey[RayBudget]()
 
 
 def _phase(item: pytest.Item) -> int:
-    """0: no Ray; 1: the shared Ray (and a test that must run alone); 2: a Ray of its own."""
+    """0: no Ray; 1: the shared Ray; 2: a Ray of its own; 3: a test that must run alone."""
+    if item.get_closest_marker("alone"):
+        return 3
     if item.get_closest_marker("own_ray"):
         return 2
-    return 1 if item.get_closest_marker("ray") or item.get_closest_marker("alone") else 0
+    return 1 if item.get_closest_marker("ray") else 0
 
 
 # The xdist group of every Ray test (and every `alone` one): one process runs them all, in
@@ -68,10 +82,19 @@ def _phase(item: pytest.Item) -> int:
 RAY_GROUP = "ray"
 
 
+def _queued(config: pytest.Config):
+    """The run's order: in one process the fast tests first (a broken core fails fast);
+    under xdist's loadgroup the Ray group first, so that it goes to one process at once
+    and the fast tests to the other."""
+    if getattr(config.option, "loadgroup", False):
+        return lambda item: (_phase(item) == 0, _phase(item))
+    return _phase
+
+
 @pytest.hookimpl(tryfirst=True)  # before xdist's own, which reads the group marks
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     # A stable sort: each phase keeps the files' and the tests' own order.
-    items.sort(key=_phase)
+    items.sort(key=_queued(config))
     config.stash[_RAY_TESTS] = sum(1 for item in items if _phase(item))
     for item in items:
         if _phase(item):
@@ -97,9 +120,29 @@ def pytest_collection_finish(session: pytest.Session) -> None:
         raise pytest.UsageError(message)
 
 
+def _yield_the_cpus_if_first_is_fast(item: pytest.Item) -> None:
+    """An xdist process whose first test is a fast one runs every test at idle priority
+    (children included): the other process has the Ray group, whose worker groups then
+    take both cores whenever they ask. Only Linux has SCHED_IDLE; elsewhere, nice 19."""
+    global _PRIORITY_SET
+    if _PRIORITY_SET or not os.environ.get("PYTEST_XDIST_WORKER"):
+        return
+    _PRIORITY_SET = True
+    if _phase(item):
+        return
+    if hasattr(os, "SCHED_IDLE"):
+        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+    else:
+        os.nice(19)
+
+
+_PRIORITY_SET = False
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):
     """Each Ray test's launches (its fixtures' included: they count where first set up)."""
+    _yield_the_cpus_if_first_is_fast(item)
     budget = item.config.stash[_BUDGET]
     if _phase(item):
         budget.count()

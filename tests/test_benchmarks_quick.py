@@ -239,7 +239,7 @@ def _benchmarks_without_ray(*runs: tuple[str, ...]) -> list[subprocess.Completed
 
 
 # Its epochs against the profiled step (a ratio < 10) read 37.7 and 19.9 with the other
-# xdist process's tests beside it: it runs alone, after the fast tests (conftest).
+# xdist process's tests beside it: it runs alone, after the Ray tests (conftest).
 @pytest.mark.alone
 def test_gpu_acceptance_refuses_without_a_gpu_and_its_ray_free_half_runs_on_cpu():
     """Issue 26, item 7 (its Ray-free half): no GPU, no run, unless asked to use the CPU;
