@@ -123,20 +123,28 @@ def pytest_collection_finish(session: pytest.Session) -> None:
 def _yield_the_cpus_if_first_is_fast(item: pytest.Item) -> None:
     """An xdist process whose first test is a fast one runs every test at idle priority
     (children included): the other process has the Ray group, whose worker groups then
-    take both cores whenever they ask. Only Linux has SCHED_IDLE; elsewhere, nice 19."""
-    global _PRIORITY_SET
-    if _PRIORITY_SET or not os.environ.get("PYTEST_XDIST_WORKER"):
+    take both cores whenever they ask. Only Linux has SCHED_IDLE; elsewhere, nice 19.
+    A Ray test in that process would start a Ray at idle priority beside full-priority
+    fast tests, the very starving of worker groups this layout avoids: the run stops."""
+    global _IDLE
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
         return
-    _PRIORITY_SET = True
-    if _phase(item):
-        return
-    if hasattr(os, "SCHED_IDLE"):
-        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
-    else:
-        os.nice(19)
+    if _IDLE is None:
+        _IDLE = not _phase(item)
+        if not _IDLE:
+            return
+        if hasattr(os, "SCHED_IDLE"):
+            os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+        else:
+            os.nice(19)
+    elif _IDLE and _phase(item):
+        message = (f"{item.nodeid} reached the process that runs the fast tests at idle "
+                   "priority: the Ray group was not queued first (tests/conftest.py)")
+        print(message, file=sys.__stderr__, flush=True)
+        raise pytest.UsageError(message)
 
 
-_PRIORITY_SET = False
+_IDLE: bool | None = None  # this process: undecided until its first test
 
 
 @pytest.hookimpl(hookwrapper=True)
