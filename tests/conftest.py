@@ -1,10 +1,10 @@
 """Shared fixtures, the order of the run, and the budget of Ray starts and worker groups.
 
 One local Ray serves every Ray test that does not need its own (`ray_session`, started on
-first use, shut down at the end of the run). The run is ordered: the fast tests first,
-then the tests on the shared Ray, then those that need a Ray of their own (marked
-`own_ray`: multi-node clusters, a `ray start` head, `ray up`), which shut the shared one
-down before they start theirs, then those that time something (marked `alone`).
+first use, shut down at the end of the run). In one process (`-n 0`) the run is ordered:
+the fast tests first, then the tests on the shared Ray, then those that need a Ray of their
+own (marked `own_ray`: multi-node clusters, a `ray start` head, `ray up`), which shut the
+shared one down before they start theirs, then those that time something (marked `alone`).
 
 Under pytest-xdist (pyproject's addopts: two processes) every Ray test is one
 `xdist_group`, queued first: one process runs the Ray tests in that order, while the

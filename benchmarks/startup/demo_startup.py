@@ -55,7 +55,7 @@ def demo(tree: Path, out: Path, demo_args: tuple[str, ...],
     environment = {"PYTHONPATH": str(tree), **({"RAY_ADDRESS": join} if join else {})}
     started = time.perf_counter()
     done = subprocess.run([sys.executable, str(RUNNER), str(out), *demo_args],
-                          cwd=tree, env={**_environment(), **environment},
+                          cwd=tree, env={**child_environment(), **environment},
                           capture_output=True, text=True)
     wall_s = time.perf_counter() - started
     (out / "demo.log").parent.mkdir(parents=True, exist_ok=True)
@@ -81,7 +81,9 @@ def measured_steps_ms(profiles) -> dict[str, float]:
             for r in ok.itertuples()}
 
 
-def _environment() -> dict[str, str]:
+def child_environment() -> dict[str, str]:
+    """This process's environment for a child that picks its own source tree and Ray:
+    without PYTHONPATH and RAY_ADDRESS."""
     import os
 
     return {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "RAY_ADDRESS")}

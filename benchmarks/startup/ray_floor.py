@@ -31,7 +31,8 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.common import markdown_table
-from benchmarks.startup.demo_startup import BASELINE, GOAL_OUTSIDE_RATIO, demo
+from benchmarks.startup.demo_startup import (BASELINE, GOAL_OUTSIDE_RATIO,
+                                              child_environment, demo)
 from benchmarks.startup.profiling_wall import REPO, commit_of, side_by_side
 
 NAME = "ray_floor"
@@ -46,7 +47,8 @@ def floor(out: Path, sizes: str, reports: int) -> dict[str, float]:
     """One run of `ray_floor_runner.py` in a fresh process: its wall and its parts."""
     started = time.perf_counter()
     done = subprocess.run([sys.executable, str(RUNNER), str(out), sizes, str(reports)],
-                          cwd=REPO, env=_environment(), capture_output=True, text=True)
+                          cwd=REPO, env={**child_environment(), "PYTHONPATH": str(REPO)},
+                          capture_output=True, text=True)
     wall_s = time.perf_counter() - started
     if done.returncode:
         raise RuntimeError(f"the floor run failed:\n{done.stderr[-3000:]}")
@@ -54,13 +56,6 @@ def floor(out: Path, sizes: str, reports: int) -> dict[str, float]:
     parts = {part: inside[part] for part in FLOOR_PARTS if part in inside}
     parts["other_s"] = wall_s - sum(parts.values())
     return {"wall_s": wall_s, **parts}
-
-
-def _environment() -> dict[str, str]:
-    import os
-
-    environment = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
-    return {**environment, "PYTHONPATH": str(REPO)}
 
 
 def run_one(tree: Path, out: Path, quick: bool) -> dict[str, Any]:

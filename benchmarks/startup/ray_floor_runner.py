@@ -16,7 +16,6 @@ from __future__ import annotations
 import importlib
 import json
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -37,10 +36,10 @@ def launch(config: dict) -> None:
     from ray.train import RunConfig, ScalingConfig
     from ray.train.torch import TorchTrainer
 
-    storage = tempfile.mkdtemp(prefix="ray-floor-")
+    # Under the trial's own directory, as the product's trials keep their Train runs.
     TorchTrainer(report_only, train_loop_config={"reports": config["reports"]},
                  scaling_config=ScalingConfig(num_workers=config["num_workers"]),
-                 run_config=RunConfig(storage_path=storage)).fit()
+                 run_config=RunConfig(storage_path=tune.get_context().get_trial_dir())).fit()
     tune.report({"launched": config["num_workers"]})
 
 
